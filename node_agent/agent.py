@@ -1,0 +1,196 @@
+"""The agent core shared by the server and the offline CLI: backend + fatal marker + push + scenario.
+
+Input: a started backend, the state dir, node name, a clock, an optional ``Pusher`` and
+scenario. Output: operations (inject / clear / list / reset / check / tick) that mutate the
+backend, keep ``STATE_DIR/fatal.json`` in step, and hand every resulting ``AgentEvent`` to
+the pusher (or, offline, to the spool). One lock serialises operations and scrapes.
+
+Fatal marker rules: fatal XIDs and ``gpu_missing`` add entries (``reset_fixes`` from the
+fault spec); a GPU reset drops that GPU's reset-fixable entries; ``fault clear`` drops the
+entries of the cleared faults; a failed active check adds a ``check_failed`` entry
+(not reset-fixable) that the next passing check of that GPU removes.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid as uuidlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from node_agent import fatal
+from node_agent.backends.base import Backend, BackendError
+from node_agent.backends.fake import FakeBackend
+from node_agent.check import CheckReport, run_fake_check
+from node_agent.faults import CorruptFault, DegradeFault, XidFault
+from node_agent.protocol import AgentEvent
+from node_agent.push import Pusher, spool_event
+from node_agent.scenario import Scenario, ScenarioRunner
+from node_agent.state import ScenarioProgress
+
+Spec = XidFault | DegradeFault | CorruptFault
+
+
+class Agent:
+    def __init__(
+        self,
+        backend: Backend,
+        state_dir: Path,
+        node: str,
+        clock: Callable[[], float],
+        pusher: Pusher | None = None,
+        scenario: Scenario | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.backend = backend
+        self.state_dir = Path(state_dir)
+        self.node = node
+        self.clock = clock
+        self.pusher = pusher
+        self.scenario = scenario
+        self.seed = seed
+        self.lock = threading.RLock()
+        self.runner: ScenarioRunner | None = None
+        backend.set_event_callback(self.handle_events)
+
+    # ------------------------------------------------------------ lifecycle
+    def start_scenario(self, now: float) -> None:
+        if self.scenario is None:
+            return
+        fake = self._fake()
+        state = fake.state
+        assert state is not None
+        timeline = self.scenario.resolve(self.seed, len(state.gpus))
+        progress = state.scenarios.get(self.scenario.digest)
+        if progress is None:
+            progress = ScenarioProgress(started_at=now)
+            state.scenarios[self.scenario.digest] = progress
+            fake._save()
+        self.runner = ScenarioRunner(timeline, progress.started_at, progress.applied)
+
+    def tick(self, now: float) -> list[dict]:
+        """Apply scenario faults due at ``now``; returns what was injected."""
+        if self.runner is None or self.scenario is None:
+            return []
+        with self.lock:
+            out = []
+            for at, spec in self.runner.due(now):
+                out.append(self._inject(spec, at))
+            if out:
+                fake = self._fake()
+                assert fake.state is not None
+                fake.state.scenarios[self.scenario.digest].applied = self.runner.applied
+                fake._save()
+            return out
+
+    # ------------------------------------------------------------ events & marker
+    def handle_events(self, events: list[AgentEvent], reset_fixes: bool = True) -> None:
+        with self.lock:
+            new = [e for e in events if e.fatal and e.kind in ("xid", "gpu_missing", "check_failed")]
+            if new:
+                pending = fatal.read_pending(self.state_dir)
+                pending = [p for p in pending if p.get("kind") != "marker_unreadable"]
+                known = {p.get("event_id") for p in pending}
+                for e in new:
+                    if e.event_id in known:
+                        continue
+                    fixes = reset_fixes and not (e.kind == "xid" and e.xid == 64) and e.kind != "check_failed"
+                    pending.append(
+                        {
+                            "event_id": e.event_id,
+                            "time": e.time,
+                            "gpu": e.gpu,
+                            "uuid": e.uuid,
+                            "kind": e.kind,
+                            "xid": e.xid,
+                            "reset_fixes": fixes,
+                            "message": e.message,
+                        }
+                    )
+                fatal.write_pending(self.state_dir, self.node, pending, self.clock())
+            if self.pusher is not None:
+                self.pusher.enqueue(events)
+            else:
+                for e in events:
+                    spool_event(self.state_dir, e)
+
+    def _drop_pending(self, keep: Callable[[dict], bool]) -> int:
+        pending = fatal.read_pending(self.state_dir)
+        kept = [p for p in pending if p.get("kind") != "marker_unreadable" and keep(p)]
+        if len(kept) != len(pending) or not (self.state_dir / fatal.FATAL_FILE).exists():
+            fatal.write_pending(self.state_dir, self.node, kept, self.clock())
+        return len(pending) - len(kept)
+
+    # ------------------------------------------------------------ operations
+    def _fake(self) -> FakeBackend:
+        if not isinstance(self.backend, FakeBackend):
+            raise BackendError(
+                f"fault injection needs the fake backend (this agent runs {self.backend.name})"
+            )
+        return self.backend
+
+    def inject(self, spec: Spec) -> dict[str, Any]:
+        with self.lock:
+            return self._inject(spec, self.clock())
+
+    def _inject(self, spec: Spec, now: float) -> dict[str, Any]:
+        fault, events = self._fake().inject(spec, now)
+        self.handle_events(events, reset_fixes=spec.fixed_by_reset())
+        return {
+            "fault_id": fault.fault_id,
+            "gpu": spec.gpu,
+            "events": [e.model_dump(mode="json") for e in events],
+        }
+
+    def list_faults(self, gpu: int | None = None) -> list[dict]:
+        with self.lock:
+            return self._fake().list_faults(gpu)
+
+    def clear(self, gpu: int | None = None, fault_id: str | None = None) -> dict[str, Any]:
+        with self.lock:
+            removed = self._fake().clear(self.clock(), gpu=gpu, fault_id=fault_id)
+            ids = {eid for f in removed for eid in f.event_ids}
+            dropped = self._drop_pending(lambda p: p.get("event_id") not in ids)
+            return {"cleared": [f.fault_id for f in removed], "fatal_entries_dropped": dropped}
+
+    def reset(self, gpu: int) -> dict[str, Any]:
+        with self.lock:
+            now = self.clock()
+            events = self.backend.reset_gpu(gpu, now)
+            dropped = self._drop_pending(lambda p: not (p.get("gpu") == gpu and p.get("reset_fixes")))
+            self.handle_events(events)
+            return {
+                "gpu": gpu,
+                "fatal_entries_dropped": dropped,
+                "events": [e.model_dump(mode="json") for e in events],
+            }
+
+    def check(self, gpu: int | None = None) -> CheckReport:
+        with self.lock:
+            now = self.clock()
+            fake = self._fake()
+            report = run_fake_check(fake, now, gpu)
+            events = []
+            for r in report.results:
+                if r.status == "pass":
+                    self._drop_pending(
+                        lambda p, i=r.gpu: not (p.get("kind") == "check_failed" and p.get("gpu") == i)
+                    )
+                else:
+                    events.append(
+                        AgentEvent(
+                            event_id=str(uuidlib.uuid4()),
+                            time=now,
+                            node=self.node,
+                            gpu=r.gpu,
+                            uuid=r.uuid,
+                            kind="check_failed",
+                            xid=None,
+                            fatal=True,
+                            message=f"active check {r.status}: {r.detail}",
+                        )
+                    )
+            if events:
+                self.handle_events(events, reset_fixes=False)
+            return report

@@ -1,0 +1,310 @@
+"""``fleetyield-agent`` command line (click): serve, metrics, fault, check, reset.
+
+Input: flags (and an optional TOML ``--config`` for ``serve``/``metrics``). Output: a running
+exporter, or one action against the running server through the unix socket in the state
+dir; when no server runs, the action edits the persisted state directly under the state
+lock so the next start sees it. Bad flags or specs print a clear error and change nothing.
+Exit codes: 0 ok; 1 check failed; 2 usage/input error or backend error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+STATE_DIR = click.option(
+    "--state-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Agent state directory (fake GPU state, fatal.json, spool, control socket).",
+)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _serve_options(f: Any) -> Any:
+    opts = [
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="TOML file with the same settings (flags win).",
+        ),
+        click.option("--backend", type=click.Choice(["fake", "nvml"]), default=None),
+        click.option("--listen", default=None, help="Address to bind (default 0.0.0.0)."),
+        click.option("--port", type=int, default=None, help="Port (default 9400)."),
+        click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None),
+        click.option("--gpus", type=int, default=None, help="Fake backend: GPU count (default 8)."),
+        click.option("--model", default=None, help="Fake backend: h100 | h200 | a100 | l40s."),
+        click.option("--seed", type=int, default=None, help="Fake backend and scenario seed."),
+        click.option("--hostname", default=None, help="Hostname label / node name (default: this host)."),
+        click.option(
+            "--lowercase-hostname",
+            is_flag=True,
+            default=None,
+            help="Label the host as 'hostname' (dcgm-exporter main) instead of 'Hostname'.",
+        ),
+        click.option("--hpc-job-mapping-dir", type=click.Path(file_okay=False, path_type=Path), default=None),
+        click.option("--xid-count-window-ms", type=int, default=None),
+        click.option("--push-url", default=None, help="Controller URL events are POSTed to."),
+        click.option("--push-secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None),
+        click.option(
+            "--scenario",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Fault timeline (JSON or TOML), fake backend only.",
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _config(config_file: Path | None, flags: dict[str, Any]) -> Any:
+    from node_agent.config import build_config
+
+    try:
+        return build_config(config_file, flags)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """FleetYield node agent: dcgm-exporter-compatible GPU metrics, fault injection, checks."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@main.command()
+@_serve_options
+def serve(config_file: Path | None, **flags: Any) -> None:
+    """Serve /metrics (default :9400) until SIGTERM."""
+    from node_agent.backends.base import BackendError
+    from node_agent.exporter import Server
+    from node_agent.faults import FaultSpecError
+
+    cfg = _config(config_file, flags)
+    try:
+        Server(cfg).run_forever()
+    except (BackendError, FaultSpecError, ValueError, OSError) as exc:
+        _fail(str(exc))
+
+
+@main.command()
+@_serve_options
+def metrics(config_file: Path | None, **flags: Any) -> None:
+    """Print one exposition to stdout (fake state is read, not changed)."""
+    from node_agent.agent import Agent
+    from node_agent.backends.base import BackendError
+    from node_agent.exporter import make_backend, make_registry
+    from node_agent.exposition import render
+
+    cfg = _config(config_file, flags)
+    try:
+        if cfg.backend == "fake" and (cfg.state_dir / "fake_state.json").exists():
+            backend = _offline_fake(cfg.state_dir)
+        else:
+            backend = make_backend(cfg, time.time)
+            backend.start()
+        agent = Agent(backend, cfg.state_dir, cfg.node_name(), time.time)
+        sys.stdout.buffer.write(render(make_registry(agent, cfg)))
+        backend.stop()
+    except (BackendError, ValueError) as exc:
+        _fail(str(exc))
+
+
+# ---------------------------------------------------------------- offline / socket plumbing
+def _offline_fake(state_dir: Path) -> Any:
+    from node_agent import state as st
+    from node_agent.backends.base import BackendError
+    from node_agent.backends.fake import FakeBackend
+
+    s = st.load(state_dir)
+    if s is None:
+        raise BackendError(
+            f"no fake GPU state in {state_dir} (start `fleetyield-agent serve --backend fake "
+            f"--state-dir {state_dir}` once to create it)"
+        )
+    b = FakeBackend(state_dir, s.hostname, gpus=len(s.gpus), model=s.model, seed=s.seed)
+    b.state = s
+    return b
+
+
+@contextlib.contextmanager
+def _offline_agent(state_dir: Path, backend_name: str | None = None) -> Iterator[Any]:
+    """An Agent over the persisted state, holding the state lock for the whole operation."""
+    from node_agent import state as st
+    from node_agent.agent import Agent
+    from node_agent.backends.fake import FakeBackend
+    from node_agent.backends.nvml import NvmlBackend
+
+    if backend_name == "nvml" or (backend_name is None and not (state_dir / st.STATE_FILE).exists()):
+        import socket
+
+        yield Agent(NvmlBackend(socket.gethostname()), state_dir, socket.gethostname(), time.time)
+        return
+    with st.locked(state_dir):
+        backend: FakeBackend = _offline_fake(state_dir)
+        backend.in_transaction = True
+        yield Agent(backend, state_dir, backend.node, time.time)
+
+
+def _run(state_dir: Path, request: dict[str, Any], backend: str | None = None) -> Any:
+    """Through the socket when a server runs, else directly on the persisted state."""
+    from node_agent import control, state
+    from node_agent.backends.base import BackendError
+    from node_agent.faults import FaultSpecError, parse_fault
+
+    try:
+        if request.get("spec") is not None:
+            parse_fault(request["spec"])  # reject a bad spec before touching anything
+        if state.server_running(state_dir):
+            return control.call(state_dir, request)
+        with _offline_agent(state_dir, backend) as agent:
+            req = control.ControlRequest.model_validate(request)
+            result = control.dispatch(agent, req)
+            return result
+    except (control.ControlError, BackendError, FaultSpecError, ValueError, OSError) as exc:
+        _fail(str(exc))
+
+
+def _print(result: Any, as_json: bool = True) -> None:
+    click.echo(json.dumps(result, indent=2, sort_keys=True) if as_json else result)
+
+
+# ---------------------------------------------------------------- fault commands
+@main.group()
+def fault() -> None:
+    """Inject, list and clear faults on the fake backend (local only)."""
+
+
+def _reset_opt(f: Any) -> Any:
+    return click.option(
+        "--reset-fixes/--no-reset-fixes",
+        default=None,
+        help="Whether a GPU reset clears this fault (default: yes, except corrupt and XID 64).",
+    )(f)
+
+
+@fault.command("inject")
+@STATE_DIR
+@click.option("--gpu", type=int, required=True)
+@click.option("--xid", type=int, required=True, help="XID number (79 = fell off the bus, 48 = DBE, ...).")
+@_reset_opt
+def fault_inject(state_dir: Path, gpu: int, xid: int, reset_fixes: bool | None) -> None:
+    """Raise an XID on a GPU, with its realistic side effects."""
+    spec = {"kind": "xid", "gpu": gpu, "xid": xid, "reset_fixes": reset_fixes}
+    _print(_run(state_dir, {"op": "inject", "spec": spec}))
+
+
+@fault.command("degrade")
+@STATE_DIR
+@click.option("--gpu", type=int, required=True)
+@click.option("--mode", type=click.Choice(["nvlink_crc", "ecc", "thermal"]), required=True)
+@click.option("--rate", type=float, required=True, help="Growth per second (errors/s or C/s).")
+@click.option("--threshold", type=int, default=None, help="ecc: remapped rows before remap pending.")
+@click.option("--capacity-loss-mib", type=int, default=None, help="ecc: HBM lost when remapping fails.")
+@click.option("--max-delta-c", type=float, default=None, help="thermal: maximum temperature rise.")
+@_reset_opt
+def fault_degrade(
+    state_dir: Path,
+    gpu: int,
+    mode: str,
+    rate: float,
+    threshold: int | None,
+    capacity_loss_mib: int | None,
+    max_delta_c: float | None,
+    reset_fixes: bool | None,
+) -> None:
+    """Start a gradual degradation."""
+    spec: dict[str, Any] = {
+        "kind": "degrade",
+        "gpu": gpu,
+        "mode": mode,
+        "rate": rate,
+        "reset_fixes": reset_fixes,
+    }
+    for key, value in (
+        ("threshold", threshold),
+        ("capacity_loss_mib", capacity_loss_mib),
+        ("max_delta_c", max_delta_c),
+    ):
+        if value is not None:
+            spec[key] = value
+    _print(_run(state_dir, {"op": "inject", "spec": spec}))
+
+
+@fault.command("corrupt")
+@STATE_DIR
+@click.option("--gpu", type=int, required=True)
+@_reset_opt
+def fault_corrupt(state_dir: Path, gpu: int, reset_fixes: bool | None) -> None:
+    """Quiet data corruption: no metric changes; `check` fails."""
+    _print(
+        _run(state_dir, {"op": "inject", "spec": {"kind": "corrupt", "gpu": gpu, "reset_fixes": reset_fixes}})
+    )
+
+
+@fault.command("clear")
+@STATE_DIR
+@click.option("--gpu", type=int, default=None)
+@click.option("--id", "fault_id", default=None)
+@click.option("--all", "all_", is_flag=True, help="Clear every fault (of --gpu, or of all GPUs).")
+def fault_clear(state_dir: Path, gpu: int | None, fault_id: str | None, all_: bool) -> None:
+    """Remove faults (counters never go back; fatal.json entries of the faults are dropped)."""
+    if not (fault_id or all_):
+        _fail("say which faults: --id ID, or --all [--gpu N]")
+    _print(_run(state_dir, {"op": "clear", "gpu": gpu, "fault_id": fault_id}))
+
+
+@fault.command("list")
+@STATE_DIR
+@click.option("--gpu", type=int, default=None)
+def fault_list(state_dir: Path, gpu: int | None) -> None:
+    """List active faults as JSON."""
+    _print(_run(state_dir, {"op": "list", "gpu": gpu}))
+
+
+# ---------------------------------------------------------------- check / reset
+@main.command()
+@STATE_DIR
+@click.option("--gpu", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
+def check(state_dir: Path, gpu: int | None, as_json: bool) -> None:
+    """Active known-answer check per GPU. Exit 0 pass, 1 fail, 2 error."""
+    report = _run(state_dir, {"op": "check", "gpu": gpu})
+    if as_json:
+        _print(report)
+    else:
+        for r in report["results"]:
+            click.echo(f"gpu {r['gpu']} {r['uuid']}: {r['status']} ({r['detail']})")
+    sys.exit(0 if report["ok"] else 1)
+
+
+@main.command()
+@STATE_DIR
+@click.option("--gpu", type=int, required=True)
+@click.option(
+    "--backend",
+    type=click.Choice(["fake", "nvml"]),
+    default=None,
+    help="Only needed when no server runs (default: fake if fake state exists).",
+)
+def reset(state_dir: Path, gpu: int, backend: str | None) -> None:
+    """Reset a GPU (fake: clear reset-fixable faults; nvml: nvidia-smi --gpu-reset -i N)."""
+    _print(_run(state_dir, {"op": "reset", "gpu": gpu}, backend))

@@ -1,0 +1,204 @@
+"""prometheus-client Collector that renders backend samples with dcgm-exporter's names and labels.
+
+Input: a ``Backend`` (read at scrape time), the node name, a clock and options (lowercase
+``hostname`` label, HPC job-mapping dir, XID count window). Output: fresh metric families
+on every ``collect()``: the DCGM_FI_* fields (HELP/TYPE text from dcgm-exporter's
+etc/default-counters.csv, units as DCGM reports them), ``DCGM_EXP_XID_ERRORS_COUNT``,
+``fleetyield_gpu_xid_errors_total`` and the ``fleetyield_agent_*`` gauges.
+
+Label order (dcgm-exporter's GPU template): ``gpu, UUID, pci_bus_id, device, modelName,
+Hostname`` then label fields (``DCGM_FI_DRIVER_VERSION``) then attributes in key order
+(``err_code, err_msg`` on XID_ERRORS, ``window_size_in_ms, xid`` on the XID count, then
+``hpc_job`` when a job mapping file names jobs for the GPU; one series per job).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from node_agent.backends.base import Backend, GpuSample
+from node_agent.faults import xid_text
+from node_agent.version import __version__
+
+# (field, prometheus type, help) -- help strings as dcgm-exporter's counters CSV writes them.
+DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in us)."),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in us)."),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons (bitmask)."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_TOTAL", "gauge", "Framebuffer memory total (in MiB)."),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors."),
+    ("DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors."),
+    ("DCGM_FI_DEV_RETIRED_PENDING", "counter", "Total number of pages pending retirement."),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink flow-control CRC errors.",
+    ),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries."),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors."),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes",
+    ),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status"),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+    ),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending"),
+)
+XID_COUNT_NAME = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_COUNT_HELP = "Count of XID Errors within user-specified time window (see xid-count-window-size param)."
+XID_TOTAL_NAME = "fleetyield_gpu_xid_errors"
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+
+
+def gpu_label_names(lowercase_hostname: bool) -> tuple[str, ...]:
+    host = "hostname" if lowercase_hostname else "Hostname"
+    return ("gpu", "UUID", "pci_bus_id", "device", "modelName", host, DRIVER_LABEL)
+
+
+def read_job_mapping(directory: Path | None) -> dict[int, list[str]]:
+    """dcgm-exporter's --hpc-job-mapping-dir: files named by GPU index, one job id a line."""
+    if directory is None:
+        return {}
+    out: dict[int, list[str]] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.name.isdigit() or not entry.is_file():
+            continue
+        try:
+            with open(entry.path, encoding="utf-8") as fh:
+                jobs = [line.strip() for line in fh if line.strip()]
+        except OSError:
+            continue
+        if jobs:
+            out[int(entry.name)] = jobs
+    return out
+
+
+class GpuCollector(Collector):
+    def __init__(
+        self,
+        backend: Backend,
+        node: str,
+        clock: Callable[[], float],
+        lowercase_hostname: bool = False,
+        job_mapping_dir: Path | None = None,
+        xid_window_ms: int = 300000,
+    ) -> None:
+        self.backend = backend
+        self.node = node
+        self.clock = clock
+        self.label_names = gpu_label_names(lowercase_hostname)
+        self.job_mapping_dir = job_mapping_dir
+        self.xid_window_ms = xid_window_ms
+
+    def describe(self) -> list[Metric]:
+        return []  # families vary with the GPUs visible; nothing to pre-register
+
+    def _base_labels(self, s: GpuSample, driver: str) -> dict[str, str]:
+        i = s.info
+        return dict(
+            zip(
+                self.label_names,
+                (str(i.index), i.uuid, i.pci_bus_id, i.device, i.model_name, self.node, driver),
+                strict=True,
+            )
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        samples = self.backend.sample(now)
+        driver = self.backend.driver_version()
+        jobs = read_job_mapping(self.job_mapping_dir)
+        base = {s.info.index: self._base_labels(s, driver) for s in samples}
+
+        def add(
+            metric: Metric, name: str, s: GpuSample, value: float, extra: dict[str, str] | None = None
+        ) -> None:
+            labels = dict(base[s.info.index])
+            if extra:
+                labels.update(extra)
+            gpu_jobs = jobs.get(s.info.index)
+            if gpu_jobs:
+                for job in gpu_jobs:
+                    metric.add_sample(name, {**labels, "hpc_job": job}, value)
+            else:
+                metric.add_sample(name, labels, value)
+
+        for field, mtype, help_text in DCGM_FIELDS:
+            metric = Metric(field, help_text, mtype)
+            for s in samples:
+                value = s.values.get(field)
+                if value is None:
+                    continue
+                extra = None
+                if field == "DCGM_FI_DEV_XID_ERRORS":
+                    extra = {"err_code": str(int(value)), "err_msg": xid_text(int(value))}
+                add(metric, field, s, value, extra)
+            if metric.samples:
+                yield metric
+
+        window = Metric(XID_COUNT_NAME, XID_COUNT_HELP, "gauge")
+        total = Metric(
+            XID_TOTAL_NAME, "XID errors seen on this GPU since the agent state was created.", "counter"
+        )
+        since = now - self.xid_window_ms / 1000.0
+        for s in samples:
+            counts: dict[int, int] = {}
+            for t, xid in s.xid_log:
+                if t > since:
+                    counts[xid] = counts.get(xid, 0) + 1
+            win = {"window_size_in_ms": str(self.xid_window_ms)}
+            if counts:
+                for xid in sorted(counts):
+                    add(window, XID_COUNT_NAME, s, counts[xid], {**win, "xid": str(xid)})
+            else:
+                add(window, XID_COUNT_NAME, s, 0, win)
+            for xid in sorted(s.xid_totals):
+                add(total, XID_TOTAL_NAME + "_total", s, s.xid_totals[xid], {"xid": str(xid)})
+        if window.samples:
+            yield window
+        yield total
+
+        expected = Metric("fleetyield_agent_gpus_expected", "GPUs this node should have.", "gauge")
+        expected.add_sample("fleetyield_agent_gpus_expected", {}, self.backend.expected_gpus())
+        yield expected
+        visible = Metric("fleetyield_agent_gpus_visible", "GPUs the backend sees now.", "gauge")
+        visible.add_sample("fleetyield_agent_gpus_visible", {}, len(samples))
+        yield visible
+        info = Metric("fleetyield_agent_info", "FleetYield node agent build and backend.", "gauge")
+        info.add_sample("fleetyield_agent_info", {"backend": self.backend.name, "version": __version__}, 1)
+        yield info

@@ -1,0 +1,83 @@
+"""Agent configuration: one pydantic model fed by CLI flags and an optional TOML ``--config`` file.
+
+Input: a dict of settings (flags override file values). Output: a validated ``AgentConfig``
+or a ``ValueError`` with a clear message. The push secret is read from a file, never taken
+from the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from node_agent.gpu_models import MODELS
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["fake", "nvml"] = "fake"
+    listen: str = "0.0.0.0"
+    port: int = Field(default=9400, ge=0, le=65535)
+    state_dir: Path
+    gpus: int = Field(default=8, ge=1, le=64)
+    model: str = "h100"
+    seed: int = 0
+    hostname: str | None = None
+    lowercase_hostname: bool = False
+    hpc_job_mapping_dir: Path | None = None
+    xid_count_window_ms: int = Field(default=300000, ge=1)
+    push_url: str | None = None
+    push_secret_file: Path | None = None
+    scenario: Path | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentConfig:
+        if self.model not in MODELS:
+            raise ValueError(f"unknown GPU model {self.model!r}; choose one of {', '.join(sorted(MODELS))}")
+        if self.push_url and not self.push_secret_file:
+            raise ValueError("--push-url needs --push-secret-file")
+        if self.push_url and not self.push_url.startswith(("http://", "https://")):
+            raise ValueError(f"--push-url must be an http(s) URL, got {self.push_url!r}")
+        return self
+
+    def node_name(self) -> str:
+        return self.hostname or socket.gethostname()
+
+    def read_secret(self) -> bytes | None:
+        if self.push_secret_file is None:
+            return None
+        try:
+            st = os.stat(self.push_secret_file)
+            secret = self.push_secret_file.read_bytes().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --push-secret-file: {exc}") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(
+                f"--push-secret-file {self.push_secret_file} must not be group/world accessible (chmod 600)"
+            )
+        if len(secret) < 16:
+            raise ValueError("--push-secret-file holds a secret shorter than 16 bytes")
+        return secret
+
+
+def build_config(config_file: Path | None, flags: dict[str, Any]) -> AgentConfig:
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            data = tomllib.loads(config_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"cannot load --config {config_file}: {exc}") from None
+        data = {k.replace("-", "_"): v for k, v in data.get("agent", data).items()}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"bad configuration: {problems}") from None

@@ -1,0 +1,193 @@
+"""HTTP exporter and the ``serve`` process: /metrics, control socket, scenario ticks, push, SIGTERM.
+
+Input: an ``AgentConfig``, a clock. Output: a running server (``Server.start()`` /
+``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from a non-global
+``CollectorRegistry`` and ``GET /healthz``. ``run_forever`` installs SIGTERM/SIGINT
+handlers that stop everything cleanly (sockets closed, locks released).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client.registry import CollectorRegistry
+
+from node_agent.agent import Agent
+from node_agent.backends.base import Backend, BackendError, load_backend_class
+from node_agent.collector import GpuCollector
+from node_agent.config import AgentConfig
+from node_agent.exposition import CONTENT_TYPE, render
+from node_agent.host import HostCollector
+from node_agent.push import Pusher
+from node_agent.scenario import load_scenario
+from node_agent.state import ServeLock
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(cfg: AgentConfig, clock: Callable[[], float]) -> Backend:
+    cls = load_backend_class(cfg.backend)
+    if cfg.backend == "fake":
+        return cls(
+            cfg.state_dir,
+            cfg.node_name(),
+            gpus=cfg.gpus,
+            model=cfg.model,
+            seed=cfg.seed,  # type: ignore[call-arg]
+            clock=clock,
+        )
+    return cls(cfg.node_name())  # type: ignore[call-arg]
+
+
+def make_registry(agent: Agent, cfg: AgentConfig, host_metrics: bool = True) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(
+        GpuCollector(
+            agent.backend,
+            cfg.node_name(),
+            agent.clock,
+            cfg.lowercase_hostname,
+            cfg.hpc_job_mapping_dir,
+            cfg.xid_count_window_ms,
+        )
+    )
+    if host_metrics:
+        registry.register(HostCollector())
+    return registry
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            with self.server.agent.lock:
+                body = render(self.server.registry)
+            self._send(200, body, CONTENT_TYPE)
+        elif path in ("/", "/healthz"):
+            self._send(200, b"ok\n", "text/plain")
+        else:
+            self._send(404, b"not found\n", "text/plain")
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("http: " + format, *args)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], agent: Agent, registry: CollectorRegistry) -> None:
+        self.agent = agent
+        self.registry = registry
+        super().__init__(addr, _Handler)
+
+
+class Server:
+    def __init__(self, cfg: AgentConfig, clock: Callable[[], float] = time.time, tick_s: float = 0.1) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.tick_s = tick_s
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.lock = ServeLock(cfg.state_dir)
+        self.http: _HTTPServer | None = None
+        self.control = None
+        self.pusher: Pusher | None = None
+        self.agent: Agent | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.http is not None
+        return self.http.server_address[1]
+
+    def start(self) -> None:
+        cfg = self.cfg
+        scenario = load_scenario(cfg.scenario) if cfg.scenario else None
+        if scenario is not None and cfg.backend != "fake":
+            raise BackendError("--scenario needs the fake backend")
+        secret = cfg.read_secret()
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        if not self.lock.acquire():
+            raise BackendError(f"another agent already serves state dir {cfg.state_dir}")
+        try:
+            backend = make_backend(cfg, self.clock)
+            backend.start()
+            self.pusher = Pusher(cfg.state_dir, cfg.node_name(), cfg.push_url, secret, clock=self.clock)
+            self.agent = Agent(
+                backend, cfg.state_dir, cfg.node_name(), self.clock, self.pusher, scenario, cfg.seed
+            )
+            self.agent.start_scenario(self.clock())
+            from node_agent.control import ControlServer
+
+            self.control = ControlServer(cfg.state_dir, self.agent)
+            self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, make_registry(self.agent, cfg))
+        except BaseException:
+            self.lock.release()
+            raise
+        self.pusher.start()
+        self.control.start()
+        t = threading.Thread(
+            target=self.http.serve_forever, args=(0.05,), name="fleetyield-http", daemon=True
+        )
+        t.start()
+        self._threads.append(t)
+        if scenario is not None:
+            t = threading.Thread(target=self._tick_loop, name="fleetyield-scenario", daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info("fleetyield-agent serving %s backend on %s:%d", cfg.backend, cfg.listen, self.port)
+
+    def _tick_loop(self) -> None:
+        assert self.agent is not None
+        while not self._stop.is_set():
+            try:
+                self.agent.tick(self.clock())
+            except Exception:
+                log.exception("scenario tick failed")
+            self._stop.wait(self.tick_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        if self.control is not None:
+            self.control.stop()
+        if self.pusher is not None:
+            self.pusher.stop()
+        if self.agent is not None:
+            self.agent.backend.stop()
+        for t in self._threads:
+            t.join(2)
+        self.lock.release()
+
+    def run_forever(self) -> None:
+        stop = threading.Event()
+
+        def _on_signal(signum: int, _frame: object) -> None:
+            log.info("signal %d: shutting down", signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        self.start()
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            self.stop()

@@ -1,0 +1,117 @@
+"""Fault specifications for the fake backend (pydantic models at the CLI/socket/scenario boundary).
+
+Input: a JSON-like dict (from ``fleetyield-agent fault ...``, the control socket or a
+scenario file). Output: a validated ``FaultSpec`` (``XidFault`` | ``DegradeFault`` |
+``CorruptFault``) or a ``FaultSpecError`` with a clear message. Nothing is applied here.
+
+``reset_fixes`` defaults (documented choice): true for every fault except quiet corruption
+(``corrupt``: a reset does not fix bad silicon) and XID 64 (row-remap failure: the spare
+rows are exhausted, the part needs an RMA). Any spec may override it explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+FATAL_XIDS = frozenset({48, 64, 74, 79, 95, 109, 110, 119, 120})
+NOT_RESET_FIXABLE_XIDS = frozenset({64})
+
+XID_TEXT: dict[int, str] = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    110: "Security Fault Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+
+
+def xid_text(xid: int) -> str:
+    return XID_TEXT.get(xid, "No Error" if xid == 0 else "Unknown Error")
+
+
+class FaultSpecError(ValueError):
+    """A fault spec or scenario file is invalid; the message says what and where."""
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: int = Field(ge=0, le=63)
+    reset_fixes: bool | None = None
+    note: str = ""
+
+    def fixed_by_reset(self) -> bool:
+        return True if self.reset_fixes is None else self.reset_fixes
+
+
+class XidFault(_Base):
+    kind: Literal["xid"] = "xid"
+    xid: int = Field(ge=1, le=999)
+
+    def fixed_by_reset(self) -> bool:
+        if self.reset_fixes is not None:
+            return self.reset_fixes
+        return self.xid not in NOT_RESET_FIXABLE_XIDS
+
+    @property
+    def fatal(self) -> bool:
+        return self.xid in FATAL_XIDS
+
+
+class DegradeFault(_Base):
+    """Gradual degradation; ``rate`` is per second of (injected) clock time.
+
+    * ``nvlink_crc``: NVLink CRC flit errors grow by ``rate``/s (data CRC by rate/4).
+    * ``ecc``: correctable (SBE) ECC errors grow by ``rate``/s; every 10 SBEs remap one
+      row (correctable remapped rows). At ``threshold`` remapped rows a remap is pending;
+      at 2 x ``threshold`` remapping fails and ``capacity_loss_mib`` of HBM is lost
+      (FB total shrinks).
+    * ``thermal``: GPU temperature rises by ``rate`` C/s up to ``max_delta_c``; past +5 C the
+      GPU throttles (throttle reason bits set, thermal violation time grows, SM clock drops).
+    """
+
+    kind: Literal["degrade"] = "degrade"
+    mode: Literal["nvlink_crc", "ecc", "thermal"]
+    rate: float = Field(gt=0, le=1e6)
+    threshold: int = Field(default=64, ge=1)
+    capacity_loss_mib: int = Field(default=1024, ge=0)
+    max_delta_c: float = Field(default=20.0, gt=0, le=80)
+
+
+class CorruptFault(_Base):
+    """Quiet data corruption: no metric changes; only the active check finds it."""
+
+    kind: Literal["corrupt"] = "corrupt"
+
+    def fixed_by_reset(self) -> bool:
+        return False if self.reset_fixes is None else self.reset_fixes
+
+
+FaultSpec = Annotated[XidFault | DegradeFault | CorruptFault, Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[XidFault | DegradeFault | CorruptFault] = TypeAdapter(FaultSpec)
+
+
+def parse_fault(data: Any, where: str = "fault spec") -> XidFault | DegradeFault | CorruptFault:
+    """Validate ``data`` into a fault spec or raise ``FaultSpecError``."""
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise FaultSpecError(f"bad {where}: {problems}") from None

@@ -1,0 +1,120 @@
+"""Agent -> controller wire format and request signing (stdlib + pydantic only).
+
+Input: fatal events from the agent. Output: ``POST {push_url}`` (controller path
+``/v1/agent/events``) with a JSON body ``AgentEventBatch`` and three headers:
+
+* ``X-FleetYield-Node``: the sending node name (must equal ``batch.node``);
+* ``X-FleetYield-Timestamp``: unix seconds (integer) when the request was signed;
+* ``X-FleetYield-Signature``: ``sha256=<hex HMAC-SHA256(secret, f"{timestamp}.".encode() + body)>``.
+
+The controller imports this module and calls ``verify()``; the agent calls ``sign()``
+(through ``signed_headers``). Events carry a uuid4 ``event_id``: receivers must treat a
+repeated ``event_id`` as a duplicate (the agent retries undelivered events).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+NODE_HEADER = "X-FleetYield-Node"
+TIMESTAMP_HEADER = "X-FleetYield-Timestamp"
+SIGNATURE_HEADER = "X-FleetYield-Signature"
+EVENTS_PATH = "/v1/agent/events"
+SIGNATURE_PREFIX = "sha256="
+
+EventKind = Literal["xid", "gpu_missing", "gpu_reset", "check_failed"]
+
+
+class AgentEvent(BaseModel):
+    """One event seen on a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str = Field(min_length=1, max_length=64)
+    time: float
+    node: str = Field(min_length=1)
+    gpu: int | None = None
+    uuid: str | None = None
+    kind: EventKind
+    xid: int | None = None
+    fatal: bool
+    message: str = ""
+
+
+class AgentEventBatch(BaseModel):
+    """The body of one push request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1)
+    events: list[AgentEvent]
+
+
+class SignatureError(Exception):
+    """A push request failed verification; ``str(err)`` says why."""
+
+
+def sign(secret: bytes, timestamp: int | str, body: bytes) -> str:
+    """Return the ``X-FleetYield-Signature`` value for ``body`` signed at ``timestamp``."""
+    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256)
+    return SIGNATURE_PREFIX + mac.hexdigest()
+
+
+def signed_headers(secret: bytes, node: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """All headers of a push request (content type included)."""
+    return {
+        "Content-Type": "application/json",
+        NODE_HEADER: node,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign(secret, timestamp, body),
+    }
+
+
+def verify(
+    secret: bytes,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: float,
+    max_skew_s: float = 300,
+) -> AgentEventBatch:
+    """Check a push request and return its parsed batch, or raise ``SignatureError``."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    node = lowered.get(NODE_HEADER.lower())
+    timestamp = lowered.get(TIMESTAMP_HEADER.lower())
+    signature = lowered.get(SIGNATURE_HEADER.lower())
+    if not node:
+        raise SignatureError(f"missing {NODE_HEADER} header")
+    if not timestamp:
+        raise SignatureError(f"missing {TIMESTAMP_HEADER} header")
+    if not signature:
+        raise SignatureError(f"missing {SIGNATURE_HEADER} header")
+    try:
+        ts = int(timestamp)
+    except ValueError:
+        raise SignatureError(f"bad {TIMESTAMP_HEADER} header: {timestamp!r} is not unix seconds") from None
+    if abs(now - ts) > max_skew_s:
+        raise SignatureError(f"stale timestamp: {ts} is {now - ts:+.0f}s from now (max skew {max_skew_s:g}s)")
+    if not signature.startswith(SIGNATURE_PREFIX):
+        raise SignatureError(f"bad {SIGNATURE_HEADER} header: expected '{SIGNATURE_PREFIX}<hex>'")
+    expected = sign(secret, timestamp, body)
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
+        raise SignatureError("bad signature: body, timestamp or secret do not match")
+    try:
+        batch = AgentEventBatch.model_validate_json(body)
+    except ValidationError as exc:
+        raise SignatureError(
+            f"malformed body: {exc.error_count()} error(s): {exc.errors()[0]['msg']}"
+        ) from None
+    if batch.node != node:
+        raise SignatureError(f"node mismatch: header says {node!r}, body says {batch.node!r}")
+    for event in batch.events:
+        if event.node != node:
+            raise SignatureError(
+                f"node mismatch: event {event.event_id} is from {event.node!r}, not {node!r}"
+            )
+    return batch
