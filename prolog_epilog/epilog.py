@@ -1,0 +1,198 @@
+"""``fleetyield-epilog``: post-job cleanup and outcome spooling run by slurmd (stdlib only).
+
+Install (slurm.conf)::
+
+    Epilog=/opt/fleetyield/bin/fleetyield-epilog
+
+Input: the Slurm Epilog environment, the per-job state file the prolog left in
+``<spool_dir>/jobs/<jobid>.json``, and the hook config (see ``_hooklib``).
+
+Output:
+
+* this job's id removed from the dcgm-exporter hpc_job mapping files (only this job's
+  id: a file naming another job is never removed, a shared one is rewritten without
+  this id);
+* a job-outcome record ``<spool_dir>/outcomes/<jobid>.json`` written atomically (if a
+  record for the same job id is still undelivered, e.g. the job was requeued and ran
+  here again, the new one goes to ``<jobid>-<epoch ms>.json``; deliverers must glob
+  ``*.json`` and read the job id from the record). Delivery to the controller is
+  asynchronous (a separate sender); the epilog never talks to the network.
+
+Record fields: ``version``, ``job_id``, ``user``, ``uid``, ``node`` (this node),
+``nodes`` (``SLURM_JOB_NODELIST`` hostlist when slurmd provides it), ``gpus``,
+``partition``, ``start_time`` + ``start_time_source`` (``SLURM_JOB_START_TIME`` when set
+-- Slurm >= 23.02 -- else the prolog's clock), ``end_time`` (this epilog's clock),
+``slurm_end_time`` (``SLURM_JOB_END_TIME``: the job's end as Slurm records it, when set),
+``exit_code`` / ``exit_signal`` (from ``SLURM_JOB_EXIT_CODE2`` ``"<exit>:<sig>"``, set in
+the slurmd Epilog only by newer Slurm; Slurm 22.05 documents exit codes for
+EpilogSlurmctld only, so they are null there), ``exit_status_raw``
+(``SLURM_JOB_EXIT_CODE``, wait(2) status), ``derived_exit_code``
+(``SLURM_JOB_DERIVED_EC``), ``comment``, ``declared_class`` + ``class_source`` (the
+``fy:<class>`` comment, else a partition named like a class -- the job_submit.lua rule),
+``mapping_removed`` (GPU files removed), ``epilog_time``.
+
+Exit status: always 0. A failing Epilog sets the node DOWN, which is harsher than the
+prolog's drain and also hits every other job still running on a shared node; nothing
+the epilog does (or fails to do) is node-fatal: GPU faults are caught by the agent, the
+controller and the next job's prolog. So errors are logged and the hook exits 0, and a
+hard deadline (``hard_timeout_ms``) bounds it like the prolog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+from prolog_epilog import _hooklib as lib
+
+TAG = "fleetyield-epilog"
+
+
+def _int_or_none(raw: str | None) -> int | None:
+    try:
+        return int(raw) if raw not in (None, "") else None  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+def _read_job_state(path: str, log: lib.Logger) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
+        return state if isinstance(state, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log("WARNING", f"job state {path} unreadable ({exc}); outcome record will lack prolog data")
+        return {}
+
+
+def build_outcome(env: Mapping[str, str], state: Mapping[str, object], job_id: str, node: str) -> dict:
+    """The job-outcome record from the Epilog env, falling back on the prolog's state."""
+    now = time.time()
+    start_env = _int_or_none(env.get("SLURM_JOB_START_TIME"))
+    if start_env:
+        start, start_source = float(start_env), "slurm"
+    elif isinstance(state.get("prolog_time"), (int, float)):
+        start, start_source = float(state["prolog_time"]), "prolog"  # type: ignore[arg-type]
+    else:
+        start, start_source = None, None
+    exit_code = exit_signal = None
+    code2 = env.get("SLURM_JOB_EXIT_CODE2", "")
+    if ":" in code2:
+        exit_code, exit_signal = (_int_or_none(x) for x in code2.split(":", 1))
+    gpus = lib.job_gpus(env) or [g for g in state.get("gpus", []) or [] if isinstance(g, int)]  # type: ignore[union-attr]
+    comment = env.get("SLURM_JOB_COMMENT") or state.get("comment")
+    partition = env.get("SLURM_JOB_PARTITION") or state.get("partition")
+    klass, source = lib.class_from(
+        comment if isinstance(comment, str) else None, partition if isinstance(partition, str) else None
+    )
+    return {
+        "version": 1,
+        "job_id": job_id,
+        "user": env.get("SLURM_JOB_USER") or state.get("user"),
+        "uid": _int_or_none(env.get("SLURM_JOB_UID") or str(state.get("uid") or "")),
+        "node": node,
+        "nodes": env.get("SLURM_JOB_NODELIST"),
+        "gpus": gpus,
+        "partition": partition,
+        "start_time": start,
+        "start_time_source": start_source,
+        "end_time": now,
+        "slurm_end_time": _int_or_none(env.get("SLURM_JOB_END_TIME")),
+        "exit_code": exit_code,
+        "exit_signal": exit_signal,
+        "exit_status_raw": _int_or_none(env.get("SLURM_JOB_EXIT_CODE")),
+        "derived_exit_code": env.get("SLURM_JOB_DERIVED_EC"),
+        "comment": comment,
+        "declared_class": klass,
+        "class_source": source,
+        "epilog_time": now,
+    }
+
+
+def write_outcome(spool_dir: str, record: dict) -> str:
+    """Spool ``record``; never overwrite an undelivered record. Returns the path."""
+    directory = os.path.join(spool_dir, "outcomes")
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    path = os.path.join(directory, f"{record['job_id']}.json")
+    try:
+        lib.write_new(path, data)
+    except FileExistsError:
+        path = os.path.join(directory, f"{record['job_id']}-{int(time.time() * 1000)}.json")
+        lib.atomic_write(path, data)
+    return path
+
+
+def run(env: Mapping[str, str], log: lib.Logger) -> None:
+    started = time.monotonic()
+    lib.arm_deadline(lib.DEFAULT_HARD_TIMEOUT_MS / 1000.0, lambda: _hard_exit(log))
+    config = lib.load_config(env, log)
+    log.set_log_file(config.log_file)
+    left = config.hard_timeout_ms / 1000.0 - (time.monotonic() - started)
+    lib.arm_deadline(max(left, 0.001), lambda: _hard_exit(log))
+    node = lib.node_name(config, env)
+    log.node = node
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not lib.valid_job_id(job_id):
+        log("ERROR", f"SLURM_JOB_ID {job_id!r} missing or invalid (not run by slurmd?); nothing to do")
+        return
+
+    removed: list[int] = []
+    if config.hpc_job_mapping:
+        try:
+            removed, rewritten = lib.remove_hpc_job_mapping(config.hpc_job_dir, job_id)
+            if rewritten:
+                log("INFO", f"hpc_job mapping shared with other jobs, rewritten for gpus {rewritten}")
+        except OSError as exc:
+            log("WARNING", f"cannot clean hpc_job mapping in {config.hpc_job_dir}: {exc}")
+
+    state_path = os.path.join(config.spool_dir, "jobs", f"{job_id}.json")
+    state = _read_job_state(state_path, log)
+    record = build_outcome(env, state, job_id, node)
+    record["mapping_removed"] = removed
+    try:
+        path = write_outcome(config.spool_dir, record)
+    except OSError as exc:
+        log("ERROR", f"cannot spool the outcome record in {config.spool_dir}: {exc}")
+        return
+    try:
+        os.unlink(state_path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log("WARNING", f"cannot remove job state {state_path}: {exc}")
+    elapsed_ms = (time.monotonic() - started) * 1000
+    log("INFO", f"done: mapping removed for gpus {removed}, outcome {path} in {elapsed_ms:.0f} ms")
+
+
+def _hard_exit(log: lib.Logger) -> None:
+    log("ERROR", "hard deadline passed twice; exiting 0")
+    os._exit(0)
+
+
+def main() -> None:
+    env = os.environ
+    log = lib.Logger(TAG, env.get("SLURM_JOB_ID", "-") or "-")
+    try:
+        try:
+            run(env, log)
+        finally:
+            lib.disarm_deadline()
+    except lib.HookTimeout:
+        log("ERROR", "hard deadline passed; exiting 0 (outcome record may be missing)")
+    except Exception as exc:  # never set the node DOWN over a bookkeeping bug
+        log("ERROR", f"internal error {type(exc).__name__}: {exc}; exiting 0")
+    finally:
+        with contextlib.suppress(BaseException):
+            lib.disarm_deadline()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

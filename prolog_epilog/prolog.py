@@ -1,0 +1,293 @@
+"""``fleetyield-prolog``: the fast, fail-open pre-job gate run by slurmd (stdlib only).
+
+Install (slurm.conf)::
+
+    Prolog=/opt/fleetyield/bin/fleetyield-prolog
+    PrologFlags=Alloc,DeferBatch
+
+Input: the Slurm Prolog environment (``SLURM_JOB_ID``, ``SLURM_JOB_USER``,
+``SLURM_JOB_UID``, ``SLURMD_NODENAME``, the job's GPUs in ``SLURM_JOB_GPUS`` /
+``CUDA_VISIBLE_DEVICES`` / ``GPU_DEVICE_ORDINAL`` -- real device indices, the Prolog
+runs outside the job cgroup -- and ``SLURM_JOB_PARTITION`` / ``SLURM_JOB_CONSTRAINTS``
+/ ``SLURM_JOB_COMMENT`` when present), the hook config (see ``_hooklib``), the node
+agent's ``fatal.json`` and the controller's gate endpoint.
+
+Output: the exit status. Non-zero (Slurm then drains the node and requeues the job)
+ONLY when
+
+* the node agent has a pending fatal event (``<agent_state_dir>/fatal.json``), or
+* the controller answers ``GET {controller_url}/v1/nodes/{node}/gate`` with HTTP 200
+  and ``{"allow": false, ...}`` within ``timeout_ms``.
+
+Everything else allows the job: a missing, unreadable or corrupt ``fatal.json`` (logged:
+"no verdict"), a controller that is down, slow, erroring or answering garbage (the
+controller drains nodes through scontrol itself, so a down controller must never stop
+the cluster), a bad config file, and the hard deadline (``hard_timeout_ms``, default
+2 s, far under PrologEpilogTimeout) after which the hook logs and exits 0.
+
+Side effects on allow: the dcgm-exporter hpc_job mapping files for the job's GPUs
+(``<hpc_job_dir>/<gpu index>`` holding the job id, written atomically) and a small
+per-job state file ``<spool_dir>/jobs/<jobid>.json`` (start time, GPUs, partition,
+comment) that the epilog folds into the job-outcome record, because Slurm 22.05 gives
+the Epilog far fewer variables than the Prolog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+from prolog_epilog import _hooklib as lib
+
+TAG = "fleetyield-prolog"
+EXIT_ALLOW = 0
+EXIT_DENY = 1
+
+
+def read_fatal(state_dir: str, log: lib.Logger) -> list[dict]:
+    """Pending fatal events, ``[]`` for none *or no verdict* (unreadable/corrupt file).
+
+    Uses the agent's own reader when importable; its "marker_unreadable" synthetic entry
+    (the agent's fail-safe) is turned into "no verdict" here: the prolog blocks jobs
+    only on a real recorded fatal event (FleetYield policy: a corrupt marker must not
+    drain nodes; the agent re-writes it on its next event and pushes events to the
+    controller anyway).
+    """
+    try:
+        from node_agent.fatal import read_pending
+    except Exception:  # agent not installed on this node: read the file ourselves
+        read_pending = _read_pending_fallback
+    pending = read_pending(state_dir)
+    real = []
+    for entry in pending:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "marker_unreadable":
+            log("WARNING", f"fatal marker unreadable, no verdict (job allowed): {entry.get('message')}")
+            continue
+        real.append(entry)
+    return real
+
+
+def _read_pending_fallback(state_dir: str) -> list[dict]:
+    path = os.path.join(state_dir, "fatal.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        return [{"kind": "marker_unreadable", "message": f"{path}: {exc}"}]
+    pending = doc.get("pending") if isinstance(doc, dict) else doc
+    if not isinstance(pending, list):
+        return [{"kind": "marker_unreadable", "message": f"{path}: no 'pending' list"}]
+    return [p for p in pending if isinstance(p, dict)]
+
+
+def _describe(entry: dict) -> str:
+    gpu = entry.get("gpu")
+    where = f"gpu {gpu}" if gpu is not None else "node"
+    return f"{where}: {entry.get('message') or entry.get('kind') or 'fatal event'}"
+
+
+def query_gate(url: str, node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
+    """(allow, reason). Fail-open: anything but HTTP 200 + ``"allow": false`` allows."""
+    safe_node = "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):02X}" for c in node)
+    try:
+        status, body = _http_get(f"{url.rstrip('/')}/v1/nodes/{safe_node}/gate", timeout_s)
+    except Exception as exc:  # down, refused, slow, DNS, TLS, ... all mean "allow"
+        log("WARNING", f"controller gate unreachable ({type(exc).__name__}: {exc}); fail-open, allowing")
+        return True, "controller unreachable"
+    if status != 200:
+        log("WARNING", f"controller gate answered HTTP {status}; fail-open, allowing")
+        return True, f"controller HTTP {status}"
+    try:
+        doc = json.loads(body)
+        allow = doc["allow"]
+        reason = str(doc.get("reason", ""))
+        if not isinstance(allow, bool):
+            raise TypeError(f"'allow' is {type(allow).__name__}, not bool")
+    except Exception as exc:
+        log("WARNING", f"controller gate answer unusable ({exc}); fail-open, allowing")
+        return True, "controller answer unusable"
+    return allow, reason
+
+
+def _http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    """Minimal HTTP/1.0 GET with one overall deadline (connect + send + read).
+
+    Hand-rolled on ``socket`` because ``urllib.request`` costs ~20 ms of imports (ssl,
+    email, http.client) on every job start; ``https`` URLs fall back to http.client.
+    """
+    deadline = time.monotonic() + timeout_s
+    scheme, _, rest = url.partition("://")
+    hostport, _, path = rest.partition("/")
+    path = "/" + path
+    if scheme == "https":
+        return _https_get(hostport, path, timeout_s)
+    if scheme != "http":
+        raise ValueError(f"unsupported controller_url scheme {scheme!r}")
+    host, port = hostport, 80
+    if hostport.startswith("["):  # [v6]:port
+        host, _, tail = hostport[1:].partition("]")
+        if tail.startswith(":"):
+            port = int(tail[1:])
+    elif ":" in hostport:
+        host, _, port_s = hostport.rpartition(":")
+        port = int(port_s)
+    import socket
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer within {timeout_s * 1000:.0f} ms")
+        return left
+
+    with socket.create_connection((host, port), timeout=remaining()) as sock:
+        request = (
+            f"GET {path} HTTP/1.0\r\nHost: {hostport}\r\n"
+            "Accept: application/json\r\nConnection: close\r\n\r\n"
+        )
+        sock.settimeout(remaining())
+        sock.sendall(request.encode("ascii"))
+        chunks = []
+        size = 0
+        while True:
+            sock.settimeout(remaining())
+            data = sock.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+            size += len(data)
+            if size > 1 << 20:
+                raise ValueError("answer larger than 1 MiB")
+    raw = b"".join(chunks)
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise ValueError("malformed HTTP answer")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/"):
+        raise ValueError("malformed HTTP status line")
+    return int(status_line[1]), body
+
+
+def _https_get(hostport: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+    import http.client
+
+    conn = http.client.HTTPSConnection(hostport, timeout=timeout_s)
+    try:
+        conn.request("GET", path, headers={"Accept": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read(1 << 20)
+    finally:
+        conn.close()
+
+
+def _write_job_state(config: lib.HookConfig, env: Mapping[str, str], job_id: str, gpus: list[int]) -> None:
+    comment = env.get("SLURM_JOB_COMMENT")
+    partition = env.get("SLURM_JOB_PARTITION")
+    klass, source = lib.class_from(comment, partition)
+    state = {
+        "version": 1,
+        "job_id": job_id,
+        "user": env.get("SLURM_JOB_USER"),
+        "uid": env.get("SLURM_JOB_UID"),
+        "prolog_time": time.time(),
+        "gpus": gpus,
+        "partition": partition,
+        "constraints": env.get("SLURM_JOB_CONSTRAINTS"),
+        "comment": comment,
+        "declared_class": klass,
+        "class_source": source,
+    }
+    directory = os.path.join(config.spool_dir, "jobs")
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    lib.atomic_write(os.path.join(directory, f"{job_id}.json"), json.dumps(state, sort_keys=True).encode())
+
+
+def run(env: Mapping[str, str], log: lib.Logger) -> int:
+    """The prolog proper. Returns the exit status; raises ``HookTimeout`` at the deadline."""
+    started = time.monotonic()
+    # Armed before reading the config (a hung /etc mount must not hang the job start),
+    # then re-armed with the configured value.
+    lib.arm_deadline(lib.DEFAULT_HARD_TIMEOUT_MS / 1000.0, lambda: _hard_exit(log))
+    config = lib.load_config(env, log)
+    log.set_log_file(config.log_file)
+    left = config.hard_timeout_ms / 1000.0 - (time.monotonic() - started)
+    deadline = lib.arm_deadline(max(left, 0.001), lambda: _hard_exit(log))
+    node = lib.node_name(config, env)
+    log.node = node
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not lib.valid_job_id(job_id):
+        log("ERROR", f"SLURM_JOB_ID {job_id!r} missing or invalid (not run by slurmd?); allowing")
+        return EXIT_ALLOW
+
+    # (a) the node agent's pending fatal events: local file, checked first.
+    try:
+        fatal = read_fatal(config.agent_state_dir, log)
+    except lib.HookTimeout:
+        raise
+    except Exception as exc:
+        log("WARNING", f"cannot check fatal marker ({type(exc).__name__}: {exc}); no verdict, allowing")
+        fatal = []
+    if fatal:
+        detail = "; ".join(_describe(e) for e in fatal[:5])
+        log("ERROR", f"DENY: {len(fatal)} pending fatal GPU event(s) on {node}: {detail}")
+        return EXIT_DENY
+
+    # (b) the controller's quarantine verdict, fail-open.
+    if config.controller_url:
+        budget = min(config.timeout_ms / 1000.0, deadline - time.monotonic() - 0.05)
+        if budget > 0:
+            allow, reason = query_gate(config.controller_url, node, budget, log)
+            if not allow:
+                log("ERROR", f"DENY: controller quarantines {node}: {reason or 'no reason given'}")
+                return EXIT_DENY
+
+    gpus = lib.job_gpus(env)
+    if config.hpc_job_mapping and gpus:
+        try:
+            lib.write_hpc_job_mapping(config.hpc_job_dir, gpus, job_id)
+        except OSError as exc:
+            log("WARNING", f"cannot write hpc_job mapping in {config.hpc_job_dir}: {exc}")
+    try:
+        _write_job_state(config, env, job_id, gpus)
+    except OSError as exc:
+        log("WARNING", f"cannot write job state in {config.spool_dir}: {exc}")
+    elapsed_ms = (time.monotonic() - started) * 1000
+    log("INFO", f"allow user={env.get('SLURM_JOB_USER', '-')} gpus={gpus} in {elapsed_ms:.0f} ms")
+    return EXIT_ALLOW
+
+
+def _hard_exit(log: lib.Logger) -> None:
+    log("ERROR", "hard deadline passed twice; exiting 0 (fail-open)")
+    os._exit(EXIT_ALLOW)
+
+
+def main() -> None:
+    env = os.environ
+    log = lib.Logger(TAG, env.get("SLURM_JOB_ID", "-") or "-")
+    code: int | None = None
+    try:
+        try:
+            code = run(env, log)
+        finally:
+            lib.disarm_deadline()
+    except lib.HookTimeout:
+        # A verdict reached before the deadline (the timer fired on the way out) stands.
+        if code is None:
+            log("ERROR", "hard deadline passed; allowing the job (fail-open)")
+    except Exception as exc:  # a bug here must never drain the fleet
+        log("ERROR", f"internal error {type(exc).__name__}: {exc}; allowing the job (fail-open)")
+    finally:
+        with contextlib.suppress(BaseException):
+            lib.disarm_deadline()
+    sys.exit(EXIT_ALLOW if code is None else code)
+
+
+if __name__ == "__main__":
+    main()
