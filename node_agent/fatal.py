@@ -28,7 +28,9 @@ A GPU reset removes the entries of that GPU whose ``reset_fixes`` is true; entri
 ``reset_fixes: false`` (e.g. XID 64, row-remap failure) stay until an operator clears
 them (``fleetyield-agent fault clear --gpu N --all``). ``read_pending(state_dir)`` never
 raises on a missing file; a corrupt file is reported as one synthetic pending entry of
-kind ``"marker_unreadable"`` so the prolog fails safe (refuses jobs) rather than open.
+kind ``"marker_unreadable"`` so callers can tell "corrupt" from "clear". The Slurm Prolog logs it and
+lets the job through: an unreadable marker is missing data, not evidence of a fault, and FleetYield never
+takes a destructive step (a Prolog failure drains the node) on missing data.
 """
 
 from __future__ import annotations
