@@ -1,0 +1,128 @@
+"""Explain: why a node is where it is, with every number behind it (``fleetyield explain NODE``).
+
+Input: a node name and a ``TickResult``. Output: ``explain_dict`` a JSON-able dict (NaN written as None);
+``explain`` the same as multi-line text: tier, health, risk, reason, Slurm state, features and weight, the
+envelope, then every GPU with its probability and each enabled signal's value and log-odds contribution.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from slurm_fleetyield.core.loop import TickResult
+from slurm_fleetyield.core.risk import compile_signals, fatal_uuids, logit, signal_values
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def explain_dict(node: str, result: TickResult) -> dict[str, Any]:
+    d = result.nodes.get(node)
+    r = result.risks.get(node)
+    if d is None and r is None:
+        raise KeyError(f"node {node!r} is not in this tick's result")
+    out: dict[str, Any] = {
+        "node": node,
+        "horizon_days": _num(result.horizon_days),
+        "base_probability": _num(result.base_probability),
+    }
+    if d is not None:
+        e = d.envelope
+        out.update(
+            tier=d.tier.value,
+            health=d.health.value,
+            risk=_num(d.risk),
+            reason=d.reason,
+            managed=d.managed,
+            slurm_state=d.slurm_state,
+            weight=d.weight,
+            features=list(d.features),
+            fy_features=list(d.fy_features),
+            evidence=list(d.evidence),
+            envelope={
+                "gpu_model": e.gpu_model,
+                "premium": e.premium,
+                "nvlink": e.nvlink,
+                "nvlink_full": e.nvlink_full,
+                "hbm_full": e.hbm_full,
+                "known": e.known,
+                "notes": list(e.notes),
+            },
+        )
+    gpus = []
+    if r is not None:
+        out.setdefault("health", r.health.value)
+        out.setdefault("risk", _num(r.probability))
+        out["risk_reason"] = r.reason
+        out["sample_age_s"] = r.stale_s
+        for g in r.gpus:
+            signals = _signals(node, g.uuid, result)
+            if not signals:  # no sensed inputs (e.g. a result rebuilt elsewhere): the fired ones only
+                signals = [
+                    {"signal": c.signal, "value": c.value, "contribution": c.weight} for c in g.contributions
+                ]
+            gpus.append(
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "model": g.model,
+                    "health": g.health.value,
+                    "probability": g.probability,
+                    "fatal_xids": list(g.fatal_xids),
+                    "signals": signals,
+                }
+            )
+    out["gpus"] = gpus
+    return out
+
+
+def _signals(node: str, uuid: str, result: TickResult) -> list[dict[str, Any]]:
+    """Recompute every enabled signal of one GPU from the tick's own inputs (same functions as risk)."""
+    if result.sensed is None or result.params is None or result.previous is None:
+        return []
+    sn = result.sensed.nodes.get(node)
+    gpu = next((g for g in sn.gpus if g.reading.uuid == uuid), None) if sn is not None else None
+    if gpu is None:
+        return []
+    compiled = compile_signals(result.params, result.sensed.layout)
+    history = fatal_uuids(result.previous, node, result.params, result.now)
+    n_gpu = history.count(uuid)
+    rows = signal_values(gpu, compiled, n_gpu, len(history) - n_gpu)
+    return [{"signal": n, "value": v, "contribution": c} for n, v, c in rows]
+
+
+def explain(node: str, result: TickResult) -> str:
+    x = explain_dict(node, result)
+    risk = x.get("risk")
+    lines = [
+        f"node {node}: tier {x.get('tier', '?')}, health {x.get('health', '?')}, "
+        f"risk {'unknown' if risk is None else f'{risk:.4f}'} "
+        f"(P(fatal GPU failure within {x['horizon_days']:g} days); base per GPU {x['base_probability']:.5f}, "
+        f"logit {logit(x['base_probability']):+.2f})",
+        f"reason: {x.get('reason', x.get('risk_reason', ''))}",
+    ]
+    if "weight" in x:
+        lines.append(f"slurm: state {x['slurm_state'] or '?'}, weight {x['weight']}, managed {x['managed']}")
+        lines.append(f"features: {','.join(x['features'])}")
+        e = x["envelope"]
+        lines.append(
+            f"envelope: model {e['gpu_model'] or '?'}, premium {e['premium']}, nvlink {e['nvlink']}, "
+            f"nvlink_full {e['nvlink_full']}, hbm_full {e['hbm_full']}, known {e['known']}"
+        )
+        lines.extend(f"  note: {n}" for n in e["notes"])
+    if x.get("sample_age_s") is not None:
+        lines.append(f"sample age: {x['sample_age_s']:.0f}s")
+    for g in x["gpus"]:
+        xids = f", fatal XID {','.join(map(str, g['fatal_xids']))}" if g["fatal_xids"] else ""
+        lines.append(
+            f"gpu {g['index']} {g['uuid']} ({g['model']}): p={g['probability']:.4f} {g['health']}{xids}"
+        )
+        for s in g["signals"]:
+            v = "n/a" if s["value"] is None else f"{s['value']:g}"
+            lines.append(f"    {s['signal']:<28} value {v:>10}  contribution {s['contribution']:+.2f}")
+    if x.get("evidence"):
+        lines.append("evidence:")
+        lines.extend(f"  {e}" for e in x["evidence"])
+    return "\n".join(lines)

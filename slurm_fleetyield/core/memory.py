@@ -1,0 +1,101 @@
+"""Remember: fold one tick's decisions into the next ``ControllerState``.
+
+Input: the previous state, sensed history, node decisions, priced nodes, fatal findings, drains,
+``Params``, ``now``. Output: the next ``ControllerState``, bounded (fatal history to ``fatal_history_days``,
+drain times to the rate window, processed event ids to ``max_processed_event_ids``).
+
+A node's last fy_ features and weight are only remembered when they were derived from fresh data, so an
+UNKNOWN stretch keeps re-asserting what the node had before it went dark. Fatal evidence enters the history
+once it is acted on (drained or moot); held evidence is reconsidered next tick and recorded then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from slurm_fleetyield.core.model import NodeDecision, Tier
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.price import Priced
+from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal
+from slurm_fleetyield.core.sense import Sensed
+from slurm_fleetyield.core.state import ControllerState, NodeMemory
+
+
+def remember(
+    state: ControllerState,
+    sensed: Sensed,
+    decisions: Mapping[str, NodeDecision],
+    priced: Priced,
+    fatal: tuple[Fatal, ...],
+    drains: Drains,
+    params: Params,
+    now: float,
+) -> ControllerState:
+    del fatal  # what was acted on is in drains.processed; the rest is reconsidered next tick
+    oldest = now - params.risk.fatal_history_days * 86_400.0
+    new_fatal: dict[str, list[tuple[float, str]]] = {}
+    for f in drains.processed:
+        new_fatal.setdefault(f.node, []).append((f.time, f.uuid or ""))
+    drained_now = {d.node: d for d in drains.drains}
+    first_fatal = {f.node: f for f in reversed(drains.processed)}
+    nodes: dict[str, NodeMemory] = {}
+    for name in sorted(set(decisions) | set(sensed.nodes)):
+        old = state.nodes.get(name)
+        d = decisions.get(name)
+        s = sensed.nodes.get(name)
+        history = old.fatal_history if old else ()
+        if name in new_fatal:
+            history = (*history, *sorted(new_fatal[name]))
+        history = tuple(h for h in history if h[0] >= oldest)
+        sample_time = s.sample_time if s is not None and s.fresh else (old.last_sample_time if old else None)
+        if d is None:  # sampled but unknown to Slurm: keep only what we knew
+            if old is not None:
+                nodes[name] = _replace(old, fatal_history=history, last_sample_time=sample_time)
+            continue
+        pn = priced.nodes[name]
+        fresh_features = pn.keep_fy is None and pn.feature_tier is None and d.managed
+        tier = d.tier if d.tier is not Tier.UNKNOWN or old is None else old.tier
+        since = old.since if old is not None and old.tier is tier else now
+        drained_by_us = name in drained_now or (
+            d.slurm_state != "" and "DRAIN" in d.slurm_state and d.reason.startswith("fleetyield:")
+        )
+        last = first_fatal.get(name) if name in drained_now else None
+        nodes[name] = NodeMemory(
+            tier=tier,
+            since=since,
+            reason=d.reason,
+            drained_by_us=drained_by_us,
+            fatal_history=history,
+            last_sample_time=sample_time,
+            last_xid=last.xid if last else (old.last_xid if old else None),
+            last_gpu=last.gpu if last else (old.last_gpu if old else None),
+            fy_features=d.fy_features if fresh_features else (old.fy_features if old else ()),
+            weight=d.weight if fresh_features else (old.weight if old else None),
+        )
+    qp = params.quarantine
+    recovered = {n for n, s in sensed.nodes.items() if s.fresh and not s.missing_gpus}
+    processed = [
+        k
+        for k in state.processed_events
+        if not (
+            k.startswith(MISSING_KEY_PREFIX) and k[len(MISSING_KEY_PREFIX) :].split(":", 1)[0] in recovered
+        )
+    ]
+    processed.extend(f.key for f in drains.processed)
+    drain_times = tuple(t for t in state.drain_times if t > now - qp.window_s) + tuple(
+        now for _ in drains.drains
+    )
+    return ControllerState(
+        nodes=nodes,
+        history=sensed.history,
+        layout=sensed.layout,
+        drain_times=drain_times,
+        processed_events=tuple(processed[-qp.max_processed_event_ids :]),
+        last_tick=now,
+    )
+
+
+def _replace(m: NodeMemory, **changes: object) -> NodeMemory:
+    from dataclasses import replace
+
+    return replace(m, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,243 @@
+"""Vocabulary of the decision core: what the controller observes, remembers and decides about.
+
+Input: nothing (types only). Output: immutable value types shared by every stage of the loop, by the daemon
+and by the simulator. Hot-path types are frozen dataclasses with ``slots`` because a 100k-GPU tick builds
+hundreds of thousands of them; pydantic models live at the boundaries instead (config, wire formats, API).
+
+GPU readings keep dcgm-exporter's field names (``DCGM_FI_DEV_*``) so that the direct agent path, a real
+dcgm-exporter fleet and the Prometheus path all feed the same decision code unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+FY_PREFIX = "fy_"
+"""Every Slurm node feature FleetYield owns starts with this prefix; all others belong to the admin."""
+
+OUR_REASON_PREFIX = "fleetyield:"
+"""Drain reasons FleetYield writes start with this. A drain with any other reason is someone else's."""
+
+
+class Health(StrEnum):
+    """Sensed health of a GPU or node. UNKNOWN is never healthy and never bad (no data is not evidence)."""
+
+    OK = "ok"
+    WARN = "warn"
+    BAD = "bad"
+    UNKNOWN = "unknown"
+
+
+class Tier(StrEnum):
+    """Where a node stands for placement. Mapped to ``fy_tier_*`` features and to node weights."""
+
+    GREEN = "green"  # full service
+    YELLOW = "yellow"  # marginal: checkpointable / retry-cheap work only
+    RED = "red"  # risk past the drain threshold: a drain is proposed, still runs what it has
+    QUARANTINED = "quarantined"  # drained by us after a fatal fault (or an approved proposal)
+    CANARY = "canary"  # rehabilitation: only canary jobs
+    PROBATION = "probation"  # rehabilitation: back in service as yellow until it proves itself
+    RETIRED = "retired"  # repeated failures: stays drained, needs RMA
+    UNKNOWN = "unknown"  # no fresh data: nothing destructive happens, placement keeps the last known tier
+
+
+class WorkloadClass(StrEnum):
+    """Workload classes with distinct resource envelopes (see core/profile.py)."""
+
+    DECODE = "decode"  # inference decode: memory-bandwidth bound, small, latency sensitive
+    PRETRAIN = "pretrain"  # gangs: NVLink bound, expensive to lose
+    FINETUNE = "finetune"  # HBM-capacity bound
+    BATCH = "batch"  # batch / eval: checkpointable, cheap to retry
+    CANARY = "canary"  # FleetYield's own rehabilitation probes
+
+
+# --------------------------------------------------------------------------------------------------------
+# Observations (input of a tick)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as one scrape saw it. ``fields`` maps DCGM field names to values (counters are cumulative).
+
+    ``xid_totals`` holds cumulative per-XID counts (our agent's monotonic counter); from a plain dcgm-exporter
+    it is derived from the windowed ``DCGM_EXP_XID_ERRORS_COUNT`` and is then a lower bound.
+    """
+
+    index: int
+    uuid: str
+    model: str
+    pci_bus_id: str = ""
+    fields: Mapping[str, float] = field(default_factory=dict)
+    xid_totals: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSample:
+    """One scrape of one node. ``error`` set means the scrape failed and nothing here is evidence."""
+
+    node: str
+    time: float
+    gpus: tuple[GpuReading, ...] = ()
+    expected_gpus: int | None = None  # what the agent believes the node should have (None: not exported)
+    error: str | None = None
+    source: str = "agent"  # agent | dcgm-exporter | prometheus
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    """A node as Slurm reports it (``scontrol show node`` / ``sinfo``)."""
+
+    name: str
+    states: frozenset[str]  # e.g. {"IDLE"}, {"MIXED", "DRAIN"}, {"DOWN", "NOT_RESPONDING"}
+    reason: str = ""
+    available_features: tuple[str, ...] = ()
+    active_features: tuple[str, ...] = ()
+    weight: int = 1
+    gpu_type: str | None = None  # from Gres=gpu:<type>:N
+    gpu_count: int = 0
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.states & {"DRAIN", "DRAINED", "DRAINING"})
+
+    @property
+    def drained_by_us(self) -> bool:
+        return self.drained and self.reason.startswith(OUR_REASON_PREFIX)
+
+    @property
+    def drained_by_other(self) -> bool:
+        return self.drained and not self.reason.startswith(OUR_REASON_PREFIX)
+
+    @property
+    def admin_features(self) -> tuple[str, ...]:
+        return tuple(f for f in self.available_features if not f.startswith(FY_PREFIX))
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A running or pending job, as far as the decisions need it."""
+
+    job_id: int
+    state: str  # RUNNING, PENDING, ...
+    nodes: tuple[str, ...] = ()
+    requeue: bool = True  # Slurm's Requeue flag: may this job be requeued?
+    workload: WorkloadClass | None = None
+    gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FatalEvent:
+    """A fatal hardware event: pushed by an agent, seen in a scrape, or fired by Alertmanager."""
+
+    event_id: str
+    node: str
+    time: float
+    kind: str  # xid | gpu_missing | alert | check_failed
+    gpu: int | None = None
+    uuid: str | None = None
+    xid: int | None = None
+    message: str = ""
+    source: str = "agent-push"
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O."""
+
+    time: float
+    slurm: Mapping[str, SlurmNode]
+    samples: Mapping[str, NodeSample]
+    fatal_events: tuple[FatalEvent, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+    slurm_ok: bool = True  # False: Slurm could not be read; the tick must not act on Slurm state
+
+
+# --------------------------------------------------------------------------------------------------------
+# Explanations (every decision carries its reason and evidence)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """One signal's share in a risk score: its observed value and how much it moved the score."""
+
+    signal: str
+    value: float
+    weight: float  # contribution to the log-odds
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRisk:
+    node: str
+    index: int
+    uuid: str
+    model: str
+    health: Health
+    probability: float  # P(fatal failure within the configured horizon)
+    contributions: tuple[Contribution, ...] = ()  # the signals that moved the score (non-zero)
+    fatal_xids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRisk:
+    node: str
+    health: Health
+    probability: float  # P(at least one GPU of the node fails fatally within the horizon)
+    gpus: tuple[GpuRisk, ...] = ()
+    reason: str = ""
+    stale_s: float | None = None  # age of the newest usable sample, None: never seen
+
+
+# --------------------------------------------------------------------------------------------------------
+# Decisions (output of a tick, besides the plan)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What a node can serve, derived from its GPUs' health (core/profile.py).
+
+    ``known`` False means no fresh telemetry: the booleans are then the last known ones (or False).
+    """
+
+    gpu_model: str = ""
+    premium: bool = False
+    nvlink: bool = False  # the board has NVLink at all
+    nvlink_full: bool = False  # every GPU's links are clean
+    hbm_full: bool = False  # no remap failure/pending, no lost capacity, few uncorrectable rows
+    known: bool = False
+    notes: tuple[str, ...] = ()  # why a capability is withheld
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDecision:
+    """Everything decided about one node this tick, with its reason and evidence (what ``explain`` prints)."""
+
+    node: str
+    tier: Tier
+    health: Health
+    risk: float
+    fy_features: tuple[str, ...]  # sorted fy_ features wanted on the node
+    features: tuple[str, ...]  # full wanted list: admin features in their order, then fy_features
+    weight: int
+    slurm_state: str  # Slurm states joined with '+', e.g. "MIXED+DRAIN"; "" when Slurm does not know it
+    reason: str
+    evidence: tuple[str, ...] = ()
+    envelope: Envelope = field(default_factory=Envelope)
+    managed: bool = True  # False: drained by someone else or unknown to Slurm; FleetYield leaves it alone
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    """Something worth a log line or an alert. ``kind``: tier_change, drain, hold, drain_proposal, ..."""
+
+    time: float
+    node: str
+    kind: str
+    message: str
+    data: Mapping[str, object] = field(default_factory=dict)

@@ -1,0 +1,340 @@
+"""Controller parameters: one documented, validated pydantic model per stage of the loop.
+
+Input: a mapping (the ``[core]`` part of the config file, loaded by ``slurm_fleetyield/config.py``). Output:
+an immutable ``Params`` tree handed to ``tick``. Validation runs in two passes, like node-problem-detector's
+config: field defaults and types first, then cross-field rules (thresholds ordered, named units known), each
+error quoting the offending value. Nothing is clamped silently: a bad value is a startup error.
+
+Every default states where it comes from. Published rates are from ``shared/data/README.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from slurm_fleetyield.core.signals import SIGNAL_NAMES, SIGNALS_BY_NAME
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+# --- base-rate derivation (kept as named constants so explain/README can quote them) ----------------------
+LLAMA3_INTERRUPTIONS = 419  # Llama 3, arXiv 2407.21783, Table 5: unexpected interruptions
+LLAMA3_DAYS = 54
+LLAMA3_GPUS = 16_384  # H100
+LLAMA3_GPU_ATTRIBUTABLE = 148 + 72 + 19 + 17  # faulty GPU + HBM3 + GPU SRAM + GPU system processor = 256
+GPU_FATAL_PER_DAY = LLAMA3_GPU_ATTRIBUTABLE / (LLAMA3_DAYS * LLAMA3_GPUS)
+"""≈ 2.89e-4 fatal GPU interruptions per GPU-day (61% of 3.79 per 1,000 node-days, divided by 8 GPUs)."""
+
+
+class SenseParams(BaseModel):
+    """Freshness and trend windows of the sense stage."""
+
+    model_config = _FROZEN
+
+    stale_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A node sample older than this (or missing, or a failed scrape) makes the node UNKNOWN. "
+        "Two missed 30 s scrapes: long enough to ride out one slow scrape, short enough that a dead "
+        "exporter is noticed within a minute.",
+    )
+    trend_windows_s: tuple[float, ...] = Field(
+        (600.0, 3600.0),
+        description="Windows (seconds) over which counter growth is turned into a per-hour rate; a signal "
+        "uses the largest rate over all windows, so a 10-minute burst and an hour-long trickle are both "
+        "seen. History is trimmed to the longest window.",
+    )
+    history_resolution_s: float = Field(
+        60.0,
+        gt=0,
+        description="Minimum spacing of stored history points per GPU. Bounds the ring to "
+        "longest_window / resolution + 1 points however fast the controller ticks.",
+    )
+
+    @field_validator("trend_windows_s")
+    @classmethod
+    def _windows(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v:
+            raise ValueError("trend_windows_s must name at least one window, got ()")
+        for w in v:
+            if not (w > 0 and math.isfinite(w)):
+                raise ValueError(f"trend_windows_s entries must be positive seconds, got {w!r}")
+        return tuple(sorted(v))
+
+    @model_validator(mode="after")
+    def _resolution_fits(self) -> SenseParams:
+        if self.history_resolution_s > self.trend_windows_s[0]:
+            raise ValueError(
+                f"history_resolution_s={self.history_resolution_s!r} is coarser than the shortest trend "
+                f"window {self.trend_windows_s[0]!r}: that window could never see two points"
+            )
+        return self
+
+    @property
+    def longest_window_s(self) -> float:
+        return self.trend_windows_s[-1]
+
+
+class RiskParams(BaseModel):
+    """The explainable logistic risk model: base rate, horizon, named signals and tier thresholds."""
+
+    model_config = _FROZEN
+
+    horizon_days: float = Field(7.0, gt=0, description="Probabilities are P(fatal GPU failure within this).")
+    gpu_fatal_per_day: float = Field(
+        GPU_FATAL_PER_DAY,
+        gt=0,
+        lt=1,
+        description="Base hazard of a fatal failure per GPU-day. Default from Llama 3 (arXiv 2407.21783, "
+        "Table 5): 419 interruptions in 54 days on 16,384 H100 (3.79 per 1,000 node-days); the "
+        "GPU-attributable share (faulty GPU 148 + HBM3 72 + SRAM 19 + GSP 17 = 256, 61%) gives "
+        "256 / (54 x 16,384) = 2.89e-4 per GPU-day, i.e. 0.20% per GPU and 1.6% per 8-GPU node over 7 days.",
+    )
+    signals: tuple[str, ...] = Field(
+        SIGNAL_NAMES,
+        description="Enabled risk signals, by name, evaluated in this order (see core/signals.py). "
+        "An unknown name is a validation error.",
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-signal scale of its log-odds steps (default 1.0 each; 0 mutes a signal but keeps "
+        "its value in explanations).",
+    )
+    steps: dict[str, tuple[tuple[float, float], ...]] = Field(
+        default_factory=dict,
+        description="Per-signal override of its (threshold, log-odds) step table; thresholds strictly "
+        "increasing (for margin signals: strictly decreasing).",
+    )
+    yellow_threshold: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Node probability at or above which the node is yellow (GPU: WARN). 0.05 is ~3x the "
+        "1.6% base of an 8-GPU node: one clearly elevated GPU, not fleet noise.",
+    )
+    red_threshold: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Node probability at or above which the node is red (GPU: BAD) and a drain proposal "
+        "would be made (the human gate decides; red nodes keep running their jobs).",
+    )
+    fatal_history_days: float = Field(
+        90.0,
+        gt=0,
+        description="Fatal events younger than this make a GPU/node a repeat offender (Titan, SC'20: 18.5% "
+        "of fatal events hit a GPU that had failed before; Meta RSC: ~1.2% lemon nodes).",
+    )
+    default_slowdown_temp_c: float = Field(
+        87.0,
+        gt=0,
+        description="GPU slowdown temperature used when the reading carries no DCGM_FI_DEV_SLOWDOWN_TEMP. "
+        "Conservative for H100/H200 SXM boards; the exporter's per-board value always wins.",
+    )
+
+    @field_validator("signals")
+    @classmethod
+    def _known_signals(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if name not in SIGNALS_BY_NAME:
+                raise ValueError(f"unknown risk signal {name!r}; known: {', '.join(SIGNAL_NAMES)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"risk signals listed twice in {list(v)!r}")
+        return v
+
+    @field_validator("weights")
+    @classmethod
+    def _known_weights(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, w in v.items():
+            if name not in SIGNALS_BY_NAME:
+                raise ValueError(f"weight for unknown risk signal {name!r}")
+            if not (math.isfinite(w) and w >= 0):
+                raise ValueError(f"weight of {name!r} must be a finite number >= 0, got {w!r}")
+        return v
+
+    @field_validator("steps")
+    @classmethod
+    def _known_steps(cls, v: dict[str, tuple[tuple[float, float], ...]]) -> dict[str, tuple]:
+        for name, table in v.items():
+            spec = SIGNALS_BY_NAME.get(name)
+            if spec is None:
+                raise ValueError(f"steps for unknown risk signal {name!r}")
+            ts = [t for t, _ in table]
+            ordered = (
+                all(b < a for a, b in pairwise(ts))
+                if spec.lower_is_worse
+                else all(a < b for a, b in pairwise(ts))
+            )
+            if not table or not ordered:
+                raise ValueError(f"steps of {name!r} must be a non-empty monotone table, got {table!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> RiskParams:
+        if not self.yellow_threshold < self.red_threshold:
+            raise ValueError(
+                f"yellow_threshold={self.yellow_threshold!r} must be below "
+                f"red_threshold={self.red_threshold!r}"
+            )
+        return self
+
+    @property
+    def base_probability(self) -> float:
+        """P(fatal within horizon) of an average GPU: 1 - exp(-hazard x horizon)."""
+        return -math.expm1(-self.gpu_fatal_per_day * self.horizon_days)
+
+
+class ProfileParams(BaseModel):
+    """How GPU health becomes envelope features (premium, full NVLink, full HBM)."""
+
+    model_config = _FROZEN
+
+    premium_gpu_models: tuple[str, ...] = Field(
+        ("h100", "h200", "b200", "gb200"),
+        description="A node is premium when Slurm's gpu_type or any NVML model name contains one of these "
+        "(case-insensitive substring). Premium nodes are priced last so that cheap work fills other "
+        "nodes first, and never admit decode.",
+    )
+    nvlink_gpu_models: tuple[str, ...] = Field(
+        ("sxm", "hbm3", "h200", "b200", "gb200", "nvl"),
+        description="NVML model (or Slurm gpu_type) substrings of boards with NVLink (SXM / HGX / NVL). "
+        "By model only: exporters publish NVLink counters as zeros on PCIe boards too. 'PCIe' boards "
+        "match none by default.",
+    )
+    nvlink_crc_per_hour_max: float = Field(
+        100.0,
+        ge=0,
+        description="fy_nvlink_full is withheld when any GPU's NVLink CRC (flit + data) error rate reaches "
+        "this. CRC errors are retried by the link layer; sustained rates mean a marginal link that "
+        "slows every collective of a gang.",
+    )
+    nvlink_replay_per_hour_max: float = Field(
+        10.0,
+        ge=0,
+        description="fy_nvlink_full is withheld when any GPU's NVLink replay + recovery rate reaches this.",
+    )
+    uncorrectable_remapped_rows_max: float = Field(
+        1.0,
+        ge=0,
+        description="fy_hbm_full is withheld when any GPU has this many uncorrectable remapped rows (rows "
+        "retired after a double-bit error).",
+    )
+    fb_total_mib: dict[str, float] = Field(
+        default_factory=lambda: {
+            "h100": 81_559.0,
+            "h200": 143_771.0,
+            "b200": 182_000.0,
+            "a100-sxm4-80gb": 81_920.0,
+        },
+        description="Nominal framebuffer (MiB) per model substring; a GPU reporting DCGM_FI_DEV_FB_TOTAL "
+        "below nominal x fb_total_tolerance has lost capacity (e.g. retired memory) and withholds "
+        "fy_hbm_full. First matching substring in insertion order wins.",
+    )
+    fb_total_tolerance: float = Field(0.98, gt=0, le=1, description="See fb_total_mib.")
+
+
+# --- XID catalog: what the NVIDIA Xid catalog says to do, and why we quarantine ----------------------------
+# Resolution buckets from docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (Ampere+): every XID
+# below has an immediate action of RESET_GPU or stronger (node reboot / contact support), i.e. the GPU is not
+# usable for new work until someone acts: that is what a drain means.
+DEFAULT_QUARANTINE_XIDS = (48, 64, 74, 79, 95, 109, 110, 119, 120)
+# These are usually application-caused (13 graphics exception, 31 MMU fault, 43 GPU stopped processing:
+# RESTART_APP) or contained memory events (63 row-remap / page-retirement event, 92 high single-bit ECC
+# rate, 94 contained ECC error): they feed risk, they never drain by themselves.
+DEFAULT_RISK_ONLY_XIDS = (13, 31, 43, 63, 92, 94)
+
+
+class QuarantineParams(BaseModel):
+    """Which fatal events drain a node, and the safety caps that bound how many drains happen."""
+
+    model_config = _FROZEN
+
+    quarantine_xids: tuple[int, ...] = Field(
+        DEFAULT_QUARANTINE_XIDS,
+        description="XIDs that drain the node (pushed or seen growing in a fresh scrape). NVIDIA Xid "
+        "catalog immediate actions: 48 DBE -> RESET_GPU; 64 row-remap/page-retire failure -> RESET_GPU, "
+        "contact support if repeated; 74 NVLink error -> RESET_GPU; 79 fallen off the bus -> "
+        "RESTART_BM (reboot); 95 uncontained ECC -> RESET_GPU; 109 context-switch timeout -> RESET_GPU; "
+        "110 security fault -> RESET_GPU; 119/120 GSP RPC timeout / GSP error -> RESET_GPU.",
+    )
+    risk_only_xids: tuple[int, ...] = Field(
+        DEFAULT_RISK_ONLY_XIDS,
+        description="XIDs counted by the xid_nonfatal risk signal only (13, 31, 43: usually the "
+        "application, RESTART_APP; 63, 92, 94: contained memory events).",
+    )
+    drain_cap_fraction: float = Field(
+        0.10,
+        gt=0,
+        le=1,
+        description="Never more than this fraction of the fleet (nodes known to Slurm) drained by "
+        "FleetYield at once. A storm of fatal events is more likely a bad driver, rack or exporter "
+        "than hardware: past the cap we hold and alert instead of emptying the cluster.",
+    )
+    drain_cap_min_nodes: int = Field(
+        1,
+        ge=0,
+        description="The cap never goes below this many nodes, so a small cluster can still quarantine a "
+        "dead GPU (10% of 8 nodes would otherwise be 0).",
+    )
+    max_new_drains_per_window: int = Field(3, ge=0, description="At most this many new drains per window_s.")
+    window_s: float = Field(600.0, gt=0, description="Rate window of max_new_drains_per_window (seconds).")
+    gpu_missing_quarantines: bool = Field(
+        True,
+        description="A fresh, successful scrape seeing fewer GPUs than expected (agent's expected_gpus or "
+        "Slurm's Gres count) drains the node: the missing GPU fell off the bus or was never enumerated.",
+    )
+    max_processed_event_ids: int = Field(
+        10_000, gt=0, description="Bound of the remembered processed fatal event ids (idempotency)."
+    )
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> QuarantineParams:
+        both = sorted(set(self.quarantine_xids) & set(self.risk_only_xids))
+        if both:
+            raise ValueError(f"XIDs {both!r} are both in quarantine_xids and risk_only_xids")
+        for x in (*self.quarantine_xids, *self.risk_only_xids):
+            if x <= 0:
+                raise ValueError(f"XID numbers are positive, got {x!r}")
+        return self
+
+
+class PriceParams(BaseModel):
+    """Node weights (Slurm's shadow prices). The defaults and their rationale live in core/price.py."""
+
+    model_config = _FROZEN
+
+    tier_weights: dict[str, int] = Field(
+        default_factory=dict,
+        description="Override of the weight per tier name (green, yellow, red, quarantined, canary, "
+        "probation, retired). Slurm allocates the LOWEST weight first.",
+    )
+    premium_offset: int | None = Field(
+        None, ge=0, description="Override of the weight added to premium nodes (default in core/price.py)."
+    )
+
+    @field_validator("tier_weights")
+    @classmethod
+    def _tiers(cls, v: dict[str, int]) -> dict[str, int]:
+        from slurm_fleetyield.core.model import Tier
+
+        names = {t.value for t in Tier} - {Tier.UNKNOWN.value}
+        for k, w in v.items():
+            if k not in names:
+                raise ValueError(f"unknown tier {k!r} in tier_weights; known: {sorted(names)}")
+            if not 1 <= w < 2**31:
+                raise ValueError(f"weight of tier {k!r} must be in 1..2^31-1, got {w!r}")
+        return v
+
+
+class Params(BaseModel):
+    """All decision-core parameters, grouped per stage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sense: SenseParams = Field(default_factory=SenseParams, description="Freshness and trend windows.")
+    risk: RiskParams = Field(default_factory=RiskParams, description="Risk model and tier thresholds.")
+    profile: ProfileParams = Field(default_factory=ProfileParams, description="Envelope features.")
+    price: PriceParams = Field(default_factory=PriceParams, description="Node weights.")
+    quarantine: QuarantineParams = Field(default_factory=QuarantineParams, description="Drains and caps.")

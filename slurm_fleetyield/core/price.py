@@ -1,0 +1,186 @@
+"""Price: each node's tier and its shadow price (the Slurm node weight).
+
+Input: Slurm view, sensed nodes, risks, envelopes, this tick's drains/holds, state (last tier and features),
+``Params``. Output: ``Priced``: per node the tier, the weight, the reason and evidence, and whether route must
+re-assert the last known features instead of computing new ones (UNKNOWN and held nodes).
+
+Tiers, first matching rule wins:
+1. drained by someone else (reason not ``fleetyield:``): left alone, not managed (no update, drain or resume);
+2. drained by this tick's plan, or already drained by us: QUARANTINED (lifecycle resumes it, next issue);
+3. fatal evidence whose drain is held by a safety rule: keeps its last known tier and features (a storm of
+   fatal events is more likely a bad exporter or driver than hardware: do not strip the fleet of features);
+4. no fresh data: UNKNOWN, keeping the last known tier's features and weight; nothing destructive;
+5. risk >= red_threshold: RED (a drain proposal is logged once on entry; the node keeps running its jobs);
+6. lifecycle tiers (CANARY, PROBATION) set by the lifecycle stage stay as they are (issue 4 hook);
+7. risk >= yellow_threshold: YELLOW; else GREEN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_fleetyield.core.model import Envelope, Health, LogEvent, NodeRisk, Observations, Tier
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.quarantine import Drains
+from slurm_fleetyield.core.sense import Sensed
+from slurm_fleetyield.core.state import ControllerState, NodeMemory
+
+# --- Shadow prices: Slurm allocates the LOWEST weight first ---------------------------------------------
+# Yellow first: the work allowed there (batch, by feature) should use marginal nodes before healthy ones,
+# which keeps green capacity free for work that needs it. Green next. Rehabilitation tiers sit with yellow.
+# Unknown, red and quarantined last: jobs without fy_ constraints avoid them while anything else is free.
+# Premium nodes add PREMIUM_OFFSET, larger than the spread of the service tiers, so non-premium work fills
+# every non-premium node before it touches premium GPUs, and premium yellow still precedes premium green.
+TIER_WEIGHTS: Mapping[Tier, int] = {
+    Tier.YELLOW: 10,
+    Tier.PROBATION: 20,
+    Tier.GREEN: 100,
+    Tier.CANARY: 500,
+    Tier.UNKNOWN: 3_000,  # never-seen nodes only; a node seen before keeps its last weight
+    Tier.RED: 5_000,
+    Tier.QUARANTINED: 10_000,
+    Tier.RETIRED: 10_000,
+}
+PREMIUM_OFFSET = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class PricedNode:
+    node: str
+    tier: Tier
+    weight: int
+    reason: str
+    evidence: tuple[str, ...]
+    managed: bool  # False: FleetYield leaves the node alone this tick
+    health: Health = Health.UNKNOWN
+    risk: float = float("nan")
+    keep_fy: tuple[str, ...] | None = None  # re-assert these fy_ features instead of deriving new ones
+    feature_tier: Tier | None = None  # tier whose features route derives (None: same as tier)
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    nodes: Mapping[str, PricedNode]
+    events: tuple[LogEvent, ...] = ()
+
+
+def weight_of(tier: Tier, premium: bool, params: Params) -> int:
+    overrides = params.price.tier_weights
+    base = overrides.get(tier.value, TIER_WEIGHTS[tier])
+    offset = PREMIUM_OFFSET if params.price.premium_offset is None else params.price.premium_offset
+    return base + (offset if premium else 0)
+
+
+def price(
+    obs: Observations,
+    sensed: Sensed,
+    risks: Mapping[str, NodeRisk],
+    envelopes: Mapping[str, Envelope],
+    drains: Drains,
+    state: ControllerState,
+    params: Params,
+    now: float,
+) -> Priced:
+    red, yellow = params.risk.red_threshold, params.risk.yellow_threshold
+    drain_reason = {d.node: d.reason for d in drains.drains}
+    out: dict[str, PricedNode] = {}
+    events: list[LogEvent] = []
+    for name, slurm in obs.slurm.items():
+        risk = risks.get(name)
+        env = envelopes.get(name, Envelope())
+        memory = state.nodes.get(name)
+        evidence = _evidence(risk, env)
+        premium = env.premium
+        p = risk.probability if risk else float("nan")
+        health = risk.health if risk else Health.UNKNOWN
+        if slurm.drained_by_other:
+            out[name] = PricedNode(
+                name,
+                memory.tier if memory else Tier.UNKNOWN,
+                slurm.weight,
+                f"drained by someone else: {slurm.reason}",
+                evidence,
+                False,
+                health,
+                p,
+            )
+            continue
+        if name in drain_reason:
+            tier, reason = Tier.QUARANTINED, drain_reason[name]
+        elif slurm.drained_by_us:
+            tier, reason = Tier.QUARANTINED, slurm.reason
+        elif name in drains.held:
+            hold = drains.held[name]
+            reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}"
+            keep_tier = memory.tier if memory else Tier.UNKNOWN
+            out[name] = _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p)
+            continue
+        elif risk is None or risk.health is Health.UNKNOWN:
+            why = risk.reason if risk else "unknown: not sampled"
+            out[name] = _keep(name, Tier.UNKNOWN, memory, premium, why, evidence, params, health, p)
+            continue
+        elif p >= red:
+            tier, reason = Tier.RED, f"{risk.reason} (>= red {red:g})"
+            if not memory or memory.tier is not Tier.RED:
+                events.append(
+                    LogEvent(
+                        now,
+                        name,
+                        "drain_proposal",
+                        f"drain proposal would be made: {risk.reason}",
+                        {"risk": p, "red_threshold": red},
+                    )
+                )
+        elif memory and memory.tier in (Tier.CANARY, Tier.PROBATION):
+            tier, reason = memory.tier, f"{memory.tier.value} (lifecycle): {memory.reason}"
+        elif p >= yellow:
+            tier, reason = Tier.YELLOW, f"{risk.reason} (>= yellow {yellow:g})"
+        else:
+            tier, reason = Tier.GREEN, risk.reason
+        if memory and memory.tier is not tier and memory.tier is not Tier.UNKNOWN:
+            events.append(
+                LogEvent(
+                    now,
+                    name,
+                    "tier_change",
+                    f"{memory.tier.value} -> {tier.value}: {reason}",
+                    {"from": memory.tier.value, "to": tier.value, "risk": p},
+                )
+            )
+        out[name] = PricedNode(
+            name, tier, weight_of(tier, premium, params), reason, evidence, True, health, p
+        )
+    return Priced(out, tuple(events))
+
+
+def _keep(
+    name: str,
+    tier: Tier,
+    memory: NodeMemory | None,
+    premium: bool,
+    reason: str,
+    evidence: tuple[str, ...],
+    params: Params,
+    health: Health,
+    p: float,
+) -> PricedNode:
+    """UNKNOWN and held nodes keep what they had: last fy_ features and weight, if any were ever decided."""
+    if memory is not None and memory.weight is not None:
+        return PricedNode(name, tier, memory.weight, reason, evidence, True, health, p, memory.fy_features)
+    weight = weight_of(Tier.UNKNOWN, premium, params)
+    return PricedNode(name, tier, weight, reason, evidence, True, health, p, None, Tier.UNKNOWN)
+
+
+def _evidence(risk: NodeRisk | None, env: Envelope) -> tuple[str, ...]:
+    ev: list[str] = []
+    if risk is not None:
+        if risk.stale_s is not None:
+            ev.append(f"sample age {risk.stale_s:.0f}s")
+        for g in risk.gpus:
+            for c in g.contributions:
+                ev.append(f"gpu {g.index} {c.signal}={c.value:g} {c.detail} -> {c.weight:+.2f} log-odds")
+            if g.fatal_xids:
+                ev.append(f"gpu {g.index} fatal XID {','.join(map(str, g.fatal_xids))}")
+    ev.extend(env.notes)
+    return tuple(ev)

@@ -1,0 +1,205 @@
+"""Quarantine: fatal evidence in, drains (or holds) out.
+
+Input: pushed ``FatalEvent``s, the sensed nodes (quarantine XIDs whose scrape totals grew, missing GPUs),
+the Slurm view, state (processed event ids, recent drains) and ``QuarantineParams``. Output: ``find_fatal``
+returns the fatal findings of this tick; ``decide`` turns them into ``DrainNode`` actions, at most once per
+node, or into ``Hold``s when a safety rule forbids the drain.
+
+Safety rules, in the order they are checked:
+- a node unknown to Slurm, or whose Slurm state is unknown, is never drained (held: ``slurm_state_unknown``);
+- a node drained by someone else is left alone; one already drained by us is not drained again;
+- ``drain_cap``: FleetYield never holds more than ``drain_cap_fraction`` of the fleet drained (nodes Slurm
+  shows drained by us plus the new ones of this tick);
+- ``drain_rate``: at most ``max_new_drains_per_window`` new drains per ``window_s``.
+Evidence must be fresh: scrape findings only come from fresh, successful samples (sense never derives them
+from stale data); a pushed event is fresh evidence by itself and drains even when the node's scrape is stale.
+Held findings are not marked processed, so they are reconsidered every tick until the cap allows the drain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from slurm_fleetyield.core.model import OUR_REASON_PREFIX, JobView, LogEvent, Observations, SlurmNode
+from slurm_fleetyield.core.params import QuarantineParams
+from slurm_fleetyield.core.plan import DrainNode, Hold
+from slurm_fleetyield.core.sense import Sensed
+from slurm_fleetyield.core.state import ControllerState
+
+XID_TEXT: Mapping[int, str] = {
+    48: "double-bit ECC error",
+    64: "row remap or page retirement failure",
+    74: "NVLink error",
+    79: "fell off the bus",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    110: "security fault",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+"""Human text of the drain reason per XID (NVIDIA Xid catalog mnemonics, shortened for Slurm's Reason)."""
+
+PUSHED_FATAL_KINDS = frozenset({"alert", "check_failed"})  # fatal by definition when pushed
+MISSING_KEY_PREFIX = "missing:"
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
+MAX_REASON_LEN = 120
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """One piece of fatal evidence about a node. ``key`` makes it idempotent across ticks."""
+
+    node: str
+    time: float
+    kind: str  # xid | gpu_missing | alert | check_failed
+    key: str
+    source: str  # push | scrape
+    gpu: int | None = None
+    uuid: str | None = None
+    xid: int | None = None
+    message: str = ""
+
+    @property
+    def reason(self) -> str:
+        if self.kind == "xid" and self.xid is not None:
+            gpu = f" gpu {self.gpu}" if self.gpu is not None else ""
+            text = f"{OUR_REASON_PREFIX} XID {self.xid}{gpu} {XID_TEXT.get(self.xid, 'fatal XID')}"
+        elif self.kind == "gpu_missing":
+            text = f"{OUR_REASON_PREFIX} GPU missing ({self.message})"
+        else:
+            text = f"{OUR_REASON_PREFIX} {self.kind} {self.message}".rstrip()
+        return text[:MAX_REASON_LEN]
+
+
+@dataclass(frozen=True, slots=True)
+class Drains:
+    drains: tuple[DrainNode, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    draining: frozenset[str] = frozenset()  # nodes drained by this tick's plan
+    held: Mapping[str, Hold] = field(default_factory=dict)  # node -> the hold withholding its drain
+    processed: tuple[Fatal, ...] = ()  # findings acted on (drained, or moot): remembered, never redone
+    events: tuple[LogEvent, ...] = ()
+
+
+def find_fatal(
+    obs: Observations, sensed: Sensed, state: ControllerState, qp: QuarantineParams
+) -> tuple[Fatal, ...]:
+    done = set(state.processed_events)
+    qxids = frozenset(qp.quarantine_xids)
+    out: list[Fatal] = []
+    for ev in obs.fatal_events:
+        if ev.event_id in done:
+            continue
+        fatal = (
+            (ev.kind == "xid" and ev.xid in qxids)
+            or (ev.kind == "gpu_missing" and qp.gpu_missing_quarantines)
+            or ev.kind in PUSHED_FATAL_KINDS
+        )
+        if fatal:
+            out.append(
+                Fatal(ev.node, ev.time, ev.kind, ev.event_id, "push", ev.gpu, ev.uuid, ev.xid, ev.message)
+            )
+    for name, node in sensed.nodes.items():
+        if not node.fresh:
+            continue  # never act on stale or missing data
+        for g in node.gpus:
+            for xid, count in g.new_xids:
+                if xid in qxids:
+                    r = g.reading
+                    key = f"scrape:{name}:{r.uuid}:xid{xid}:{node.sample_time!r}"
+                    if key not in done:
+                        msg = f"{count:g} new in scrape"
+                        out.append(
+                            Fatal(
+                                name, node.sample_time or 0.0, "xid", key, "scrape", r.index, r.uuid, xid, msg
+                            )
+                        )
+        if qp.gpu_missing_quarantines and node.missing_gpus:
+            seen, expected = len(node.gpus), node.expected_gpus
+            key = f"{MISSING_KEY_PREFIX}{name}:{seen}/{expected}"
+            if key not in done:
+                msg = f"{seen} of {expected} visible"
+                out.append(Fatal(name, node.sample_time or 0.0, "gpu_missing", key, "scrape", message=msg))
+    return tuple(sorted(out, key=lambda f: (f.time, f.node, f.key)))
+
+
+def decide(
+    fatal: tuple[Fatal, ...], obs: Observations, state: ControllerState, qp: QuarantineParams, now: float
+) -> Drains:
+    by_node: dict[str, list[Fatal]] = {}
+    for f in fatal:
+        by_node.setdefault(f.node, []).append(f)
+    fleet = len(obs.slurm)
+    cap_nodes = max(qp.drain_cap_min_nodes, math.floor(qp.drain_cap_fraction * fleet))
+    drained_by_us = sum(1 for n in obs.slurm.values() if n.drained_by_us)
+    recent = sum(1 for t in state.drain_times if t > now - qp.window_s)
+    drains: list[DrainNode] = []
+    holds: dict[str, Hold] = {}
+    processed: list[Fatal] = []
+    events: list[LogEvent] = []
+    for name, findings in by_node.items():  # already in (time, node) order: oldest evidence first
+        first = findings[0]
+        slurm = obs.slurm.get(name)
+        data = {"keys": [f.key for f in findings], "reason": first.reason}
+        if slurm is None:
+            events.append(
+                LogEvent(now, name, "fatal_unknown_node", "fatal event for a node Slurm does not know", data)
+            )
+            processed.extend(findings)
+            continue
+        if slurm.drained_by_other:
+            events.append(
+                LogEvent(now, name, "fatal_left_alone", f"drained by someone else: {slurm.reason}", data)
+            )
+            processed.extend(findings)
+            continue
+        if slurm.drained_by_us:
+            processed.extend(findings)  # already quarantined: remember the evidence, nothing to do
+            continue
+        rule, detail = _blocked(slurm, drained_by_us + len(drains), cap_nodes, recent + len(drains), qp)
+        if rule:
+            hold = Hold(name, "drain", rule, f"{first.reason}: {detail}")
+            holds[name] = hold
+            events.append(
+                LogEvent(now, name, "hold", f"drain held by {rule}: {detail}", {**data, "rule": rule})
+            )
+            continue
+        drains.append(DrainNode(name, first.reason, _requeue(obs.jobs, name), cause="fatal"))
+        processed.extend(findings)
+        events.append(LogEvent(now, name, "drain", first.reason, data))
+    return Drains(
+        tuple(drains),
+        tuple(holds.values()),
+        frozenset(d.node for d in drains),
+        holds,
+        tuple(processed),
+        tuple(events),
+    )
+
+
+def _blocked(
+    slurm: SlurmNode, drained: int, cap_nodes: int, in_window: int, qp: QuarantineParams
+) -> tuple[str, str]:
+    if not slurm.states or "UNKNOWN" in slurm.states:
+        return "slurm_state_unknown", f"Slurm state {'+'.join(sorted(slurm.states)) or 'absent'}"
+    if drained + 1 > cap_nodes:
+        return (
+            "drain_cap",
+            f"{drained} nodes already drained by FleetYield, "
+            f"cap {cap_nodes} ({qp.drain_cap_fraction:g} of fleet)",
+        )
+    if in_window + 1 > qp.max_new_drains_per_window:
+        return (
+            "drain_rate",
+            f"{in_window} drains in the last {qp.window_s:g}s, max {qp.max_new_drains_per_window}",
+        )
+    return "", ""
+
+
+def _requeue(jobs: tuple[JobView, ...], node: str) -> tuple[int, ...]:
+    """Running jobs on the node that allow requeue; the others are left to finish (drain lets them)."""
+    return tuple(
+        sorted(j.job_id for j in jobs if j.requeue and j.state in RUNNING_STATES and node in j.nodes)
+    )

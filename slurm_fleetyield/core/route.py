@@ -1,0 +1,115 @@
+"""Route: node features and weights that steer Slurm, and the feature updates that make Slurm agree.
+
+Input: the Slurm view, priced nodes (tier, weight, reason), envelopes. Output: one ``NodeDecision`` per node
+Slurm knows, and the ``UpdateNodes`` actions, grouped by identical (features, weight) so that the number of
+Slurm calls grows with distinct groups, not with nodes.
+
+Features FleetYield owns (every one starts with ``fy_``; the admin's features are kept, in their order):
+
+| feature            | on a node when                                                                     |
+|--------------------|------------------------------------------------------------------------------------|
+| fy_tier_<tier>     | always exactly one: green, yellow, red, quarantined, canary, probation, retired,   |
+|                    | unknown (never sampled yet)                                                        |
+| fy_premium         | Slurm gpu_type or a GPU model matches profile.premium_gpu_models (H100/H200/B200..) |
+| fy_nonpremium      | otherwise                                                                          |
+| fy_nvlink_full     | the board has NVLink and every GPU's NVLink CRC and replay rates are below limits  |
+| fy_hbm_full        | no GPU has a remap failure or pending remap, lost framebuffer capacity, or too     |
+|                    | many uncorrectable remapped rows                                                   |
+| fy_ok_batch        | tier green, yellow or probation (checkpointable work may use marginal nodes)       |
+| fy_ok_train        | tier green and fy_nvlink_full (pretraining gangs)                                  |
+| fy_ok_finetune     | tier green and fy_hbm_full                                                         |
+| fy_ok_decode       | tier green, fy_nonpremium and fy_hbm_full (decode never on premium GPUs)           |
+| fy_canary          | tier canary (only rehabilitation probes)                                           |
+
+Jobs opt in with constraints, e.g. ``sbatch --constraint=fy_ok_train``. Red, quarantined and unknown nodes
+carry no ``fy_ok_*`` feature. A node without fresh data keeps the features it last had.
+
+Reconcile: the wanted state is re-asserted every tick; a node is updated when its available or active
+feature set or its weight differs from the wanted one (so a ``scontrol reconfigure`` that wiped the features
+is repaired on the next tick). Never touched: nodes drained by someone else, nodes whose Slurm state is
+unknown or empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from slurm_fleetyield.core.model import FY_PREFIX, Envelope, NodeDecision, Observations, SlurmNode, Tier
+from slurm_fleetyield.core.plan import UpdateNodes
+from slurm_fleetyield.core.price import Priced
+
+OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
+
+
+def fy_features(tier: Tier, env: Envelope) -> tuple[str, ...]:
+    """The fy_ features of a node in ``tier`` with envelope ``env``, sorted."""
+    f = [f"{FY_PREFIX}tier_{tier.value}", f"{FY_PREFIX}premium" if env.premium else f"{FY_PREFIX}nonpremium"]
+    if env.nvlink_full:
+        f.append(f"{FY_PREFIX}nvlink_full")
+    if env.hbm_full:
+        f.append(f"{FY_PREFIX}hbm_full")
+    if tier in OK_BATCH_TIERS:
+        f.append(f"{FY_PREFIX}ok_batch")
+    if tier is Tier.GREEN:
+        if env.nvlink_full:
+            f.append(f"{FY_PREFIX}ok_train")
+        if env.hbm_full:
+            f.append(f"{FY_PREFIX}ok_finetune")
+            if not env.premium:
+                f.append(f"{FY_PREFIX}ok_decode")
+    if tier is Tier.CANARY:
+        f.append(f"{FY_PREFIX}canary")
+    return tuple(sorted(f))
+
+
+def route(
+    obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]
+) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
+    decisions: dict[str, NodeDecision] = {}
+    groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
+    cache: dict[tuple[Tier, bool, bool, bool], tuple[str, ...]] = {}  # most nodes share a handful of these
+    for name in sorted(obs.slurm):
+        slurm = obs.slurm[name]
+        pn = priced.nodes[name]
+        env = envelopes.get(name, Envelope())
+        if pn.keep_fy is not None:
+            fy = pn.keep_fy
+        else:
+            tier = pn.feature_tier or pn.tier
+            key = (tier, env.premium, env.nvlink_full, env.hbm_full)
+            fy = cache.get(key)
+            if fy is None:
+                fy = cache[key] = fy_features(tier, env)
+        admin = slurm.admin_features
+        features = (*admin, *fy)
+        managed = pn.managed and _slurm_known(slurm)
+        decisions[name] = NodeDecision(
+            name,
+            pn.tier,
+            pn.health,
+            pn.risk,
+            fy,
+            features,
+            pn.weight,
+            "+".join(sorted(slurm.states)),
+            pn.reason,
+            pn.evidence,
+            env,
+            managed,
+        )
+        if managed and _differs(slurm, features, pn.weight):
+            groups.setdefault((features, pn.weight), []).append(name)
+    ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
+    updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
+    return decisions, updates
+
+
+def _slurm_known(slurm: SlurmNode) -> bool:
+    return bool(slurm.states) and "UNKNOWN" not in slurm.states
+
+
+def _differs(slurm: SlurmNode, features: tuple[str, ...], weight: int) -> bool:
+    want = set(features)
+    return (
+        slurm.weight != weight or set(slurm.available_features) != want or set(slurm.active_features) != want
+    )

@@ -1,0 +1,401 @@
+"""The gate's state: proposals, consumed nonces and the audit log, in one SQLite database.
+
+Input: proposals from the core, envelopes from admins, manual drain reasons seen in Slurm, the clock. Output:
+proposals moved to their final status exactly once, each move (and each rejected envelope) recorded in the
+hash-chained audit log in the same transaction.
+
+Atomicity: ``submit`` takes SQLite's write lock (``BEGIN IMMEDIATE``), re-reads the proposal and the nonce
+table under it, and commits the nonce, the status change and the audit entry together. A crash before
+COMMIT leaves none of them; after COMMIT, all of them (WAL, ``synchronous=FULL``). Two processes submitting
+the same envelope serialize on the lock: the second sees the nonce and is rejected as ``replayed``.
+The audit head file is rewritten after the commit; a crash in between leaves it one step behind, which
+verification accepts (the head proves "at least up to here").
+
+Layout of a state directory (``Gatekeeper.open``): ``gate.db`` (+ ``-wal``/``-shm``) and ``audit.head``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from slurm_fleetyield.gate.approvals import (
+    DEFAULT_CLOCK_SKEW_S,
+    MAX_TTL_S,
+    Action,
+    AdminKey,
+    ApprovalRejected,
+    VerifiedDecision,
+    authenticate,
+    check_decision,
+    envelope_digest,
+    parse_envelope,
+)
+from slurm_fleetyield.gate.audit import HEAD_FILENAME, AuditLog, AuditReport, connect, immediate_transaction
+from slurm_fleetyield.gate.errors import (
+    GateError,
+    ProposalNotPending,
+    ReasonMismatch,
+    RejectReason,
+    UnknownProposal,
+)
+from slurm_fleetyield.gate.proposal import Proposal, ProposalStatus, proposal_ids_in_reason
+
+DB_FILENAME = "gate.db"
+SCHEMA_VERSION = 1
+SYSTEM_ACTOR = "fleetyield"
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS proposals (
+        id            TEXT PRIMARY KEY,
+        node          TEXT NOT NULL,
+        gpus          TEXT NOT NULL,
+        risk          REAL NOT NULL,
+        evidence      TEXT NOT NULL,
+        affected_jobs TEXT NOT NULL,
+        created_at    REAL NOT NULL,
+        expires_at    REAL NOT NULL,
+        status        TEXT NOT NULL,
+        settled_at    REAL,
+        settled_by    TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS proposals_status ON proposals (status, node)",
+    """CREATE TABLE IF NOT EXISTS nonces (
+        nonce       TEXT PRIMARY KEY,
+        key_id      TEXT NOT NULL,
+        proposal_id TEXT NOT NULL,
+        used_at     REAL NOT NULL
+    )""",
+)
+_COLUMNS = (
+    "id, node, gpus, risk, evidence, affected_jobs, created_at, expires_at, status, settled_at, settled_by"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedDecision:
+    """A decision that took effect: the verified statement, the proposal as it is now, and its audit seq."""
+
+    decision: VerifiedDecision
+    proposal: Proposal
+    audit_seq: int
+
+
+class _NonceView:
+    """``nonce in view`` asks the database, inside the caller's transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __contains__(self, nonce: object) -> bool:
+        return self._conn.execute("SELECT 1 FROM nonces WHERE nonce = ?", (nonce,)).fetchone() is not None
+
+
+def _row_to_proposal(row: tuple[Any, ...]) -> Proposal:
+    pid, node, gpus, risk, evidence, jobs, created, expires, status, settled_at, settled_by = row
+    return Proposal(
+        id=pid,
+        node=node,
+        gpus=tuple(json.loads(gpus)),
+        risk=risk,
+        evidence=evidence,
+        affected_jobs=tuple(json.loads(jobs)),
+        created_at=created,
+        expires_at=expires,
+        status=ProposalStatus(status),
+        settled_at=settled_at,
+        settled_by=settled_by,
+    )
+
+
+class Gatekeeper:
+    """Proposals, nonces and audit log over one SQLite database. Not thread-safe: one per thread/process."""
+
+    def __init__(
+        self,
+        db_path: str | Path,
+        head_path: str | Path | None = None,
+        *,
+        clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
+        max_ttl_s: float = MAX_TTL_S,
+    ) -> None:
+        self.db_path = Path(db_path)
+        self.clock_skew_s = clock_skew_s
+        self.max_ttl_s = max_ttl_s
+        self.conn = connect(self.db_path)
+        try:
+            self._init_schema()
+            self.audit = AuditLog(self.conn, head_path)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _init_schema(self) -> None:
+        with immediate_transaction(self.conn):
+            for stmt in _SCHEMA:
+                self.conn.execute(stmt)
+            (version,) = self.conn.execute("PRAGMA user_version").fetchone()
+            if version == 0:
+                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise GateError(
+                    f"{self.db_path}: schema version {version}, this FleetYield knows {SCHEMA_VERSION}"
+                )
+
+    @classmethod
+    def open(cls, state_dir: str | Path, **kwargs: Any) -> Gatekeeper:
+        """``<state_dir>/gate.db`` with its head checkpoint ``<state_dir>/audit.head``."""
+        d = Path(state_dir)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return cls(d / DB_FILENAME, d / HEAD_FILENAME, **kwargs)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Gatekeeper:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---- reads -------------------------------------------------------------------------------------------
+
+    def get(self, proposal_id: str) -> Proposal | None:
+        row = self.conn.execute(f"SELECT {_COLUMNS} FROM proposals WHERE id = ?", (proposal_id,)).fetchone()
+        return _row_to_proposal(row) if row else None
+
+    def proposals(self, status: ProposalStatus | None = None, node: str | None = None) -> list[Proposal]:
+        """Proposals, oldest first, optionally filtered by status and node."""
+        where, args = [], []
+        if status is not None:
+            where.append("status = ?")
+            args.append(ProposalStatus(status).value)
+        if node is not None:
+            where.append("node = ?")
+            args.append(node)
+        sql = f"SELECT {_COLUMNS} FROM proposals"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return [_row_to_proposal(r) for r in self.conn.execute(sql + " ORDER BY created_at, id", args)]
+
+    def pending(self) -> list[Proposal]:
+        return self.proposals(ProposalStatus.PENDING)
+
+    def nonce_used(self, nonce: str) -> bool:
+        return nonce in _NonceView(self.conn)
+
+    def verify_audit(self) -> AuditReport:
+        """Verify the audit chain against the head checkpoint file (``fleetyield audit verify``)."""
+        return self.audit.verify()
+
+    # ---- writes ------------------------------------------------------------------------------------------
+
+    def _set_status(self, p: Proposal, status: ProposalStatus, now: float, by: str) -> Proposal:
+        cur = self.conn.execute(
+            "UPDATE proposals SET status = ?, settled_at = ?, settled_by = ? WHERE id = ? AND status = ?",
+            (status.value, now, by, p.id, ProposalStatus.PENDING.value),
+        )
+        if cur.rowcount != 1:  # guarded by the write lock; this is a bug, not a race
+            raise ProposalNotPending(p.id, p.status.value)
+        return p.settled(status, now, by)
+
+    def propose(self, proposal: Proposal, *, actor: str = SYSTEM_ACTOR) -> Proposal:
+        """Store a new pending proposal (its ``created_at`` is the time). Older pending proposals for the
+        same node become ``superseded``: an admin must decide on the current evidence."""
+        if proposal.status is not ProposalStatus.PENDING:
+            raise ValueError("only a pending proposal can be proposed")
+        now = proposal.created_at
+        with immediate_transaction(self.conn):
+            for old in self.proposals(ProposalStatus.PENDING, proposal.node):
+                self._set_status(old, ProposalStatus.SUPERSEDED, now, actor)
+                self.audit.append(
+                    time=now, actor=actor, kind="superseded", subject=old.id, data={"by": proposal.id}
+                )
+            try:
+                self.conn.execute(
+                    f"INSERT INTO proposals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        proposal.id,
+                        proposal.node,
+                        json.dumps(list(proposal.gpus)),
+                        proposal.risk,
+                        proposal.evidence,
+                        json.dumps(list(proposal.affected_jobs)),
+                        proposal.created_at,
+                        proposal.expires_at,
+                        proposal.status.value,
+                        None,
+                        None,
+                    ),
+                )
+            except sqlite3.IntegrityError as e:
+                raise GateError(f"proposal id {proposal.id} already exists") from e
+            self.audit.append(
+                time=now,
+                actor=actor,
+                kind="proposed",
+                subject=proposal.id,
+                data={
+                    "node": proposal.node,
+                    "gpus": list(proposal.gpus),
+                    "risk": proposal.risk,
+                    "affected_jobs": list(proposal.affected_jobs),
+                    "expires_at": proposal.expires_at,
+                    "evidence": proposal.evidence,
+                },
+            )
+        self.audit.publish_head()
+        return proposal
+
+    def submit(
+        self,
+        envelope_text: str | bytes,
+        authorized_keys: Mapping[str, AdminKey],
+        now: float,
+        *,
+        expect_proposal_id: str | None = None,
+    ) -> AppliedDecision:
+        """Verify an admin's envelope and apply it exactly once (gate side of ``fleetyield approve/deny``).
+
+        On success the proposal becomes approved/denied, the nonce is consumed and an ``approved``/``denied``
+        audit entry (holding the envelope, so the signature can be re-checked later) is appended, all in one
+        transaction. On refusal a ``rejected`` audit entry with the reason code is committed and
+        ``ApprovalRejected`` is raised. ``expect_proposal_id`` binds the envelope to the id the caller meant.
+        """
+        digest = envelope_digest(envelope_text)
+        rejected: ApprovalRejected | None = None
+        applied: AppliedDecision | None = None
+        with immediate_transaction(self.conn):
+            admin: AdminKey | None = None
+            subject, claimed_key, action, nonce = "-", None, None, None
+            try:
+                env = parse_envelope(envelope_text)
+                st = env.statement
+                subject, claimed_key, action, nonce = st.proposal_id, st.key_id, st.action, st.nonce
+                admin = authenticate(env, authorized_keys)
+                if expect_proposal_id is not None and st.proposal_id != expect_proposal_id:
+                    raise ApprovalRejected(
+                        RejectReason.WRONG_PROPOSAL, f"signed for {st.proposal_id}, not {expect_proposal_id}"
+                    )
+                proposal = self.get(st.proposal_id)
+                if proposal is None:
+                    raise ApprovalRejected(RejectReason.UNKNOWN_PROPOSAL, f"no proposal {st.proposal_id}")
+                decision = check_decision(
+                    st,
+                    admin,
+                    proposal,
+                    now,
+                    _NonceView(self.conn),
+                    envelope_sha256=digest,
+                    clock_skew_s=self.clock_skew_s,
+                    max_ttl_s=self.max_ttl_s,
+                )
+            except ApprovalRejected as r:
+                rejected = r
+                self.audit.append(
+                    time=now,
+                    actor=f"admin:{admin.name}" if admin else "unauthenticated",
+                    kind="rejected",
+                    subject=subject,
+                    data={
+                        "reason": r.reason.value,
+                        "message": r.message[:500],
+                        "key_id": claimed_key,
+                        "action": action,
+                        "nonce": nonce,
+                        "envelope_sha256": digest,
+                    },
+                )
+            else:
+                applied = self._apply(decision, proposal, envelope_text, now)
+        self.audit.publish_head()
+        if rejected is not None:
+            raise rejected
+        assert applied is not None
+        return applied
+
+    def _apply(
+        self, decision: VerifiedDecision, proposal: Proposal, envelope_text: str | bytes, now: float
+    ) -> AppliedDecision:
+        """Consume the nonce, settle the proposal, audit it. Runs inside ``submit``'s transaction."""
+        self.conn.execute(
+            "INSERT INTO nonces (nonce, key_id, proposal_id, used_at) VALUES (?, ?, ?, ?)",
+            (decision.nonce, decision.key_id, decision.proposal_id, now),
+        )
+        status = ProposalStatus.APPROVED if decision.action is Action.APPROVE else ProposalStatus.DENIED
+        updated = self._set_status(proposal, status, now, decision.admin)
+        text = envelope_text.decode("utf-8") if isinstance(envelope_text, bytes) else envelope_text
+        entry = self.audit.append(
+            time=now,
+            actor=f"admin:{decision.admin}",
+            kind=status.value,
+            subject=decision.proposal_id,
+            data={
+                "node": decision.node,
+                "key_id": decision.key_id,
+                "nonce": decision.nonce,
+                "issued_at": decision.issued_at,
+                "expires_at": decision.expires_at,
+                "note": decision.note,
+                "envelope": text.strip(),  # kept whole so the signature can be re-verified from the log
+                "envelope_sha256": decision.envelope_sha256,
+            },
+        )
+        return AppliedDecision(decision=decision, proposal=updated, audit_seq=entry.seq)
+
+    def settle_by_admin(
+        self, proposal_id: str, reason_text: str, now: float, *, actor: str = "slurm-admin"
+    ) -> Proposal:
+        """An admin drained the node by hand, the Slurm reason naming ``#<proposal_id>``: close the proposal.
+
+        Raises ``ReasonMismatch`` if the reason does not name the proposal, ``UnknownProposal``,
+        ``ProposalNotPending``. ``actor`` is who drained (Slurm's reason user, if known).
+        """
+        if proposal_id not in proposal_ids_in_reason(reason_text):
+            raise ReasonMismatch(f"drain reason {reason_text!r} does not name #{proposal_id}")
+        with immediate_transaction(self.conn):
+            p = self.get(proposal_id)
+            if p is None:
+                raise UnknownProposal(proposal_id)
+            if p.status is not ProposalStatus.PENDING:
+                raise ProposalNotPending(proposal_id, p.status.value)
+            updated = self._set_status(p, ProposalStatus.SETTLED_BY_ADMIN, now, actor)
+            self.audit.append(
+                time=now,
+                actor=actor,
+                kind=ProposalStatus.SETTLED_BY_ADMIN.value,
+                subject=proposal_id,
+                data={"node": p.node, "reason": reason_text[:1000]},
+            )
+        self.audit.publish_head()
+        return updated
+
+    def expire(self, now: float) -> list[Proposal]:
+        """Close every pending proposal whose deadline has passed. Returns them, now ``expired``."""
+        out: list[Proposal] = []
+        with immediate_transaction(self.conn):
+            rows = self.conn.execute(
+                f"SELECT {_COLUMNS} FROM proposals WHERE status = ? AND expires_at <= ?"
+                " ORDER BY created_at, id",
+                (ProposalStatus.PENDING.value, now),
+            ).fetchall()
+            for row in rows:
+                p = _row_to_proposal(row)
+                out.append(self._set_status(p, ProposalStatus.EXPIRED, now, SYSTEM_ACTOR))
+                self.audit.append(
+                    time=now,
+                    actor=SYSTEM_ACTOR,
+                    kind=ProposalStatus.EXPIRED.value,
+                    subject=p.id,
+                    data={"node": p.node, "expires_at": p.expires_at},
+                )
+        if out:
+            self.audit.publish_head()
+        return out

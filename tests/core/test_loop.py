@@ -1,0 +1,32 @@
+import inspect
+
+from core.builders import Fleet, Runner
+from slurm_fleetyield.core import loop
+from slurm_fleetyield.core import signals as s
+
+
+def test_tick_is_short_and_the_only_place_of_stage_order():
+    body = inspect.getsource(loop.tick)
+    assert len(body.splitlines()) <= 30
+    assert body.index("sense.sense") < body.index("risk.assess") < body.index("profile.profile")
+    assert body.index("price.price") < body.index("route.route")
+
+
+def test_tick_twice_on_same_observations_second_plan_empty():
+    f = Fleet(10)
+    f.set("gpu002", 0, s.REMAP_PENDING, 1)
+    f.push("gpu005", 79, 1, 1_000_000.0)
+    r = Runner(f)
+    first = r.tick()
+    assert not first.plan.empty
+    second = r.tick(advance=False)  # same clock, same samples, Slurm already updated
+    assert second.plan.empty and second.plan.holds == ()
+
+
+def test_every_decision_has_reason():
+    f = Fleet(5)
+    f.nodes["gpu000"].sampled = False
+    f.set("gpu001", 0, s.REMAP_PENDING, 1)
+    res = Runner(f).tick()
+    assert all(d.reason for d in res.nodes.values())
+    assert res.nodes["gpu001"].evidence

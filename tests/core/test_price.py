@@ -1,0 +1,67 @@
+from core.builders import L40S, Fleet, Runner
+from slurm_fleetyield.core import signals as s
+from slurm_fleetyield.core.model import Tier
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.price import TIER_WEIGHTS, weight_of
+
+
+def test_weight_order_yellow_first_premium_last():
+    p = Params()
+    order = [
+        weight_of(Tier.YELLOW, False, p),
+        weight_of(Tier.GREEN, False, p),
+        weight_of(Tier.YELLOW, True, p),
+        weight_of(Tier.GREEN, True, p),
+        weight_of(Tier.RED, False, p),
+        weight_of(Tier.QUARANTINED, False, p),
+    ]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    assert TIER_WEIGHTS[Tier.PROBATION] < TIER_WEIGHTS[Tier.GREEN]
+
+
+def test_weight_overrides():
+    p = Params.model_validate({"price": {"tier_weights": {"green": 7}, "premium_offset": 0}})
+    assert weight_of(Tier.GREEN, True, p) == 7
+
+
+def test_red_node_keeps_running_no_drain_and_proposal_logged_once():
+    f = Fleet(1, model=L40S)
+    f.set("gpu000", 2, s.REMAP_FAILURE, 1)
+    f.run_job(1, ("gpu000",))
+    r = Runner(f)
+    res = r.tick()
+    d = res.nodes["gpu000"]
+    assert d.tier is Tier.RED and "fy_tier_red" in d.fy_features
+    assert not [x for x in d.fy_features if x.startswith("fy_ok_")]
+    assert res.plan.of_kind("drain") == ()
+    assert [e.kind for e in res.events].count("drain_proposal") == 1
+    assert "drain_proposal" not in [e.kind for e in r.tick().events]
+
+
+def test_tier_change_event():
+    f = Fleet(1)
+    r = Runner(f)
+    r.tick()
+    f.set("gpu000", 0, s.REMAP_PENDING, 1)
+    ev = [e for e in r.tick().events if e.kind == "tier_change"]
+    assert ev and ev[0].data["from"] == "green" and ev[0].data["to"] == "yellow"
+
+
+def test_unknown_keeps_last_features_and_weight():
+    f = Fleet(2)
+    f.set("gpu000", 0, s.REMAP_PENDING, 1)
+    r = Runner(f)
+    before = r.tick().nodes["gpu000"]
+    f.nodes["gpu000"].sampled = False
+    after = r.tick().nodes["gpu000"]
+    assert after.tier is Tier.UNKNOWN
+    assert after.fy_features == before.fy_features and after.weight == before.weight
+    assert r.last.plan.empty  # nothing to change, nothing destructive
+
+
+def test_never_seen_node_is_unknown_without_admission():
+    f = Fleet(1)
+    f.nodes["gpu000"].sampled = False
+    d = Runner(f).tick().nodes["gpu000"]
+    assert d.tier is Tier.UNKNOWN and "fy_tier_unknown" in d.fy_features
+    assert not [x for x in d.fy_features if x.startswith("fy_ok_")]

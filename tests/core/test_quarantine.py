@@ -1,0 +1,124 @@
+from core.builders import Fleet, Runner
+from slurm_fleetyield.core.model import Tier
+from slurm_fleetyield.core.params import Params
+
+
+def test_xid79_push_drains_with_our_reason_and_requeues_only_requeueable_running_jobs():
+    f = Fleet(20)
+    f.run_job(11, ("gpu003", "gpu004"), requeue=True)
+    f.run_job(12, ("gpu003",), requeue=False)
+    f.run_job(13, ("gpu003",), requeue=True, state="PENDING")
+    f.run_job(14, ("gpu005",), requeue=True)
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    res = Runner(f).tick()
+    (d,) = res.plan.of_kind("drain")
+    assert d.node == "gpu003"
+    assert d.reason == "fleetyield: XID 79 gpu 3 fell off the bus"
+    assert d.requeue_jobs == (11,)
+    assert res.nodes["gpu003"].tier is Tier.QUARANTINED
+    assert "fy_tier_quarantined" in res.nodes["gpu003"].fy_features
+
+
+def test_xid13_push_is_not_a_drain():
+    f = Fleet(4)
+    f.push("gpu000", 13, 0, 1_000_000.0)
+    assert Runner(f).tick().plan.of_kind("drain") == ()
+
+
+def test_fatal_xid_growth_in_scrape_drains_but_first_sight_is_baseline():
+    f = Fleet(20)
+    f.xid("gpu001", 2, 48, 1)  # already there at first sight: baseline, not new evidence
+    r = Runner(f)
+    assert r.tick().plan.of_kind("drain") == ()
+    f.xid("gpu002", 5, 48, 1)
+    (d,) = r.tick().plan.of_kind("drain")
+    assert d.node == "gpu002" and d.reason == "fleetyield: XID 48 gpu 5 double-bit ECC error"
+
+
+def test_gpu_missing_drains():
+    f = Fleet(20)
+    f.nodes["gpu007"].hidden_gpus = {5}
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.node == "gpu007" and "GPU missing (7 of 8 visible)" in d.reason
+
+
+def test_gpu_missing_can_be_disabled():
+    f = Fleet(20)
+    f.nodes["gpu007"].hidden_gpus = {5}
+    p = Params.model_validate({"quarantine": {"gpu_missing_quarantines": False}})
+    assert Runner(f, p).tick().plan.of_kind("drain") == ()
+
+
+def test_stale_node_is_never_drained_on_scrape_but_push_still_drains():
+    f = Fleet(20)
+    r = Runner(f)
+    r.tick()
+    f.nodes["gpu001"].sample_time = r.now - 10_000  # stale from now on
+    f.nodes["gpu001"].hidden_gpus = {1}
+    f.xid("gpu001", 2, 79)
+    assert r.tick().plan.of_kind("drain") == ()
+    f.push("gpu001", 79, 2, r.now)
+    (d,) = r.tick().plan.of_kind("drain")
+    assert d.node == "gpu001"
+
+
+def test_idempotent_once_per_node():
+    f = Fleet(20)
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    f.push("gpu003", 95, 1, 1_000_000.5)
+    r = Runner(f)
+    first = r.tick()
+    assert len(first.plan.of_kind("drain")) == 1
+    assert r.tick().plan.empty  # Slurm shows it drained by us, events processed
+
+
+def test_idempotent_even_when_slurm_lags():
+    f = Fleet(20)
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    r = Runner(f, apply=False)
+    assert r.tick().plan.of_kind("drain")
+    assert r.tick().plan.of_kind("drain") == ()  # event id remembered
+
+
+def test_storm_is_capped_with_holds():
+    f = Fleet(50)
+    for i in range(45):
+        f.push(f"gpu{i:03d}", 79, 0, 1_000_000.0 + i)
+    res = Runner(f).tick()
+    drains = res.plan.of_kind("drain")
+    assert len(drains) == 3  # rate window: 3 per 600 s (cap would allow 5)
+    assert len(res.plan.holds) == 42
+    assert {h.rule for h in res.plan.holds} == {"drain_rate"}
+    assert sum(1 for e in res.events if e.kind == "hold") == 42
+    held = res.nodes["gpu010"]
+    assert held.tier is not Tier.QUARANTINED and "drain held" in held.reason
+
+
+def test_fleet_cap_counts_nodes_already_drained_by_us():
+    f = Fleet(30)  # cap = 3 nodes
+    for i in range(3):
+        f.drain_by_admin(f"gpu{i:03d}", f"fleetyield: XID 79 gpu 0 fell off the bus #{i}")
+    f.push("gpu010", 79, 0, 1_000_000.0)
+    res = Runner(f).tick()
+    assert res.plan.of_kind("drain") == ()
+    (h,) = res.plan.holds
+    assert h.rule == "drain_cap" and h.node == "gpu010" and h.action == "drain"
+
+
+def test_rate_window_releases_after_window():
+    f = Fleet(100)
+    for i in range(5):
+        f.push(f"gpu{i:03d}", 79, 0, 1_000_000.0)
+    r = Runner(f, step=30)
+    assert len(r.tick().plan.of_kind("drain")) == 3
+    assert r.tick().plan.of_kind("drain") == ()  # still inside the 600 s window
+    r.now += 600
+    assert len(r.tick().plan.of_kind("drain")) == 2  # held evidence reconsidered, drained now
+
+
+def test_slurm_unreadable_gives_empty_plan():
+    f = Fleet(5)
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    f.slurm_ok = False
+    res = Runner(f).tick()
+    assert res.plan.empty and res.plan.holds == ()

@@ -1,0 +1,82 @@
+from core.builders import Fleet, Runner
+from slurm_fleetyield.core.model import Health
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.sense import _adjust, sense
+from slurm_fleetyield.core.signals import NVLINK_CRC_FLIT, SBE_VOL, channel_layout
+from slurm_fleetyield.core.state import ControllerState
+
+LAYOUT = channel_layout((79, 13))
+
+
+def _sense(fleet, now, state=None):
+    state = state or ControllerState.empty()
+    return sense(fleet.observe(now), state.history, state.layout, LAYOUT, Params().sense, now)
+
+
+def test_missing_stale_and_failed_samples_are_unknown():
+    f = Fleet(3)
+    f.nodes["gpu000"].sampled = False
+    f.nodes["gpu001"].sample_time = 1000.0 - 61
+    f.nodes["gpu002"].error = "connection refused"
+    s = _sense(f, 1000.0)
+    assert {n.health for n in s.nodes.values()} == {Health.UNKNOWN}
+    assert "no sample" in s.nodes["gpu000"].reason
+    assert "61s old" in s.nodes["gpu001"].reason
+    assert "connection refused" in s.nodes["gpu002"].reason
+
+
+def test_fresh_sample_is_ok_and_detects_missing_gpu_only_when_fresh():
+    f = Fleet(2)
+    f.nodes["gpu000"].hidden_gpus = {3}
+    f.nodes["gpu001"].hidden_gpus = {3}
+    f.nodes["gpu001"].sample_time = 0.0  # stale: no evidence
+    s = _sense(f, 1000.0)
+    assert s.nodes["gpu000"].missing_gpus == 1
+    assert s.nodes["gpu001"].missing_gpus == 0
+
+
+def test_slurm_gres_count_also_reveals_missing_gpu():
+    f = Fleet(1)
+    f.nodes["gpu000"].expected_gpus = None
+    f.nodes["gpu000"].hidden_gpus = {0, 1}
+    assert _sense(f, 1000.0).nodes["gpu000"].missing_gpus == 2
+
+
+def test_rates_over_window_and_counter_reset_is_not_negative():
+    f = Fleet(1)
+    r = Runner(f, step=60)
+    r.tick()
+    f.bump("gpu000", 0, SBE_VOL, 100)
+    r.tick()
+    g = r.last.sensed.nodes["gpu000"].gpus[0]
+    i = LAYOUT.index(SBE_VOL)
+    assert g.rates[i] == 100 * 3600 / 600  # growth over the short window, divided by the window length
+    f.set("gpu000", 0, SBE_VOL, 5)  # driver reload: counter restarted
+    r.tick()
+    g = r.last.sensed.nodes["gpu000"].gpus[0]
+    assert g.growth[i] == 105  # 100 before the reset + 5 after it, never a negative rate
+    assert g.rates[i] > 0
+
+
+def test_adjust_treats_decrease_as_reset():
+    assert _adjust((5.0, None), (10.0, 3.0), (110.0, 3.0)) == (115.0, 3.0)
+    assert _adjust((12.0, 4.0), (10.0, None), (110.0, None)) == (112.0, 4.0)
+
+
+def test_history_is_bounded_by_longest_window():
+    f = Fleet(1)
+    r = Runner(f, step=30)
+    r.ticks(400)  # 3.3 hours
+    h = r.state.history["gpu000"]["GPU-gpu000-0"]
+    assert len(h.times) <= 3600 / 60 + 1
+    assert h.times[0] >= r.now - 3600 - 60  # trimmed at each append, so at most one resolution step older
+
+
+def test_nvlink_crc_growth_seen_as_rate():
+    f = Fleet(1)
+    r = Runner(f)
+    r.tick()
+    f.bump("gpu000", 2, NVLINK_CRC_FLIT, 50)
+    r.tick()
+    g = r.last.sensed.nodes["gpu000"].gpus[2]
+    assert g.rates[LAYOUT.index(NVLINK_CRC_FLIT)] == 50 * 3600 / 600
