@@ -1,0 +1,201 @@
+"""The read-only HTTP API: fleet status, per-node decisions and explanations, the Prolog gate, /metrics.
+
+Input: a ``ReadModel`` (the last rendered tick result and the event log, normally from the store) and a
+``CollectorRegistry``. Output: JSON over a ThreadingHTTPServer, on its own listener (never the push port):
+
+    GET /healthz                   200 while ticks are fresh, 503 when none yet or the last one is stale
+    GET /v1/status                 tick, time, summary, plan, apply failures, inbox counts
+    GET /v1/nodes                  one row per node (node, tier, health, risk, features, weight, state, ...)
+    GET /v1/nodes/{node}           that node's full rendered decision
+    GET /v1/nodes/{node}/explain   {"node", "text", "explain"}
+    GET /v1/nodes/{node}/gate      {"allow": bool, "reason": str}: deny only quarantined/retired-by-us
+    GET /v1/events?limit=&node=    the event log, newest first
+    GET /metrics                   fleetyield_* metrics (text exposition)
+
+Any other method is 405: nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from slurm_fleetyield.adapters.store import Store
+from slurm_fleetyield.adapters.views import gate, node_rows
+
+log = logging.getLogger(__name__)
+MAX_EVENTS = 10_000
+
+
+class ReadModel(Protocol):
+    def result(self) -> Mapping[str, Any] | None: ...
+
+    def events(self, limit: int, node: str | None = None) -> list[dict[str, Any]]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class StoreReadModel:
+    """Reads the store; the parsed last result is cached per tick (it can be megabytes at fleet scale)."""
+
+    def __init__(self, store: Store, live: Callable[[], dict[str, Any]] | None = None) -> None:
+        self._store = store
+        self._live = live
+        self._cached: tuple[int, Mapping[str, Any]] | None = None
+        self._lock = threading.Lock()
+
+    def result(self) -> Mapping[str, Any] | None:
+        tick = self._store.last_result_tick()
+        if tick is None:
+            return None
+        with self._lock:
+            if self._cached is None or self._cached[0] != tick:
+                view = self._store.last_result()
+                if view is None:
+                    return None
+                self._cached = (tick, view)
+            return self._cached[1]
+
+    def events(self, limit: int, node: str | None = None) -> list[dict[str, Any]]:
+        return self._store.events(limit=limit, node=node)
+
+    def status(self) -> dict[str, Any]:
+        view = self.result()
+        doc: dict[str, Any] = {"inbox": self._store.inbox_counts()}
+        if view is not None:
+            doc.update(
+                {k: view[k] for k in ("tick", "time", "duration_s", "dry_run", "summary", "plan", "apply")}
+            )
+        if self._live is not None:
+            doc["live"] = self._live()
+        return doc
+
+
+class ApiServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        model: ReadModel,
+        registry: CollectorRegistry | None = None,
+        *,
+        stale_after_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model
+        self.registry = registry
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.1,), name="fy-api", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread:
+            self._thread.join(5)
+
+    def route(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, Any]:
+        """(status, JSON document) for a GET; pure of HTTP so tests can call it directly."""
+        parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/") if p]
+        if parts == ["healthz"]:
+            return self._health()
+        if parts[:1] != ["v1"]:
+            return 404, {"error": f"no such path {path!r}"}
+        parts = parts[1:]
+        if parts == ["status"]:
+            return 200, self.model.status()
+        if parts == ["nodes"]:
+            return 200, node_rows(self.model.result())
+        if parts == ["events"]:
+            try:
+                limit = int(query.get("limit", ["100"])[0])
+            except ValueError:
+                return 400, {"error": f"limit must be an integer, got {query['limit'][0]!r}"}
+            if not 1 <= limit <= MAX_EVENTS:
+                return 400, {"error": f"limit must be within 1..{MAX_EVENTS}, got {limit}"}
+            return 200, self.model.events(limit, query.get("node", [None])[0])
+        if len(parts) in (2, 3) and parts[0] == "nodes":
+            view = self.model.result()
+            node = parts[1]
+            if len(parts) == 3 and parts[2] == "gate":
+                return 200, gate(view, node)
+            entry = (view or {}).get("nodes", {}).get(node)
+            if entry is None:
+                return 404, {"error": f"node {node!r} is not in the last tick's result"}
+            if len(parts) == 2:
+                return 200, entry
+            if parts[2] == "explain":
+                return 200, {"node": node, "text": entry["explain_text"], "explain": entry["explain"]}
+        return 404, {"error": f"no such path {path!r}"}
+
+    def _health(self) -> tuple[int, Any]:
+        view = self.model.result()
+        if view is None:
+            return 503, {"ok": False, "reason": "no tick committed yet"}
+        age = self.clock() - view["time"]
+        ok = age <= self.stale_after_s
+        return (200 if ok else 503), {"ok": ok, "tick": view["tick"], "last_tick_age_s": round(age, 3)}
+
+
+def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "fleetyield-api"
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            if url.path == "/metrics":
+                if server.registry is None:
+                    self._send(404, b"no metrics\n", "text/plain")
+                else:
+                    self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                return
+            try:
+                status, doc = server.route(url.path, urllib.parse.parse_qs(url.query))
+            except Exception as exc:  # e.g. the store is locked or gone: report, do not kill the thread
+                log.exception("api error on %s", self.path)
+                status, doc = 500, {"error": str(exc)}
+            self._send(status, json.dumps(doc, indent=1).encode() + b"\n", "application/json")
+
+        def _not_allowed(self) -> None:
+            self.send_response(405)
+            self.send_header("Allow", "GET")
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+        def log_message(self, format: str, *args: object) -> None:
+            log.debug("api: " + format, *args)
+
+    return Handler

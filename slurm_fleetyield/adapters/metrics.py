@@ -1,0 +1,162 @@
+"""The controller's own Prometheus metrics, read at scrape time from the last tick.
+
+Input: ``ControllerStats``, which the daemon updates once per tick (the last ``TickResult``, its apply
+report, timings) and which counts drains, Slurm calls and scrape errors across ticks. Output: a Collector
+(``collect() -> Iterable[Metric]``, fresh families every scrape) in a non-global ``CollectorRegistry``.
+Nothing in the core sets a gauge: metrics are a view of the tick's result, like the API.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from slurm_fleetyield.core.loop import TickResult
+from slurm_fleetyield.core.model import Tier
+from slurm_fleetyield.ports import ApplyReport
+
+
+@dataclass(frozen=True, slots=True)
+class TickSnapshot:
+    """One finished tick as the metrics need it."""
+
+    tick: int
+    time: float
+    duration_s: float
+    result: TickResult
+    report: ApplyReport
+    slurm_ok: bool
+    scrape_errors: int
+
+
+class ControllerStats:
+    """Thread-safe holder of the last tick and the cumulative counters (the daemon writes, scrapes read)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.last: TickSnapshot | None = None
+        self.counts: Counter[str] = Counter()
+
+    def record_tick(self, snap: TickSnapshot) -> None:
+        kinds = Counter(r.action.kind for r in snap.report.results if r.ok)
+        with self._lock:
+            self.last = snap
+            self.counts["ticks_ok"] += 1
+            self.counts["drains"] += kinds["drain"]
+            self.counts["resumes"] += kinds["resume"]
+            self.counts["updates"] += kinds["update"]
+            self.counts["slurm_calls"] += snap.report.calls
+            self.counts["slurm_failures"] += len(snap.report.failed)
+            self.counts["scrape_errors"] += snap.scrape_errors
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self.counts["ticks_failed"] += 1
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+
+    def read(self) -> tuple[TickSnapshot | None, dict[str, int]]:
+        with self._lock:
+            return self.last, dict(self.counts)
+
+
+class ControllerCollector:
+    def __init__(self, stats: ControllerStats) -> None:
+        self._stats = stats
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no collect() at register time
+
+    def collect(self) -> Iterable[Metric]:
+        last, counts = self._stats.read()
+        ticks = CounterMetricFamily("fleetyield_ticks", "Controller ticks by outcome.", labels=["outcome"])
+        ticks.add_metric(["ok"], counts.get("ticks_ok", 0))
+        ticks.add_metric(["error"], counts.get("ticks_failed", 0))
+        yield ticks
+        for name, key, doc in (
+            ("fleetyield_drains", "drains", "Nodes drained by FleetYield (successful scontrol calls)."),
+            ("fleetyield_resumes", "resumes", "Nodes resumed by FleetYield."),
+            ("fleetyield_node_updates", "updates", "Feature/weight update actions applied."),
+            ("fleetyield_slurm_calls", "slurm_calls", "Slurm commands run to apply plans."),
+            (
+                "fleetyield_slurm_action_failures",
+                "slurm_failures",
+                "Plan actions whose Slurm command failed.",
+            ),
+            (
+                "fleetyield_scrape_errors",
+                "scrape_errors",
+                "Node scrapes that failed (timeout, refused, malformed).",
+            ),
+            (
+                "fleetyield_push_events_accepted",
+                "push_accepted",
+                "Fatal events accepted from agents' pushes.",
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=counts.get(key, 0))
+        if last is None:
+            return
+        yield GaugeMetricFamily(
+            "fleetyield_last_tick_timestamp_seconds", "End of the last tick.", value=last.time
+        )
+        yield GaugeMetricFamily(
+            "fleetyield_tick_duration_seconds", "Duration of the last tick.", value=last.duration_s
+        )
+        yield GaugeMetricFamily(
+            "fleetyield_slurm_up", "1 when the last tick could read Slurm.", value=int(last.slurm_ok)
+        )
+        yield GaugeMetricFamily(
+            "fleetyield_scrape_errors_last_tick",
+            "Nodes whose scrape failed in the last tick.",
+            value=last.scrape_errors,
+        )
+        result = last.result
+        tiers = Counter(d.tier for d in result.nodes.values())
+        by_tier = GaugeMetricFamily("fleetyield_nodes", "Nodes per tier in the last tick.", labels=["tier"])
+        for tier in Tier:
+            by_tier.add_metric([tier.value], tiers.get(tier, 0))
+        yield by_tier
+        holds = GaugeMetricFamily(
+            "fleetyield_holds",
+            "Destructive actions withheld by a safety rule in the last tick.",
+            labels=["rule"],
+        )
+        for rule, n in sorted(Counter(h.rule for h in result.plan.holds).items()):
+            holds.add_metric([rule], n)
+        yield holds
+        actions = GaugeMetricFamily("fleetyield_plan_actions", "Actions in the last plan.", labels=["kind"])
+        kinds = Counter(a.kind for a in result.plan.actions)
+        for kind in ("update", "drain", "resume"):
+            actions.add_metric([kind], kinds.get(kind, 0))
+        yield actions
+        node_risk = GaugeMetricFamily(
+            "fleetyield_node_risk",
+            "P(fatal GPU failure within the horizon) per node.",
+            labels=["node", "tier"],
+        )
+        for name, decision in sorted(result.nodes.items()):
+            node_risk.add_metric([name, decision.tier.value], decision.risk)
+        yield node_risk
+        gpu_risk = GaugeMetricFamily(
+            "fleetyield_gpu_risk",
+            "P(fatal failure within the horizon) per GPU.",
+            labels=["node", "gpu", "UUID"],
+        )
+        for name, risk in sorted(result.risks.items()):
+            for gpu in risk.gpus:
+                gpu_risk.add_metric([name, str(gpu.index), gpu.uuid], gpu.probability)
+        yield gpu_risk
+
+
+def make_registry(stats: ControllerStats) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControllerCollector(stats))
+    return registry

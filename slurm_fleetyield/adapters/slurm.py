@@ -1,0 +1,608 @@
+"""Slurm through its own CLI: read nodes and jobs, execute a plan.
+
+Input: the ``scontrol`` / ``squeue`` binaries (22.05 text output, 24.11+ JSON) reached through an injected
+command runner. Output: ``SlurmNode`` / ``JobView`` values for the core, and an ``ApplyReport`` after
+executing a ``Plan``. Nothing here decides anything: ``apply`` runs exactly the actions it is given, in order.
+
+Why the CLI and not pyslurm: pyslurm must be built against the exact libslurm of the cluster, and the Slurm
+versions Debian ships have no matching release. The CLI is stable, versioned and what admins already trust.
+
+Hostlists are always expanded and compressed by Slurm itself (``scontrol show hostnames|hostlist``): a
+hand-rolled parser would disagree with Slurm on some corner (zero padding, multi-dimensional ranges).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from slurm_fleetyield.core.model import JobView, SlurmNode, WorkloadClass
+from slurm_fleetyield.core.plan import Action, DrainNode, Plan, ResumeNode, UpdateNodes
+from slurm_fleetyield.ports import ActionResult, ApplyReport
+
+log = logging.getLogger(__name__)
+
+JSON_NODES_SINCE = (24, 11)
+"""``scontrol show node --json`` is read from this version on; older versions are read as ``-o`` text."""
+
+WORKLOAD_COMMENT_PREFIX = "fy:"
+"""Jobs declare their workload class in their comment: ``--comment=fy:decode``."""
+
+_HOSTLIST_SEPARATOR = "fyhostlistsep"
+"""A sentinel host name (no digits, so Slurm never merges it into a range) between batched hostlists."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Running commands
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], float], CommandResult]
+"""The subprocess seam: ``runner(argv, timeout_s)``. Tests inject a recorder; production runs processes."""
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm command failed (non-zero exit, timeout, missing binary, unparsable output)."""
+
+    def __init__(self, command: Sequence[str], returncode: int | None, stderr: str) -> None:
+        self.command = tuple(command)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        super().__init__(f"{' '.join(self.command)!r} failed (rc={returncode}): {self.stderr[:500]}")
+
+
+def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
+    """Run ``argv`` (no shell) with a timeout; timeouts and missing binaries become ``SlurmCommandError``."""
+    try:
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmCommandError(argv, None, f"timed out after {timeout_s:g}s") from None
+    except OSError as exc:  # FileNotFoundError, PermissionError
+        raise SlurmCommandError(argv, 127, str(exc)) from None
+    return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------------------
+
+# A key starts a new field only after whitespace: values may contain spaces (OS=Linux 6.1 #1 SMP ...) and
+# '=' (CfgTRES=cpu=16,mem=...), but never whitespace followed by an identifier and '='.
+_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
+# Slurm appends "[user@time]" to a node's reason; the reason text itself may contain anything.
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+_NULL = {"", "(null)", "N/A", "none", "None"}
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``slurm 22.05.8`` / ``slurm-wlm 24.11.1`` -> (22, 5, 8)."""
+    match = _VERSION_RE.search(text)
+    if not match:
+        raise ValueError(f"no Slurm version in {text.strip()!r}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def parse_kv_line(line: str) -> dict[str, str]:
+    """Split one ``scontrol show ... -o`` line into fields (values may hold spaces and '=')."""
+    fields: dict[str, str] = {}
+    matches = list(_KEY_RE.finditer(line))
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields.setdefault(match.group(1), line[match.end() : end].strip())
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    text: str
+    user: str | None = None
+    time: str | None = None
+
+
+def parse_reason(line: str) -> Reason | None:
+    """The ``Reason=... [user@time]`` field of a node line, or None when the node has no reason.
+
+    The reason is free text (it may contain ``key=value`` pairs); it ends at its ``[user@time]`` suffix
+    when Slurm printed one, otherwise at the next field or the end of the line.
+    """
+    idx = line.find("Reason=")
+    while idx > 0 and not line[idx - 1].isspace():
+        idx = line.find("Reason=", idx + 1)
+    if idx < 0:
+        return None
+    rest = line[idx + len("Reason=") :]
+    suffix = re.search(r"\s*\[(?P<user>[^@\]\s]*)@(?P<time>[^\]\s]*)\]", rest)
+    if suffix:
+        text = rest[: suffix.start()].strip()
+        return Reason(text, suffix.group("user") or None, suffix.group("time") or None)
+    following = _KEY_RE.search(rest)
+    text = rest[: following.start()] if following else rest
+    text = text.strip()
+    return None if text in _NULL else Reason(text)
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside parentheses: ``gpu:a:2(S:0,1),gpu:b:1`` -> two items."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif ch == sep and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def parse_gres(gres: str) -> tuple[str | None, int]:
+    """``gpu:h100:8(S:0)`` -> ("h100", 8); ``gpu:8`` -> (None, 8); several gpu entries add up."""
+    gpu_type: str | None = None
+    count = 0
+    if gres.strip() in _NULL:
+        return None, 0
+    for item in split_top_level(gres):
+        spec = item.split("(", 1)[0]
+        parts = spec.split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) == 1:
+            count += 1
+            continue
+        tail = parts[-1]
+        # "gpu:h100:8", "gpu:8", "gpu:h100" (count 1), counts may carry a suffix ("8K" is not used for gpus)
+        if tail.isdigit():
+            count += int(tail)
+            if len(parts) >= 3 and gpu_type is None:
+                gpu_type = parts[1]
+        else:
+            count += 1
+            if gpu_type is None:
+                gpu_type = tail
+    return gpu_type, count
+
+
+def parse_states(state: str) -> frozenset[str]:
+    """``IDLE+DRAIN`` -> {IDLE, DRAIN}; a trailing ``*`` (not responding) becomes NOT_RESPONDING."""
+    states: set[str] = set()
+    for part in state.split("+"):
+        part = part.strip().upper()
+        if not part:
+            continue
+        if part.endswith("*"):
+            states.add("NOT_RESPONDING")
+            part = part.rstrip("*")
+        if part:
+            states.add(part)
+    return frozenset(states)
+
+
+def _csv(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        if value.strip() in _NULL:
+            return ()
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return tuple(str(v) for v in value if str(v))
+
+
+def _int(value: object, default: int = 0) -> int:
+    if isinstance(value, dict):  # Slurm JSON "number" objects: {"set": true, "infinite": false, "number": 5}
+        if not value.get("set", True) or value.get("infinite"):
+            return default
+        value = value.get("number", default)
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDetail:
+    """What ``read_nodes`` learned beyond ``SlurmNode`` (who set the reason, when)."""
+
+    reason_user: str | None = None
+    reason_time: str | None = None
+
+
+def parse_node_line(line: str) -> tuple[SlurmNode, NodeDetail] | None:
+    """One ``scontrol show node -o`` line (22.05 text) -> SlurmNode, or None for a blank line."""
+    line = line.strip()
+    if not line:
+        return None
+    reason = parse_reason(line)
+    head = line
+    if reason is not None:  # the reason is free text: keep it out of the key=value split
+        head = line[: line.find("Reason=")]
+    fields = parse_kv_line(head)
+    name = fields.get("NodeName")
+    if not name:
+        raise ValueError(f"no NodeName in {line[:120]!r}")
+    gpu_type, gpu_count = parse_gres(fields.get("Gres", ""))
+    node = SlurmNode(
+        name=name,
+        states=parse_states(fields.get("State", "")),
+        reason=reason.text if reason else "",
+        available_features=_csv(fields.get("AvailableFeatures", fields.get("Features"))),
+        active_features=_csv(fields.get("ActiveFeatures")),
+        weight=_int(fields.get("Weight"), 1),
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        partitions=_csv(fields.get("Partitions")),
+    )
+    return node, NodeDetail(reason.user if reason else None, reason.time if reason else None)
+
+
+def parse_nodes_text(text: str) -> dict[str, tuple[SlurmNode, NodeDetail]]:
+    out: dict[str, tuple[SlurmNode, NodeDetail]] = {}
+    for line in text.splitlines():
+        parsed = parse_node_line(line)
+        if parsed is not None:
+            out[parsed[0].name] = parsed
+    return out
+
+
+def parse_nodes_json(text: str) -> dict[str, tuple[SlurmNode, NodeDetail]]:
+    """``scontrol show node --json`` (data_parser v0.0.40+, Slurm 24.11+)."""
+    doc = json.loads(text)
+    out: dict[str, tuple[SlurmNode, NodeDetail]] = {}
+    for raw in doc.get("nodes", []):
+        state = raw.get("state", [])
+        states = parse_states("+".join(state)) if isinstance(state, list) else parse_states(str(state))
+        gpu_type, gpu_count = parse_gres(str(raw.get("gres") or ""))
+        reason_time = raw.get("reason_changed_at")
+        node = SlurmNode(
+            name=raw["name"],
+            states=states,
+            reason=str(raw.get("reason") or ""),
+            available_features=_csv(raw.get("features")),
+            active_features=_csv(raw.get("active_features")),
+            weight=_int(raw.get("weight"), 1),
+            gpu_type=gpu_type,
+            gpu_count=gpu_count,
+            partitions=_csv(raw.get("partitions")),
+        )
+        detail = NodeDetail(
+            reason_user=str(raw.get("reason_set_by_user") or "") or None,
+            reason_time=str(_int(reason_time)) if reason_time not in (None, 0) else None,
+        )
+        out[node.name] = (node, detail)
+    return out
+
+
+_WORKLOAD_RE = re.compile(r"(?:^|[^A-Za-z0-9_])" + re.escape(WORKLOAD_COMMENT_PREFIX) + r"([A-Za-z_]+)")
+
+
+def workload_from_comment(comment: str | None) -> WorkloadClass | None:
+    """``fy:decode`` anywhere in the comment (first match wins) -> WorkloadClass.DECODE; unknown -> None."""
+    match = _WORKLOAD_RE.search(comment or "")
+    if not match:
+        return None
+    try:
+        return WorkloadClass(match.group(1).lower())
+    except ValueError:
+        return None
+
+
+def _gpus_from_tres(tres: str | None) -> int:
+    """``cpu=8,mem=64G,node=1,gres/gpu=8`` -> 8 (typed entries ``gres/gpu:h100=8`` are the same GPUs)."""
+    if not tres:
+        return 0
+    plain = typed = 0
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu":
+            plain = _int(value)
+        elif key.startswith("gres/gpu:"):
+            typed += _int(value)
+    return plain or typed
+
+
+@dataclass(frozen=True, slots=True)
+class _RawJob:
+    job_id: int
+    state: str
+    nodelist: str
+    requeue: bool | None
+    comment: str
+    gpus: int
+
+
+def parse_jobs_json(text: str) -> list[_RawJob]:
+    """``squeue --json``: 22.05 (v0.0.38: scalar job_state) and 23.02+ (job_state list, number objects)."""
+    doc = json.loads(text)
+    jobs = []
+    for raw in doc.get("jobs", []):
+        state = raw.get("job_state", "")
+        if isinstance(state, list):
+            state = state[0] if state else ""
+        requeue = raw.get("requeue")
+        jobs.append(
+            _RawJob(
+                job_id=_int(raw.get("job_id")),
+                state=str(state).upper(),
+                nodelist=str(raw.get("nodes") or ""),
+                requeue=bool(requeue) if requeue is not None else None,
+                comment=str(raw.get("comment") or ""),
+                gpus=_gpus_from_tres(raw.get("tres_alloc_str") or raw.get("tres_req_str")),
+            )
+        )
+    return jobs
+
+
+SQUEUE_FORMAT = "%A|%T|%N|%b|%k"
+"""Fallback ``squeue -h -o`` format: job id (unique per array element), state, nodelist, gres per node,
+comment (last: it may hold '|')."""
+
+
+def parse_jobs_text(text: str) -> list[_RawJob]:
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 4)
+        if len(parts) < 5:
+            raise ValueError(f"unexpected squeue line {line[:120]!r}")
+        job_id, state, nodelist, gres, comment = parts
+        # %b is the per-node GRES request: "gres/gpu:h100:8", "gres:gpu:8" (older), "N/A"
+        normalized = ",".join(
+            item.removeprefix("gres/").removeprefix("gres:") for item in split_top_level(gres)
+        )
+        jobs.append(
+            _RawJob(
+                job_id=_int(job_id),
+                state=state.strip().upper(),
+                nodelist=nodelist.strip() if nodelist.strip() not in _NULL else "",
+                requeue=None,
+                comment=comment.strip() if comment.strip() not in _NULL else "",
+                gpus=parse_gres(normalized)[1],
+            )
+        )
+    return jobs
+
+
+def parse_requeue_flags(text: str) -> dict[int, bool]:
+    """``scontrol show job -o``: JobId -> Requeue=1."""
+    flags: dict[int, bool] = {}
+    for line in text.splitlines():
+        fields = parse_kv_line(line)
+        if "JobId" in fields:
+            flags[_int(fields["JobId"])] = fields.get("Requeue", "1").strip() == "1"
+    return flags
+
+
+# --------------------------------------------------------------------------------------------------------
+# The adapter
+# --------------------------------------------------------------------------------------------------------
+
+
+class SlurmCli:
+    """``SlurmPort`` over ``scontrol``/``squeue``. All commands go through ``runner`` with ``timeout_s``."""
+
+    def __init__(
+        self,
+        bin_dir: str | None = None,
+        timeout_s: float = 30.0,
+        runner: Runner = run_command,
+        version: tuple[int, int, int] | None = None,
+    ) -> None:
+        self._bin_dir = bin_dir
+        self._timeout_s = timeout_s
+        self._runner = runner
+        self._version = version
+        self._hostnames_cache: dict[str, tuple[str, ...]] = {}
+        self.node_details: dict[str, NodeDetail] = {}
+        """Reason user/time of each node at the last ``read_nodes`` (for explain/audit, not for decisions)."""
+        self.calls = 0
+        """Slurm commands executed by this adapter since it was created (reads and writes)."""
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def _bin(self, name: str) -> str:
+        return os.path.join(self._bin_dir, name) if self._bin_dir else name
+
+    def _run(self, *argv: str) -> str:
+        return self._exec((self._bin(argv[0]), *argv[1:]))
+
+    def _exec(self, command: tuple[str, ...]) -> str:
+        self.calls += 1
+        result = self._runner(command, self._timeout_s)
+        if result.returncode != 0:
+            raise SlurmCommandError(command, result.returncode, result.stderr or result.stdout)
+        return result.stdout
+
+    def version(self) -> tuple[int, int, int]:
+        if self._version is None:
+            out = self._run("scontrol", "--version")
+            try:
+                self._version = parse_version(out)
+            except ValueError as exc:
+                raise SlurmCommandError((self._bin("scontrol"), "--version"), 0, str(exc)) from None
+        return self._version
+
+    # -- hostlists ------------------------------------------------------------------------------------
+
+    def expand_hostlists(self, expressions: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """Expand hostlist expressions with ``scontrol show hostnames``, all unknown ones in ONE call.
+
+        Expressions are separated by a sentinel host name; Slurm keeps input order. If the sentinel count
+        comes back wrong (a Slurm that sorts or merges), each expression is expanded on its own instead.
+        Expansions are cached: a hostlist always expands to the same names.
+        """
+        wanted = {e for e in expressions if e}
+        todo = sorted(e for e in wanted if e not in self._hostnames_cache and "[" in e)
+        for expr in wanted:
+            if "[" not in expr and expr not in self._hostnames_cache:
+                self._hostnames_cache[expr] = tuple(h for h in expr.split(",") if h)
+        if len(todo) == 1:
+            self._hostnames_cache[todo[0]] = tuple(
+                self._run("scontrol", "show", "hostnames", todo[0]).split()
+            )
+        elif todo:
+            joined = ",".join(f"{e},{_HOSTLIST_SEPARATOR}" for e in todo)
+            names = self._run("scontrol", "show", "hostnames", joined).split()
+            groups: list[list[str]] = [[]]
+            for name in names:
+                if name == _HOSTLIST_SEPARATOR:
+                    groups.append([])
+                else:
+                    groups[-1].append(name)
+            # every expression names at least one host, so a well-ordered answer has no empty group
+            if len(groups) == len(todo) + 1 and not groups[-1] and all(groups[:-1]):
+                for expr, group in zip(todo, groups, strict=False):
+                    self._hostnames_cache[expr] = tuple(group)
+            else:
+                log.warning("batched hostlist expansion came back out of order; expanding one by one")
+                for expr in todo:
+                    out = self._run("scontrol", "show", "hostnames", expr)
+                    self._hostnames_cache[expr] = tuple(out.split())
+        return {e: self._hostnames_cache[e] for e in wanted}
+
+    def compress_hostlist(self, nodes: Sequence[str]) -> str:
+        """``scontrol show hostlist a1,a2,a3`` -> ``a[1-3]``; a single node needs no call.
+
+        Names are sorted first: Slurm keeps input order (``a[2,1]``), sorted input compresses best.
+        """
+        if len(nodes) == 1:
+            return nodes[0]
+        return self._run("scontrol", "show", "hostlist", ",".join(sorted(nodes))).strip()
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def read_nodes(self) -> Mapping[str, SlurmNode]:
+        if self.version()[:2] >= JSON_NODES_SINCE:
+            command = ("scontrol", "show", "node", "--json")
+            parse = parse_nodes_json
+        else:
+            command = ("scontrol", "show", "node", "-o")
+            parse = parse_nodes_text
+        out = self._run(*command)
+        try:
+            parsed = parse(out)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SlurmCommandError(command, 0, f"unparsable output: {exc}") from None
+        self.node_details = {name: detail for name, (_, detail) in parsed.items()}
+        return {name: node for name, (node, _) in parsed.items()}
+
+    def read_jobs(self) -> Sequence[JobView]:
+        try:
+            raw = parse_jobs_json(self._run("squeue", "--json"))
+        except (SlurmCommandError, ValueError, KeyError, TypeError) as exc:
+            log.info("squeue --json unavailable (%s); falling back to squeue -o", exc)
+            command = ("squeue", "-h", "-o", SQUEUE_FORMAT)
+            try:
+                raw = parse_jobs_text(self._run(*command))
+            except ValueError as err:
+                raise SlurmCommandError(command, 0, f"unparsable output: {err}") from None
+            if raw:
+                flags = parse_requeue_flags(self._run("scontrol", "show", "job", "-o"))
+                raw = [
+                    _RawJob(j.job_id, j.state, j.nodelist, flags.get(j.job_id), j.comment, j.gpus)
+                    for j in raw
+                ]
+        expanded = self.expand_hostlists(j.nodelist for j in raw)
+        return [
+            JobView(
+                job_id=j.job_id,
+                state=j.state,
+                nodes=expanded.get(j.nodelist, ()),
+                requeue=True if j.requeue is None else j.requeue,
+                workload=workload_from_comment(j.comment),
+                gpus=j.gpus,
+            )
+            for j in raw
+        ]
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    def commands_for(self, action: Action, hostlist: str | None = None) -> list[tuple[str, ...]]:
+        """The Slurm commands that execute ``action`` (``hostlist``: the compressed NodeName value)."""
+        scontrol = self._bin("scontrol")
+        if isinstance(action, UpdateNodes):
+            # Both lists in one call: Slurm checks Active against the NEW Available list, so replacing an
+            # active fy_ feature works in one step. An empty value clears the list (verified on 22.05.8:
+            # "AvailableFeatures= ActiveFeatures=" leaves AvailableFeatures=(null)).
+            features = ",".join(action.features)
+            return [
+                (
+                    scontrol,
+                    "update",
+                    f"NodeName={hostlist or ','.join(action.nodes)}",
+                    f"AvailableFeatures={features}",
+                    f"ActiveFeatures={features}",
+                    f"Weight={action.weight}",
+                )
+            ]
+        if isinstance(action, DrainNode):
+            commands = [
+                (scontrol, "update", f"NodeName={action.node}", "State=DRAIN", f"Reason={action.reason}")
+            ]
+            if action.requeue_jobs:
+                commands.append((scontrol, "requeue", ",".join(str(j) for j in action.requeue_jobs)))
+            return commands
+        if isinstance(action, ResumeNode):
+            return [(scontrol, "update", f"NodeName={action.node}", "State=RESUME")]
+        raise TypeError(f"unknown action {action!r}")
+
+    def apply(self, plan: Plan) -> ApplyReport:
+        """Execute every action in order. A failing action is recorded and the next one still runs."""
+        start_calls = self.calls
+        results: list[ActionResult] = []
+        for action in plan.actions:
+            executed: tuple[str, ...] = ()
+            try:
+                hostlist = None
+                if isinstance(action, UpdateNodes):
+                    hostlist = self.compress_hostlist(action.nodes)
+                for command in self.commands_for(action, hostlist):
+                    executed = command
+                    self._exec(command)
+                results.append(ActionResult(action, True, executed))
+            except SlurmCommandError as exc:
+                log.error("slurm action failed: %s", exc)
+                results.append(ActionResult(action, False, exc.command, str(exc)))
+        return ApplyReport(tuple(results), calls=self.calls - start_calls)
+
+
+class DryRunSlurm:
+    """Reads Slurm for real; ``apply`` only logs the commands it would run and reports zero calls."""
+
+    def __init__(self, inner: SlurmCli, logger: logging.Logger | None = None) -> None:
+        self.inner = inner
+        self._log = logger or log
+
+    def read_nodes(self) -> Mapping[str, SlurmNode]:
+        return self.inner.read_nodes()
+
+    def read_jobs(self) -> Sequence[JobView]:
+        return self.inner.read_jobs()
+
+    def apply(self, plan: Plan) -> ApplyReport:
+        results = []
+        for action in plan.actions:
+            commands = self.inner.commands_for(action)
+            for command in commands:
+                self._log.info("dry-run: would run %s", " ".join(command))
+            results.append(ActionResult(action, True, commands[-1], "dry-run: not executed"))
+        return ApplyReport(tuple(results), calls=0)

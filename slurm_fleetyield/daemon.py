@@ -1,0 +1,379 @@
+"""The imperative shell around ``tick``: read the world, decide, act, remember, publish.
+
+Input: a ``Config`` and the ports (Slurm, sensing), the store (state, inbox, read model). Output: Slurm
+changes (through the Slurm port only), one committed store transaction per tick, the API's read model and
+the controller's metrics.
+
+One tick: read Slurm (nodes, jobs) -> scrape the GPU nodes Slurm lists -> take pending inbox events ->
+``tick`` -> apply the plan (``DryRunSlurm`` when dry-run) -> commit state + processed events + log rows +
+rendered result in one transaction -> publish to metrics. A Slurm read failure gives
+``Observations(slurm_ok=False)``: the core returns no plan, nothing is applied and inbox events stay
+pending. Every tick runs inside a backoff throttle: an exception is logged, the next attempt waits
+``backoff_initial_s`` growing to ``backoff_max_s``, and the first success resets it.
+
+Wake-ups: the push listener sets ``wake`` after storing a fatal event; the loop then runs a tick at once.
+Such a push tick reuses the last scrape when it is younger than ``loop.push_reuse_samples_s``: the pushed
+event, not the scrape, carries the fault, and skipping the scrape keeps fault-to-drain near one second
+(the core treats a repeated sample as "nothing new", so reuse does not distort trends).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_fleetyield.adapters.metrics import ControllerStats, TickSnapshot, make_registry
+from slurm_fleetyield.adapters.slurm import DryRunSlurm, SlurmCli, SlurmCommandError
+from slurm_fleetyield.adapters.store import LogRow, Store
+from slurm_fleetyield.adapters.views import render_result
+from slurm_fleetyield.config import Config, read_secret
+from slurm_fleetyield.core.loop import TickResult, tick
+from slurm_fleetyield.core.model import NodeSample, Observations, SlurmNode
+from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.ports import ApplyReport, SensePort, SlurmPort
+
+log = logging.getLogger("fleetyield.daemon")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Logging
+# --------------------------------------------------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, plus the ``fy`` dict passed via ``extra``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        extra = getattr(record, "fy", None)
+        if isinstance(extra, Mapping):
+            doc.update(extra)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(level: str = "info", json_lines: bool = True) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if json_lines
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+# --------------------------------------------------------------------------------------------------------
+# Backoff throttle
+# --------------------------------------------------------------------------------------------------------
+
+
+class Backoff:
+    """Delay after consecutive failures: initial * factor^(n-1), capped; ``success()`` resets."""
+
+    def __init__(self, initial_s: float, max_s: float, factor: float) -> None:
+        self.initial_s, self.max_s, self.factor = initial_s, max_s, factor
+        self.failures = 0
+
+    def failure(self) -> float:
+        self.failures += 1
+        return min(self.max_s, self.initial_s * self.factor ** (self.failures - 1))
+
+    def success(self) -> None:
+        self.failures = 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# The daemon
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutcome:
+    tick: int
+    slurm_ok: bool
+    result: TickResult
+    report: ApplyReport
+    samples: Mapping[str, NodeSample]
+    duration_s: float
+    reused_samples: bool
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        slurm: SlurmPort,
+        sense: SensePort,
+        store: Store,
+        *,
+        stats: ControllerStats | None = None,
+        wake: threading.Event | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        self.config = config
+        self.slurm = slurm
+        self.sense = sense
+        self.store = store
+        self.stats = stats or ControllerStats()
+        self.wake = wake or threading.Event()
+        self.stop_event = threading.Event()
+        self.clock = clock
+        self.monotonic = monotonic
+        self.rng = rng or random.Random(config.loop.seed)
+        self.dry_run = dry_run
+        stored = store.load_state()
+        self.state = ControllerState.from_dict(stored.state) if stored else ControllerState.empty()
+        self.tick_no = stored.tick if stored else 0
+        self._last_nodes: Mapping[str, SlurmNode] = {}
+        self._last_samples: Mapping[str, NodeSample] = {}
+        self._last_sample_time = float("-inf")
+        self._live: dict[str, Any] = {"slurm_ok": None, "consecutive_failures": 0, "last_error": None}
+        self._live_lock = threading.Lock()
+        if stored:
+            log.info("resumed", extra={"fy": {"tick": self.tick_no, "saved_at": stored.time}})
+
+    # -- one tick -------------------------------------------------------------------------------------
+
+    def _scrape_targets(self, nodes: Mapping[str, SlurmNode]) -> list[str]:
+        if self.config.sense.gpu_nodes_only:
+            return sorted(n for n, v in nodes.items() if v.gpu_count > 0)
+        return sorted(nodes)
+
+    def tick_once(self, push: bool = False) -> TickOutcome:
+        t0 = self.monotonic()
+        now = self.clock()
+        try:
+            nodes = self.slurm.read_nodes()
+            jobs = tuple(self.slurm.read_jobs())
+            slurm_ok = True
+            self._last_nodes = nodes
+        except SlurmCommandError as exc:
+            log.error(
+                "slurm unreadable; no action this tick",
+                extra={"fy": {"command": exc.command, "error": exc.stderr}},
+            )
+            nodes, jobs, slurm_ok = self._last_nodes, (), False
+        reused = False
+        samples: Mapping[str, NodeSample] = {}
+        if slurm_ok:
+            targets = self._scrape_targets(nodes)
+            fresh_enough = now - self._last_sample_time <= self.config.loop.push_reuse_samples_s
+            if push and fresh_enough and set(targets) <= set(self._last_samples):
+                samples, reused = {n: self._last_samples[n] for n in targets}, True
+            else:
+                samples = self.sense.sample(targets, now)
+                self._last_samples, self._last_sample_time = samples, now
+        pending = tuple(self.store.pending())
+        obs = Observations(
+            time=now, slurm=nodes, samples=samples, fatal_events=pending, jobs=jobs, slurm_ok=slurm_ok
+        )
+        result = tick(self.state, obs, self.config.core, now, self.rng)
+        report = self.slurm.apply(result.plan) if slurm_ok and result.plan.actions else ApplyReport()
+        self.tick_no += 1
+        duration = self.monotonic() - t0
+        rows = [LogRow(e.time, e.kind, e.node, e.message, dict(e.data)) for e in result.events]
+        for r in report.results:
+            kind = "dry_run" if self.dry_run else ("applied" if r.ok else "apply_failed")
+            rows.append(
+                LogRow(
+                    now,
+                    kind,
+                    getattr(r.action, "node", ""),
+                    " ".join(r.command),
+                    {"action": r.action.kind, "detail": r.detail},
+                )
+            )
+        view = None
+        if slurm_ok:
+            view = render_result(
+                self.tick_no, now, result, report, samples, dry_run=self.dry_run, duration_s=duration
+            )
+        processed = [e.event_id for e in pending] if slurm_ok else []
+        self.store.commit_tick(self.tick_no, now, result.state.to_dict(), processed, rows, view)
+        self.state = result.state
+        scrape_errors = sum(1 for s in samples.values() if s.error) if not reused else 0
+        if slurm_ok:
+            self.stats.record_tick(
+                TickSnapshot(self.tick_no, now, duration, result, report, slurm_ok, scrape_errors)
+            )
+        with self._live_lock:
+            self._live.update(last_attempt=now, slurm_ok=slurm_ok, tick=self.tick_no)
+        log.info(
+            "tick",
+            extra={
+                "fy": {
+                    "tick": self.tick_no,
+                    "slurm_ok": slurm_ok,
+                    "push": push,
+                    "reused_samples": reused,
+                    "nodes": len(nodes),
+                    "scrape_errors": scrape_errors,
+                    "events_in": len(pending),
+                    "actions": len(result.plan.actions),
+                    "holds": len(result.plan.holds),
+                    "slurm_calls": report.calls,
+                    "failed": len(report.failed),
+                    "duration_s": round(duration, 4),
+                }
+            },
+        )
+        return TickOutcome(self.tick_no, slurm_ok, result, report, samples, duration, reused)
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def live(self) -> dict[str, Any]:
+        with self._live_lock:
+            return {**self._live, "dry_run": self.dry_run}
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+
+    def run(self) -> None:
+        """Tick every ``interval_s`` (or at once when woken) until ``stop()``; errors back off."""
+        loop = self.config.loop
+        backoff = Backoff(loop.backoff_initial_s, loop.backoff_max_s, loop.backoff_factor)
+        next_due = self.monotonic()
+        while not self.stop_event.is_set():
+            self.wake.wait(timeout=max(0.0, next_due - self.monotonic()))
+            if self.stop_event.is_set():
+                break
+            push = self.wake.is_set()
+            self.wake.clear()
+            try:
+                self.tick_once(push=push)
+            except Exception as exc:
+                delay = backoff.failure()
+                self.stats.record_failure()
+                with self._live_lock:
+                    self._live.update(consecutive_failures=backoff.failures, last_error=repr(exc))
+                log.exception(
+                    "tick failed", extra={"fy": {"failures": backoff.failures, "retry_in_s": delay}}
+                )
+                next_due = self.monotonic() + delay
+                continue
+            if backoff.failures:
+                log.info("tick recovered", extra={"fy": {"after_failures": backoff.failures}})
+            backoff.success()
+            with self._live_lock:
+                self._live.update(consecutive_failures=0, last_error=None)
+            if not push:
+                next_due = self.monotonic() + loop.interval_s
+        log.info("stopped", extra={"fy": {"tick": self.tick_no}})
+
+
+# --------------------------------------------------------------------------------------------------------
+# Wiring
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runtime:
+    """Everything ``fleetyield run`` starts, so it can be stopped in order."""
+
+    daemon: Daemon
+    store: Store
+    servers: list[Any]
+    closers: list[Callable[[], None]]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+        for close in self.closers:
+            close()
+        self.store.close()
+
+
+def build(
+    config: Config,
+    *,
+    dry_run: bool | None = None,
+    slurm: SlurmPort | None = None,
+    sense: SensePort | None = None,
+) -> Runtime:
+    """Wire the real adapters from ``config`` (ports may be injected, e.g. a recording Slurm runner)."""
+    from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
+    from slurm_fleetyield.adapters.ingest import IngestServer
+    from slurm_fleetyield.adapters.scrape import AgentScraper
+
+    dry = config.slurm.dry_run if dry_run is None else dry_run
+    store = Store(config.store.path, events_keep=config.store.events_keep)
+    closers: list[Callable[[], None]] = []
+    if slurm is None:
+        slurm = SlurmCli(config.slurm.bin_dir, config.slurm.command_timeout_s)
+    if dry and not isinstance(slurm, DryRunSlurm):
+        slurm = DryRunSlurm(slurm)  # type: ignore[arg-type]
+    if sense is None:
+        scraper = AgentScraper(
+            config.sense.url_template,
+            config.sense.timeout_s,
+            config.sense.concurrency,
+            check_hostname=config.sense.check_hostname,
+        )
+        closers.append(scraper.close)
+        sense = scraper
+    stats = ControllerStats()
+    daemon = Daemon(config, slurm, sense, store, stats=stats, dry_run=dry)
+    servers: list[Any] = []
+    if config.push.active:
+        ingest = IngestServer(
+            config.push.host,
+            config.push.port,
+            read_secret(config.push.secret_file or ""),
+            store,
+            daemon.wake,
+            max_body_bytes=config.push.max_body_bytes,
+            max_skew_s=config.push.max_skew_s,
+            on_accept=lambda n: stats.add("push_accepted", n),
+        )
+        servers.append(ingest)
+    if config.api.enabled:
+        api = ApiServer(
+            config.api.host,
+            config.api.port,
+            StoreReadModel(store, daemon.live),
+            make_registry(stats),
+            stale_after_s=max(10 * config.loop.interval_s, 60.0),
+        )
+        servers.append(api)
+    return Runtime(daemon, store, servers, closers)
+
+
+def serve(runtime: Runtime, *, once: bool = False) -> TickOutcome | None:
+    """Start listeners, run until SIGTERM/SIGINT (or one tick with ``once``), then shut down cleanly."""
+    for server in runtime.servers:
+        server.start()
+        log.info("listening", extra={"fy": {"server": type(server).__name__, "port": server.port}})
+    try:
+        if once:
+            return runtime.daemon.tick_once()
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda signum, frame: runtime.daemon.stop())
+        try:
+            runtime.daemon.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return None
+    finally:
+        runtime.close()

@@ -1,0 +1,111 @@
+"""Push listener over real HTTP on 127.0.0.1, with the agent's own signer and Pusher on the other end."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from node_agent.protocol import EVENTS_PATH, AgentEvent, AgentEventBatch, signed_headers
+from node_agent.push import Pusher
+from slurm_fleetyield.adapters.ingest import IngestServer
+from slurm_fleetyield.adapters.store import Store
+
+SECRET = b"s3cret-for-tests"
+
+
+def event(eid: str, node: str = "gpu-01", fatal: bool = True, xid: int = 79) -> AgentEvent:
+    return AgentEvent(
+        event_id=eid, time=time.time(), node=node, gpu=3, uuid="GPU-1", kind="xid", xid=xid, fatal=fatal
+    )
+
+
+@pytest.fixture
+def ingest(tmp_path):
+    store = Store(tmp_path / "fy.db")
+    wake = threading.Event()
+    server = IngestServer("127.0.0.1", 0, SECRET, store, wake, max_body_bytes=4096)
+    server.start()
+    yield server
+    server.stop()
+    store.close()
+
+
+def post(server: IngestServer, body: bytes, headers: dict[str, str], path: str = EVENTS_PATH, method="POST"):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{path}", data=body, headers=headers, method=method
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def signed(
+    batch: AgentEventBatch, secret: bytes = SECRET, ts: int | None = None
+) -> tuple[bytes, dict[str, str]]:
+    body = batch.model_dump_json().encode()
+    return body, signed_headers(secret, batch.node, int(time.time()) if ts is None else ts, body)
+
+
+def test_accepts_stores_before_reply_and_wakes(ingest):
+    body, headers = signed(
+        AgentEventBatch(node="gpu-01", events=[event("e1"), event("e2", fatal=False, xid=13)])
+    )
+    status, doc = post(ingest, body, headers)
+    assert status == 202 and doc == {"accepted": 1, "duplicates": 0, "ignored_nonfatal": 1}
+    assert ingest.wake.is_set()
+    pending = ingest.store.pending()  # already durable when the 202 arrived
+    assert [(e.event_id, e.node, e.xid, e.source) for e in pending] == [("e1", "gpu-01", 79, "agent-push")]
+    assert ingest.store.events()[0]["kind"] == "agent_xid"  # the non-fatal one is only logged
+    ingest.wake.clear()
+    status, doc = post(ingest, body, headers)  # a retry of the same request
+    assert status == 202 and doc["duplicates"] == 1 and not ingest.wake.is_set()
+    assert len(ingest.store.pending()) == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status"),
+    [
+        (lambda b, h: (b, {**h, "X-FleetYield-Signature": "sha256=" + "0" * 64}), 401),
+        (lambda b, h: (b, {k: v for k, v in h.items() if k != "X-FleetYield-Signature"}), 401),
+        (lambda b, h: (b.replace(b"gpu-01", b"gpu-02", 1), h), 401),  # tampered body
+        (lambda b, h: (b, {**h, "X-FleetYield-Node": "gpu-02"}), 400),  # signed, but inconsistent
+    ],
+)
+def test_rejections_change_nothing(ingest, mutate, status):
+    body, headers = mutate(*signed(AgentEventBatch(node="gpu-01", events=[event("e1")])))
+    assert post(ingest, body, headers)[0] == status
+    assert ingest.store.pending() == [] and not ingest.wake.is_set()
+
+
+def test_wrong_secret_stale_timestamp_and_bad_json(ingest):
+    batch = AgentEventBatch(node="gpu-01", events=[event("e1")])
+    assert post(ingest, *signed(batch, secret=b"other"))[0] == 401
+    assert post(ingest, *signed(batch, ts=int(time.time()) - 3600))[0] == 401
+    body = b'{"node": "gpu-01", "events": [{"nope": 1}]}'
+    headers = signed_headers(SECRET, "gpu-01", int(time.time()), body)
+    status, doc = post(ingest, body, headers)
+    assert status == 400 and "malformed body" in doc["error"]
+    assert ingest.store.pending() == []
+
+
+def test_size_limit_path_and_methods(ingest):
+    batch = AgentEventBatch(node="gpu-01", events=[event(f"e{i}") for i in range(40)])
+    assert post(ingest, *signed(batch))[0] == 413
+    assert post(ingest, b"{}", {}, path="/v1/other")[0] == 404
+    assert post(ingest, None, {}, method="GET")[0] == 405
+    assert ingest.store.pending() == []
+
+
+def test_the_agents_pusher_delivers(ingest, tmp_path):
+    pusher = Pusher(tmp_path / "agent", "gpu-01", f"http://127.0.0.1:{ingest.port}{EVENTS_PATH}", SECRET)
+    pusher.enqueue([event("p1"), event("p2")])
+    assert pusher.flush_once()
+    assert ingest.wake.wait(5)
+    assert sorted(e.event_id for e in ingest.store.pending()) == ["p1", "p2"]

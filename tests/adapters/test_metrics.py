@@ -1,0 +1,46 @@
+"""Controller metrics: a Collector over the last tick, in its own registry."""
+
+from __future__ import annotations
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurm_fleetyield.adapters.metrics import ControllerStats, TickSnapshot, make_registry
+
+
+def scrape(stats: ControllerStats) -> dict[tuple[str, tuple], float]:
+    text = generate_latest(make_registry(stats)).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_before_any_tick_only_counters():
+    values = scrape(ControllerStats())
+    assert values[("fleetyield_ticks_total", (("outcome", "ok"),))] == 0
+    assert not any(name == "fleetyield_nodes" for name, _ in values)
+
+
+def test_metrics_over_the_last_tick(tick_parts):
+    result, report, _ = tick_parts
+    stats = ControllerStats()
+    stats.record_failure()
+    stats.record_tick(TickSnapshot(7, 1000.0, 0.25, result, report, True, 1))
+    stats.add("push_accepted", 2)
+    values = scrape(stats)
+    tiers = {dict(k)["tier"]: v for (n, k), v in values.items() if n == "fleetyield_nodes"}
+    assert tiers["quarantined"] == 1 and sum(tiers.values()) == len(result.nodes)
+    assert values[("fleetyield_ticks_total", (("outcome", "error"),))] == 1
+    assert values[("fleetyield_tick_duration_seconds", ())] == 0.25
+    assert values[("fleetyield_last_tick_timestamp_seconds", ())] == 1000.0
+    assert values[("fleetyield_slurm_calls_total", ())] == report.calls
+    assert values[("fleetyield_slurm_action_failures_total", ())] == 1
+    assert values[("fleetyield_scrape_errors_total", ())] == 1
+    assert values[("fleetyield_push_events_accepted_total", ())] == 2
+    assert values[("fleetyield_holds", (("rule", "drain_cap"),))] == 1
+    risks = {dict(k)["node"]: v for (n, k), v in values.items() if n == "fleetyield_node_risk"}
+    assert set(risks) == set(result.nodes)
+    gpus = [k for (n, k) in values if n == "fleetyield_gpu_risk"]
+    assert len(gpus) == sum(len(r.gpus) for r in result.risks.values()) and gpus

@@ -1,0 +1,349 @@
+"""SlurmCli on captured Slurm output, through the subprocess seam (a recording runner, no fake Slurm)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from slurm_fleetyield.adapters.slurm import (
+    CommandResult,
+    DryRunSlurm,
+    SlurmCli,
+    SlurmCommandError,
+    parse_gres,
+    parse_kv_line,
+    parse_nodes_text,
+    parse_reason,
+    parse_states,
+    parse_version,
+    run_command,
+)
+from slurm_fleetyield.core.model import WorkloadClass
+from slurm_fleetyield.core.plan import DrainNode, Plan, ResumeNode, UpdateNodes
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class Recorder:
+    """Answers commands from a table (first matching prefix wins) and records every argv it was given."""
+
+    def __init__(
+        self, table: dict[tuple[str, ...], CommandResult | Callable[[Sequence[str]], CommandResult]]
+    ):
+        self.table = table
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        argv = tuple(argv)
+        self.calls.append(argv)
+        for prefix, answer in self.table.items():
+            if argv[: len(prefix)] == prefix:
+                return answer(argv) if callable(answer) else answer
+        return CommandResult(0, "", "")
+
+
+def ok(stdout: str = "") -> CommandResult:
+    return CommandResult(0, stdout, "")
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+# ------------------------------------------------------------------------------------------------------
+# parsing
+# ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [("slurm 22.05.8\n", (22, 5, 8)), ("slurm-wlm 24.11.1", (24, 11, 1)), ("slurm 23.02", (23, 2, 0))],
+)
+def test_parse_version(text, version):
+    assert parse_version(text) == version
+
+
+@pytest.mark.parametrize(
+    ("gres", "expected"),
+    [
+        ("gpu:h100:8(S:0)", ("h100", 8)),
+        ("gpu:8(S:0-1)", (None, 8)),
+        ("gpu:a100:2(S:0,1),gpu:a100:2(S:1)", ("a100", 4)),
+        ("(null)", (None, 0)),
+        ("mps:100,gpu:l40s:4", ("l40s", 4)),
+        ("gpu", (None, 1)),
+    ],
+)
+def test_parse_gres(gres, expected):
+    assert parse_gres(gres) == expected
+
+
+def test_parse_states_marks_not_responding():
+    assert parse_states("IDLE+DRAIN") == {"IDLE", "DRAIN"}
+    assert parse_states("DOWN*+DRAIN") == {"DOWN", "DRAIN", "NOT_RESPONDING"}
+
+
+def test_kv_line_keeps_spaces_and_equals_inside_values():
+    fields = parse_kv_line("NodeName=a OS=Linux 6.1 #1 SMP  CfgTRES=cpu=4,mem=1G AllocTRES= Weight=3")
+    assert fields == {
+        "NodeName": "a",
+        "OS": "Linux 6.1 #1 SMP",
+        "CfgTRES": "cpu=4,mem=1G",
+        "AllocTRES": "",
+        "Weight": "3",
+    }
+
+
+def test_reason_with_user_suffix_and_free_text():
+    reason = parse_reason("NodeName=a State=IDLE Reason=bad PSU, ticket=INC-1 [alice@2026-01-11T21:58:40]")
+    assert (reason.text, reason.user, reason.time) == (
+        "bad PSU, ticket=INC-1",
+        "alice",
+        "2026-01-11T21:58:40",
+    )
+    assert parse_reason("NodeName=a State=IDLE Reason=no suffix here").text == "no suffix here"
+    assert parse_reason("NodeName=a State=IDLE") is None
+
+
+def test_nodes_22_05_text_fixture():
+    parsed = parse_nodes_text(fixture("scontrol_show_node_o_22.05_edgecases.txt"))
+    assert sorted(parsed) == ["cpu-01", "gpu-01", "gpu-02", "gpu-03"]
+    n1, _ = parsed["gpu-01"]
+    assert n1.states == {"IDLE"} and not n1.drained
+    assert n1.available_features == ("h100", "ib", "fy_tier_green") == n1.active_features
+    assert n1.admin_features == ("h100", "ib")
+    assert (n1.gpu_type, n1.gpu_count, n1.weight, n1.partitions) == ("h100", 8, 10, ("gpu", "debug"))
+    n2, d2 = parsed["gpu-02"]
+    assert n2.drained_by_us and n2.states == {"MIXED", "DRAIN"}
+    assert n2.reason == "fleetyield: fatal XID 79 on gpu 3 (GPU has fallen off the bus)"
+    assert (d2.reason_user, d2.reason_time) == ("root", "2026-01-12T10:02:13")
+    n3, d3 = parsed["gpu-03"]
+    assert n3.drained_by_other and n3.reason == "bad PSU, ticket=INC-4411 see https://wiki/x?a=b"
+    assert (
+        d3.reason_user == "alice" and n3.available_features == () and (n3.gpu_type, n3.gpu_count) == (None, 8)
+    )
+    c1, _ = parsed["cpu-01"]
+    assert c1.states == {"DOWN", "DRAIN", "NOT_RESPONDING"} and c1.gpu_count == 0
+
+
+def test_real_22_05_output_from_the_docker_cluster():
+    """Captured with ``docker exec slurmctld scontrol show node -o`` (slurm-wlm 22.05.8, Debian bookworm)."""
+    parsed = parse_nodes_text(fixture("scontrol_show_node_o_22.05_docker.txt"))
+    assert sorted(parsed) == ["gpu-h100-1", "gpu-h100-2", "gpu-l40s-1", "gpu-l40s-2"]
+    h100, detail = parsed["gpu-h100-1"]
+    assert (h100.gpu_type, h100.gpu_count, h100.weight) == ("h100", 8, 10)
+    assert h100.available_features == ("h100", "nvlink") == h100.active_features
+    assert (
+        h100.states == {"IDLE"}
+        and h100.partitions == ("gpu",)
+        and h100.reason == ""
+        and detail.reason_user is None
+    )
+    drained, detail = parse_nodes_text(fixture("scontrol_show_node_o_22.05_docker_drained.txt"))["gpu-l40s-2"]
+    assert drained.states == {"IDLE", "DRAIN"} and drained.drained_by_us
+    assert (
+        drained.reason == "fleetyield: fatal XID 79 on gpu 3 (fell off the bus)"
+        and detail.reason_user == "root"
+    )
+
+
+def test_real_squeue_json_from_the_docker_cluster():
+    runner = Recorder({("squeue", "--json"): ok(fixture("squeue_json_22.05_docker.json"))})
+    jobs = SlurmCli(runner=runner, version=(22, 5, 8)).read_jobs()
+    assert [(j.job_id, j.state, j.nodes, j.requeue, j.gpus) for j in jobs] == [
+        (1, "COMPLETED", ("gpu-l40s-1",), True, 2),
+        (2, "COMPLETED", ("gpu-l40s-1",), True, 2),
+    ]
+    assert runner.calls == [("squeue", "--json")]  # plain names need no hostlist expansion
+
+
+# ------------------------------------------------------------------------------------------------------
+# reads through the seam
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_read_nodes_uses_text_on_22_05():
+    runner = Recorder(
+        {
+            ("scontrol", "--version"): ok("slurm-wlm 22.05.8\n"),
+            ("scontrol", "show", "node", "-o"): ok(fixture("scontrol_show_node_o_22.05_edgecases.txt")),
+        }
+    )
+    slurm = SlurmCli(runner=runner)
+    nodes = slurm.read_nodes()
+    assert len(nodes) == 4
+    assert runner.calls == [("scontrol", "--version"), ("scontrol", "show", "node", "-o")]
+    assert slurm.node_details["gpu-03"].reason_user == "alice"
+    slurm.read_nodes()
+    assert runner.calls[-1] == ("scontrol", "show", "node", "-o")  # the version is asked once
+    assert len(runner.calls) == 3
+
+
+def test_read_nodes_uses_json_on_24_11():
+    runner = Recorder(
+        {
+            ("/opt/slurm/bin/scontrol", "--version"): ok("slurm 24.11.1\n"),
+            ("/opt/slurm/bin/scontrol", "show", "node", "--json"): ok(
+                fixture("scontrol_show_node_json_24.11.json")
+            ),
+        }
+    )
+    slurm = SlurmCli(bin_dir="/opt/slurm/bin", runner=runner)
+    nodes = slurm.read_nodes()
+    assert nodes["gpu-11"].available_features == ("h100", "ib", "fy_tier_yellow")
+    assert nodes["gpu-11"].weight == 40 and nodes["gpu-11"].reason == ""
+    assert nodes["gpu-12"].drained_by_us and nodes["gpu-12"].partitions == ("gpu", "debug")
+    assert slurm.node_details["gpu-12"].reason_user == "root"
+    assert slurm.node_details["gpu-11"].reason_user is None
+
+
+def test_read_nodes_failure_is_typed():
+    runner = Recorder(
+        {
+            ("scontrol", "--version"): ok("slurm 22.05.8"),
+            ("scontrol", "show"): CommandResult(
+                1, "", "slurm_load_node error: Unable to contact slurm controller"
+            ),
+        }
+    )
+    with pytest.raises(SlurmCommandError) as err:
+        SlurmCli(runner=runner).read_nodes()
+    assert err.value.returncode == 1 and "Unable to contact" in err.value.stderr
+    assert err.value.command == ("scontrol", "show", "node", "-o")
+
+
+def test_read_jobs_json_expands_hostlists_in_one_call():
+    def hostnames(argv):
+        return ok({"gpu-[01-02]": "gpu-01\ngpu-02\n"}[argv[3]])
+
+    runner = Recorder(
+        {
+            ("squeue", "--json"): ok(fixture("squeue_json_22.05.json")),
+            ("scontrol", "show", "hostnames"): hostnames,
+        }
+    )
+    slurm = SlurmCli(runner=runner, version=(22, 5, 8))
+    jobs = {j.job_id: j for j in slurm.read_jobs()}
+    assert jobs[101].nodes == ("gpu-01", "gpu-02") and jobs[101].workload is WorkloadClass.PRETRAIN
+    assert jobs[101].gpus == 16 and jobs[101].requeue and jobs[101].state == "RUNNING"
+    assert jobs[102].nodes == ("gpu-02",) and not jobs[102].requeue and jobs[102].workload is None
+    assert jobs[103].nodes == () and jobs[103].workload is WorkloadClass.DECODE
+    assert runner.calls == [("squeue", "--json"), ("scontrol", "show", "hostnames", "gpu-[01-02]")]
+    slurm.read_jobs()  # expansions are cached: no second hostnames call
+    assert runner.calls[-1] == ("squeue", "--json")
+
+
+def test_batched_expansion_falls_back_when_slurm_reorders():
+    def hostnames(argv):
+        if "," in argv[3] and "fyhostlistsep" in argv[3]:
+            return ok("a1\na2\nb1\nb2\nfyhostlistsep\nfyhostlistsep\n")  # sorted: boundaries lost
+        return ok({"a[1-2]": "a1\na2\n", "b[1-2]": "b1\nb2\n"}[argv[3]])
+
+    runner = Recorder({("scontrol", "show", "hostnames"): hostnames})
+    expanded = SlurmCli(runner=runner, version=(22, 5, 8)).expand_hostlists(["a[1-2]", "b[1-2]", "c9", ""])
+    assert expanded == {"a[1-2]": ("a1", "a2"), "b[1-2]": ("b1", "b2"), "c9": ("c9",)}
+    assert len(runner.calls) == 3
+
+
+def test_batched_expansion_in_one_call_when_order_is_kept():
+    runner = Recorder({("scontrol", "show", "hostnames"): ok("a1\na2\nfyhostlistsep\nb1\nfyhostlistsep\n")})
+    expanded = SlurmCli(runner=runner, version=(22, 5, 8)).expand_hostlists(["b[1]", "a[1-2]"])
+    assert expanded == {"a[1-2]": ("a1", "a2"), "b[1]": ("b1",)}
+    assert runner.calls == [("scontrol", "show", "hostnames", "a[1-2],fyhostlistsep,b[1],fyhostlistsep")]
+
+
+def test_read_jobs_falls_back_to_squeue_format_and_scontrol_requeue():
+    runner = Recorder(
+        {
+            ("squeue", "--json"): CommandResult(1, "", "squeue: unrecognized option '--json'"),
+            ("squeue", "-h", "-o"): ok("7|RUNNING|n1|gres/gpu:h100:4|fy:batch|x\n8|PENDING||N/A|(null)\n"),
+            ("scontrol", "show", "job", "-o"): ok(
+                "JobId=7 JobName=a UserId=u(1) Requeue=0 Restarts=0 JobState=RUNNING Comment=fy:batch|x\n"
+                "JobId=8 JobName=b UserId=u(1) Requeue=1 Restarts=0 JobState=PENDING\n"
+            ),
+        }
+    )
+    jobs = {j.job_id: j for j in SlurmCli(runner=runner, version=(22, 5, 8)).read_jobs()}
+    assert jobs[7].nodes == ("n1",) and not jobs[7].requeue and jobs[7].gpus == 4
+    assert jobs[7].workload is WorkloadClass.BATCH
+    assert jobs[8].requeue and jobs[8].nodes == () and jobs[8].gpus == 0
+    assert ("squeue", "-h", "-o", "%A|%T|%N|%b|%k") in runner.calls
+
+
+# ------------------------------------------------------------------------------------------------------
+# apply: the exact command lines
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_apply_builds_one_update_per_group_and_drain_then_requeue():
+    runner = Recorder({("scontrol", "show", "hostlist"): ok("gpu-[01-03]\n")})
+    slurm = SlurmCli(runner=runner, version=(22, 5, 8))
+    plan = Plan(
+        actions=(
+            UpdateNodes(("gpu-01", "gpu-02", "gpu-03"), ("h100", "fy_tier_green"), 10),
+            UpdateNodes(("gpu-04",), (), 1),
+            DrainNode("gpu-05", "fleetyield: fatal XID 79 on gpu 3", requeue_jobs=(11, 12)),
+            DrainNode("gpu-06", "fleetyield: retire"),
+            ResumeNode("gpu-07", "rehabilitated"),
+        )
+    )
+    report = slurm.apply(plan)
+    assert runner.calls == [
+        ("scontrol", "show", "hostlist", "gpu-01,gpu-02,gpu-03"),
+        (
+            "scontrol",
+            "update",
+            "NodeName=gpu-[01-03]",
+            "AvailableFeatures=h100,fy_tier_green",
+            "ActiveFeatures=h100,fy_tier_green",
+            "Weight=10",
+        ),
+        ("scontrol", "update", "NodeName=gpu-04", "AvailableFeatures=", "ActiveFeatures=", "Weight=1"),
+        ("scontrol", "update", "NodeName=gpu-05", "State=DRAIN", "Reason=fleetyield: fatal XID 79 on gpu 3"),
+        ("scontrol", "requeue", "11,12"),
+        ("scontrol", "update", "NodeName=gpu-06", "State=DRAIN", "Reason=fleetyield: retire"),
+        ("scontrol", "update", "NodeName=gpu-07", "State=RESUME"),
+    ]
+    assert report.calls == 7 and not report.failed and len(report.results) == 5
+
+
+def test_apply_records_a_failure_and_continues():
+    runner = Recorder(
+        {
+            ("scontrol", "update", "NodeName=bad"): CommandResult(
+                1, "", "slurm_update error: Invalid node name"
+            ),
+        }
+    )
+    slurm = SlurmCli(runner=runner, version=(22, 5, 8))
+    report = slurm.apply(Plan(actions=(ResumeNode("bad", "x"), ResumeNode("good", "y"))))
+    assert [r.ok for r in report.results] == [False, True]
+    assert "Invalid node name" in report.failed[0].detail
+    assert report.failed[0].command == ("scontrol", "update", "NodeName=bad", "State=RESUME")
+
+
+def test_dry_run_reads_but_never_writes():
+    runner = Recorder(
+        {
+            ("scontrol", "--version"): ok("slurm 22.05.8"),
+            ("scontrol", "show", "node", "-o"): ok(fixture("scontrol_show_node_o_22.05_edgecases.txt")),
+        }
+    )
+    dry = DryRunSlurm(SlurmCli(runner=runner))
+    assert len(dry.read_nodes()) == 4
+    before = list(runner.calls)
+    report = dry.apply(Plan(actions=(DrainNode("gpu-01", "fleetyield: x", (5,)), ResumeNode("gpu-02", "y"))))
+    assert runner.calls == before and report.calls == 0
+    assert report.results[0].command == ("scontrol", "requeue", "5")
+
+
+def test_run_command_timeout_and_missing_binary(tmp_path):
+    with pytest.raises(SlurmCommandError) as err:
+        run_command([str(tmp_path / "no-such-scontrol")], 1.0)
+    assert err.value.returncode == 127
+    with pytest.raises(SlurmCommandError) as err:
+        run_command(["sleep", "5"], 0.05)
+    assert err.value.returncode is None and "timed out" in err.value.stderr
+    assert run_command(["echo", "hi"], 5.0).stdout == "hi\n"

@@ -1,0 +1,149 @@
+"""The CLI through click's CliRunner: read commands against a committed store (daemon down) and the API."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
+from slurm_fleetyield.adapters.scrape import parse_exposition
+from slurm_fleetyield.adapters.slurm import CommandResult, SlurmCli
+from slurm_fleetyield.adapters.store import LogRow, Store
+from slurm_fleetyield.adapters.views import render_result
+from slurm_fleetyield.cli import main
+from slurm_fleetyield.core.loop import tick
+from slurm_fleetyield.core.model import Observations
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.ports import ApplyReport
+
+FIXTURES = Path(__file__).parent / "adapters" / "fixtures"
+NOW = 1_768_212_200.0
+
+
+@pytest.fixture
+def cfg(tmp_path) -> Path:
+    """A config whose store holds one committed tick (as left by a daemon that is now down)."""
+    db = tmp_path / "fy.db"
+    text = (FIXTURES / "scontrol_show_node_o_22.05_edgecases.txt").read_text()
+    nodes = SlurmCli(runner=lambda a, t: CommandResult(0, text, ""), version=(22, 5, 8)).read_nodes()
+    sample = parse_exposition((FIXTURES / "agent_fake_h100_2gpu_xid48.txt").read_text(), "gpu-01", NOW)
+    result = tick(
+        ControllerState.empty(), Observations(NOW, nodes, {"gpu-01": sample}), Params(), NOW, random.Random(0)
+    )
+    store = Store(db)
+    view = render_result(5, NOW, result, ApplyReport(), {"gpu-01": sample}, dry_run=True, duration_s=0.1)
+    store.commit_tick(
+        5,
+        NOW,
+        result.state.to_dict(),
+        (),
+        [LogRow(NOW, e.kind, e.node, e.message) for e in result.events]
+        + [
+            LogRow(NOW, "applied", "gpu-02", "scontrol update NodeName=gpu-02 ..."),
+            LogRow(NOW, "dry_run", "gpu-01", "x"),
+        ],
+        view,
+    )
+    store.close()
+    path = tmp_path / "fy.toml"
+    path.write_text(f'[store]\npath = "{db}"\n')
+    return path
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_status_table_from_the_store(cfg):
+    code, out = invoke("status", "--config", str(cfg))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("tick 5 (") and "DRY-RUN" in lines[0] and "4 nodes" in lines[0]
+    assert any(line.startswith("HOLD gpu-01 drain (drain_cap)") for line in lines)
+    header = next(line for line in lines if line.startswith("NODE"))
+    assert header.split() == ["NODE", "TIER", "RISK", "FEATURES", "WEIGHT", "SLURM", "REASON"]
+    gpu02 = next(line for line in lines if line.startswith("gpu-02"))
+    assert "quarantined" in gpu02 and "fy_tier_quarantined" in gpu02 and "fleetyield: fatal XID 79" in gpu02
+
+
+def test_status_and_nodes_json(cfg):
+    code, out = invoke("status", "--config", str(cfg), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["tick"] == 5 and len(doc["nodes"]) == 4 and doc["inbox"]["pending"] == 0
+    code, out = invoke("nodes", "--config", str(cfg), "--json")
+    assert {r["node"]: r["tier"] for r in json.loads(out)}["gpu-02"] == "quarantined"
+
+
+def test_explain(cfg):
+    code, out = invoke("explain", "gpu-01", "--config", str(cfg))
+    assert code == 0 and out.startswith("node gpu-01: tier ")
+    code, out = invoke("explain", "gpu-01", "--config", str(cfg), "--json")
+    assert json.loads(out)["node"] == "gpu-01"
+    code, out = invoke("explain", "nope", "--config", str(cfg))
+    assert code == 1 and "not in the last committed tick" in out
+
+
+def test_events(cfg):
+    code, out = invoke("events", "--config", str(cfg), "--limit", "2", "--json")
+    assert code == 0 and len(json.loads(out)) == 2
+    code, out = invoke("events", "--config", str(cfg))
+    assert code == 0 and "tick=5" in out
+
+
+def test_read_commands_through_the_api(cfg):
+    store = Store(cfg.parent / "fy.db")
+    server = ApiServer("127.0.0.1", 0, StoreReadModel(store))
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        code, out = invoke("status", "--api", url)
+        assert code == 0 and out.startswith("tick 5 (")
+        code, out = invoke("explain", "gpu-02", "--api", url, "--json")
+        assert json.loads(out)["tier"] == "quarantined"
+        code, out = invoke("events", "--api", url, "--limit", "1", "--json")
+        assert len(json.loads(out)) == 1
+        code, out = invoke("explain", "nope", "--api", url)
+        assert code == 1 and "HTTP 404" in out
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_no_store_yet(tmp_path):
+    path = tmp_path / "fy.toml"
+    path.write_text(f'[store]\npath = "{tmp_path / "none.db"}"\n')
+    code, out = invoke("status", "--config", str(path))
+    assert code == 1 and "no such database" in out
+
+
+def test_validate_config(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text("[loop]\ninterval_s = 10\n")
+    assert invoke("validate-config", str(good)) == (0, f"{good}: ok\n")
+    code, out = invoke("validate-config", str(good), "--json")
+    assert json.loads(out)["loop"]["interval_s"] == 10
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[loop]\ninterval_s = 0\n")
+    code, out = invoke("validate-config", str(bad))
+    assert code == 1 and f"{bad}: loop.interval_s: Input should be greater than 0 (got 0)" in out
+
+
+def test_run_once_dry_run_with_unreachable_slurm(tmp_path):
+    path = tmp_path / "fy.toml"
+    path.write_text(
+        f'[store]\npath = "{tmp_path / "fy.db"}"\n[api]\nenabled = false\n[slurm]\nbin_dir = "{tmp_path}"\n'
+    )
+    code, out = invoke("run", "--config", str(path), "--once", "--dry-run", "--log-level", "error")
+    assert code == 0 and "tick 1: slurm_ok=False nodes=0 actions=0" in out
+    assert Store(tmp_path / "fy.db").load_state().tick == 1
+
+
+def test_example_config_command():
+    code, out = invoke("example-config")
+    assert code == 0 and "[sense]" in out and 'url_template = "http://{node}:9400/metrics"' in out

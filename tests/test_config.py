@@ -1,0 +1,125 @@
+"""Config loading: defaults, two-pass validation, errors naming file/field/value, the example file."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from slurm_fleetyield import config
+from slurm_fleetyield.config import Config, ConfigError, example_toml, load, read_secret
+
+EXAMPLE = Path(__file__).parents[1] / "contrib" / "fleetyield.example.toml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fy.toml"
+    path.write_text(text)
+    return path
+
+
+def test_empty_file_is_all_defaults(tmp_path):
+    cfg = load(write(tmp_path, ""))
+    assert cfg == Config()
+    assert cfg.sense.url_template == "http://{node}:9400/metrics" and not cfg.push.active
+
+
+def test_values_are_read(tmp_path):
+    cfg = load(
+        write(
+            tmp_path,
+            '[slurm]\ndry_run = true\nbin_dir = "/opt/slurm/bin"\n[push]\nsecret_file = "/etc/fy/secret"\n'
+            "[core.quarantine]\ndrain_cap_fraction = 0.2\n",
+        )
+    )
+    assert cfg.slurm.dry_run and cfg.slurm.bin_dir == "/opt/slurm/bin" and cfg.push.active
+    assert cfg.core.quarantine.drain_cap_fraction == 0.2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[loop]\ninterval_s = -5\n", "loop.interval_s: Input should be greater than 0 (got -5)"),
+        ('[sense]\nurl_template = "http://x/metrics"\n', "url_template must contain '{node}'"),
+        ("[slurm]\ndry_rn = true\n", "slurm.dry_rn: Extra inputs are not permitted (got True)"),
+        ("[push]\nenabled = true\n", "secret_file is required"),
+        ("[loop]\nbackoff_initial_s = 10\nbackoff_max_s = 1\n", "backoff_max_s=1.0 is below"),
+        ('[core.risk]\nsignals = ["bogus"]\n', "unknown risk signal 'bogus'"),
+        ('[sense]\nhostname_label = "HOST"\n', "sense.hostname_label"),
+        ('[api]\nport = 9402\n[push]\nsecret_file = "s"\n', "push.port and api.port are both 9402"),
+        ("[loop\n", "not valid TOML"),
+    ],
+)
+def test_errors_name_file_field_and_value(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value).startswith(f"{path}: ") and expected in str(err.value)
+
+
+def test_cross_field_rules_run_after_field_checks(tmp_path):
+    # a bad field and a cross-field violation: the field error is reported, not a confusing derived one
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, "[loop]\nbackoff_initial_s = -1\nbackoff_max_s = -2\n"))
+    assert "greater than 0" in str(err.value) and "is below" not in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "absent.toml")
+
+
+def test_secret_file(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("  abc\n")
+    secret.chmod(0o600)
+    assert read_secret(secret) == b"abc"
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match="group/world accessible"):
+        read_secret(secret)
+    secret.write_text("\n")
+    secret.chmod(0o600)
+    with pytest.raises(ConfigError, match="empty"):
+        read_secret(secret)
+
+
+def _leaves(model: BaseModel, prefix: str = "") -> list[str]:
+    out = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out += _leaves(value, f"{prefix}{name}.")
+        else:
+            out.append(prefix + name)
+    return out
+
+
+def test_example_documents_every_option_and_loads():
+    text = EXAMPLE.read_text()
+    assert load(EXAMPLE) == Config()
+    data = tomllib.loads(text)
+    for leaf in _leaves(Config()):
+        *tables, key = leaf.split(".")
+        section = f"[{'.'.join(tables)}]"
+        assert section in text, f"{section} missing from the example"
+        body = text.split(section, 1)[1].split("\n[", 1)[0]
+        assert f"\n{key} = " in body or f"\n# {key} = " in body, f"{leaf} is not documented in the example"
+    assert data["sense"]["url_template"] == "http://{node}:9400/metrics"
+
+
+def test_example_is_current():
+    """Regenerate with: fleetyield example-config > contrib/fleetyield.example.toml"""
+    assert EXAMPLE.read_text() == example_toml()
+
+
+def test_every_field_is_described():
+    def walk(model: type[BaseModel], path: str) -> None:
+        for name, info in model.model_fields.items():
+            assert info.description, f"{path}{name} has no description"
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel) and not path.startswith("core"):
+                walk(ann, f"{path}{name}.")
+
+    walk(config.Config, "")
