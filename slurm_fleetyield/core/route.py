@@ -16,7 +16,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 | fy_hbm_full        | no GPU has a remap failure or pending remap, lost framebuffer capacity, or too     |
 |                    | many uncorrectable remapped rows                                                   |
 | fy_ok_batch        | tier green, yellow or probation (checkpointable work may use marginal nodes)       |
-| fy_ok_train        | tier green and fy_nvlink_full (pretraining gangs)                                  |
+| fy_ok_train        | tier green and NVLink intact: fy_nvlink_full, or a board without NVLink (L40S...)  |
+|                    | (gangs that need NVLink also ask for fy_nvlink_full explicitly)                    |
 | fy_ok_finetune     | tier green and fy_hbm_full                                                         |
 | fy_ok_decode       | tier green, fy_nonpremium and fy_hbm_full (decode never on premium GPUs)           |
 | fy_canary          | tier canary (only rehabilitation probes)                                           |
@@ -51,7 +52,7 @@ def fy_features(tier: Tier, env: Envelope) -> tuple[str, ...]:
     if tier in OK_BATCH_TIERS:
         f.append(f"{FY_PREFIX}ok_batch")
     if tier is Tier.GREEN:
-        if env.nvlink_full:
+        if env.nvlink_full or not env.nvlink:
             f.append(f"{FY_PREFIX}ok_train")
         if env.hbm_full:
             f.append(f"{FY_PREFIX}ok_finetune")

@@ -27,9 +27,11 @@ def test_premium_list_is_configurable():
     assert env.premium
 
 
-def test_pcie_board_has_no_nvlink():
+def test_pcie_board_has_no_nvlink_but_may_train():
+    # No NVLink to degrade: the board keeps fy_ok_train (default, green-only work) but never fy_nvlink_full,
+    # which gangs that need NVLink ask for explicitly.
     env, d = _env(Fleet(1, model=A100_PCIE))
-    assert not env.nvlink and "fy_nvlink_full" not in d.fy_features and "fy_ok_train" not in d.fy_features
+    assert not env.nvlink and "fy_nvlink_full" not in d.fy_features and "fy_ok_train" in d.fy_features
 
 
 def test_nvlink_crc_growth_removes_nvlink_full_and_ok_train():
