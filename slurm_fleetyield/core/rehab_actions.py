@@ -1,0 +1,113 @@
+"""Rehabilitation effects as data: the actions the lifecycle decides besides drains and resumes.
+
+Input: nothing (types only). Output: frozen action dataclasses, each with a ``kind`` like the actions of
+``core/plan.py``, that an executor turns into commands. Unlike ``UpdateNodes`` these are NOT safe to repeat
+(a second reboot is a second outage), so the lifecycle emits each of them once, on the transition that
+decides it, and never re-asserts them; an executor failure comes back as an event (REMEDIATION_FAILED).
+
+How an executor runs them (the core never does):
+
+| action         | command                                                                              |
+|----------------|--------------------------------------------------------------------------------------|
+| ResetGpu       | agent request ``reset`` per GPU (``fleetyield-agent reset --gpu N``; nvml: ``nvidia-smi |
+|                | --gpu-reset -i N``); ``gpus == ()`` means every GPU of the node                        |
+| RebootNode     | ``scontrol reboot Reason=<reason> <node>``: no ``ASAP``, no ``nextstate``, see below    |
+| PowerCycle     | Redfish ``ComputerSystem.Reset`` ``PowerCycle`` (Redfish issue; disabled until then)    |
+| SubmitCanary   | ``count`` x ``sbatch -w <node> --constraint=fy_canary --exclusive --time=<limit>``      |
+|                | ``--job-name=fy_canary_<token> --comment=fy:canary fleetyield-agent check``            |
+| CancelCanaries | ``scancel --name=fy_canary_<token>`` (pending or running canaries of an abandoned round) |
+
+Why ``RebootNode`` has no ``ASAP`` and no ``nextstate=RESUME``: the lifecycle only reboots a node that
+Slurm already shows DRAINED (by us, no jobs left), so ASAP's extra drain buys nothing, and both ASAP (whose
+default ``nextstate`` is UNDRAIN since Slurm 23.x) and ``nextstate=RESUME`` clear the drain when the node
+comes back, at a moment we do not choose, with our reason erased: the node would then look exactly like one an
+admin resumed. A plain reboot of a drained node keeps DRAIN and our reason; the lifecycle resumes the node
+itself, as the CANARY entry, after the agent is fresh again. (To verify on the docker cluster, 22.05.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_fleetyield.core.plan import DrainNode, ResumeNode
+
+
+@dataclass(frozen=True, slots=True)
+class ResetGpu:
+    """Ask the node's agent to reset GPUs (the fake backend clears faults its scenario says a reset fixes)."""
+
+    node: str
+    gpus: tuple[int, ...]  # () = every GPU of the node (the faulty one is unknown)
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "reset_gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class RebootNode:
+    """Reboot a node Slurm shows drained by us; the drain and our reason survive the reboot."""
+
+    node: str
+    reason: str
+    next_state: str | None = None  # None: keep DRAIN (see the module doc before changing it)
+
+    @property
+    def kind(self) -> str:
+        return "reboot"
+
+
+@dataclass(frozen=True, slots=True)
+class PowerCycle:
+    """Power cycle through the BMC (Redfish). Emitted only when ``power_cycle_enabled``."""
+
+    node: str
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "power_cycle"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitCanary:
+    """Submit ``count`` short canary jobs pinned to ``node``; ``token`` names this canary round.
+
+    Outcomes come back as CANARY_PASSED / CANARY_FAILED events carrying the token, read from the jobs' name
+    (``fy_canary_<token>``): a result of an older round never counts, even after a controller restart.
+    """
+
+    node: str
+    count: int
+    token: str
+    time_limit_s: float
+
+    @property
+    def job_name(self) -> str:
+        return f"fy_canary_{self.token}"
+
+    @property
+    def kind(self) -> str:
+        return "submit_canary"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCanaries:
+    """Cancel the canary jobs of an abandoned round (the node failed, or left our hands)."""
+
+    node: str
+    token: str
+
+    @property
+    def job_name(self) -> str:
+        return f"fy_canary_{self.token}"
+
+    @property
+    def kind(self) -> str:
+        return "cancel_canary"
+
+
+RehabAction = ResetGpu | RebootNode | PowerCycle | SubmitCanary | CancelCanaries
+LifecycleAction = RehabAction | DrainNode | ResumeNode
+"""Everything ``lifecycle.step`` may emit."""
