@@ -1,0 +1,165 @@
+#!/bin/bash
+# Entrypoint of the FleetYield docker Slurm cluster image (runs under tini).
+#   fleetyield-entrypoint mariadb|slurmdbd|slurmctld|slurmd|controller|shell [args...]
+# slurmd role: runs slurmd AND the FleetYield node agent; the agent is restarted with backoff
+# when it exits, slurmd exiting ends the container (the compose restart policy brings it back).
+set -uo pipefail
+ROLE=${1:-shell}
+shift || true
+DB_PASS=${FLEETYIELD_DB_PASS:-fleetyield-test}
+
+log() { echo "[fleetyield-entrypoint $(hostname) $ROLE $(date +%T)] $*" >&2; }
+
+wait_for() { # description command... : poll until the command succeeds (5 min deadline)
+  local what=$1 deadline=$((SECONDS + 300))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { log "gave up waiting for $what"; exit 1; }
+    sleep 0.5
+  done
+}
+# Ask the daemons themselves (a bare TCP probe makes slurmctld log "Zero Bytes were transmitted").
+slurmctld_up() { scontrol ping | grep -q 'is UP'; }
+
+setup_munge() {
+  # One key for the cluster, created by whoever comes first, on the shared munge-key volume.
+  local key=/etc/munge-shared/munge.key
+  (
+    flock 9
+    if [[ ! -s $key ]]; then
+      log "creating munge key"
+      dd if=/dev/urandom of="$key.tmp" bs=1024 count=1 status=none && mv "$key.tmp" "$key"
+    fi
+  ) 9>/etc/munge-shared/.lock
+  install -o munge -g munge -m 0400 "$key" /etc/munge/munge.key
+  install -d -o munge -g munge -m 0755 /run/munge
+  runuser -u munge -- /usr/sbin/munged --force
+  local deadline=$((SECONDS + 30))
+  until munge -n </dev/null | unmunge >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { log "munged not working"; exit 1; }
+    sleep 0.2
+  done
+}
+
+# Run "$@" in the foreground as the container's main process, forwarding TERM/INT.
+# Helper processes listed in HELPERS are stopped when it ends.
+HELPERS=()
+main_process() {
+  "$@" &
+  local main=$!
+  local stopping=0
+  trap 'log "stopping"; stopping=1; kill -TERM $main "${HELPERS[@]}" 2>/dev/null' TERM INT
+  wait $main; local rc=$?
+  # wait returns early (>128) when a trapped signal arrives: wait for the real exit.
+  while kill -0 $main 2>/dev/null; do wait $main; rc=$?; done
+  if ((${#HELPERS[@]})); then
+    kill -TERM "${HELPERS[@]}" 2>/dev/null
+    wait "${HELPERS[@]}" 2>/dev/null
+  fi
+  if ((stopping)); then log "$1 stopped"; exit 0; fi
+  log "$1 exited with status $rc"
+  exit $rc
+}
+
+# Keep "$@" running: restart it with exponential backoff (1 s .. 30 s; reset after 60 s of uptime).
+supervise() { # name cmd...
+  local name=$1 child=0 backoff=1 started rc
+  shift
+  (
+    trap 'kill -TERM $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM INT
+    while :; do
+      started=$SECONDS
+      "$@" &
+      child=$!
+      wait $child; rc=$?
+      ((SECONDS - started > 60)) && backoff=1
+      log "$name exited with status $rc; restarting in ${backoff} s"
+      sleep $backoff & wait $!
+      backoff=$((backoff < 30 ? backoff * 2 : 30))
+    done
+  ) &
+  HELPERS+=($!)
+}
+
+case "$ROLE" in
+mariadb)
+  install -d -o mysql -g mysql /run/mysqld
+  if [[ ! -d /var/lib/mysql/mysql ]]; then
+    log "initialising MariaDB datadir"
+    mariadb-install-db --user=mysql --datadir=/var/lib/mysql --skip-test-db >/dev/null
+  fi
+  chown -R mysql:mysql /var/lib/mysql
+  mariadbd --user=mysql --bind-address=0.0.0.0 --innodb-lock-wait-timeout=900 \
+    --innodb-buffer-pool-size=512M --skip-name-resolve &
+  db=$!
+  trap 'kill -TERM $db' TERM INT
+  deadline=$((SECONDS + 120))
+  until mariadb-admin ping --silent 2>/dev/null; do
+    kill -0 $db 2>/dev/null || { log "mariadbd died"; exit 1; }
+    ((SECONDS < deadline)) || { log "mariadbd did not answer"; exit 1; }
+    sleep 0.3
+  done
+  mariadb <<SQL
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'%' IDENTIFIED BY '$DB_PASS';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'%';
+FLUSH PRIVILEGES;
+SQL
+  log "MariaDB ready"
+  touch /run/fleetyield-ready
+  wait $db; rc=$?
+  while kill -0 $db 2>/dev/null; do wait $db; rc=$?; done
+  exit $rc
+  ;;
+slurmdbd)
+  setup_munge
+  deadline=$((SECONDS + 300))
+  until mariadb -h mariadb -u slurm -p"$DB_PASS" -e 'SELECT 1' slurm_acct_db >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { log "MariaDB not reachable"; exit 1; }
+    sleep 0.5
+  done
+  main_process slurmdbd -D
+  ;;
+slurmctld)
+  setup_munge
+  install -d -o slurm -g slurm /var/spool/slurmctld
+  wait_for slurmdbd sacctmgr -n list cluster format=cluster
+  # slurmctld registers itself too, but only once it is up; register first so the first jobs
+  # are accounted.  Fails harmlessly when the cluster exists.
+  sacctmgr -i add cluster "$(sed -n 's/^ClusterName=//p' /etc/slurm/slurm.conf)" >/dev/null 2>&1 || true
+  main_process slurmctld -D
+  ;;
+slurmd)
+  setup_munge
+  # Fake GPUs: character devices (major 195 like /dev/nvidiaN) for gres.conf File=.
+  for ((i = 0; i < ${FLEETYIELD_GPUS:-8}; i++)); do
+    [[ -c /dev/nvidia$i ]] || mknod -m 0666 "/dev/nvidia$i" c 195 "$i"
+  done
+  install -d /var/spool/slurmd /var/lib/fleetyield-agent /run/fleetyield/hpc-jobs
+  if command -v fleetyield-agent >/dev/null && fleetyield-agent --help >/dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    supervise fleetyield-agent fleetyield-agent serve --backend fake \
+      --gpus "${FLEETYIELD_GPUS:-8}" --model "${FLEETYIELD_GPU_MODEL:-h100}" \
+      --seed "${FLEETYIELD_AGENT_SEED:-0}" --hostname "$(hostname)" --port 9400 \
+      --state-dir /var/lib/fleetyield-agent --hpc-job-mapping-dir /run/fleetyield/hpc-jobs \
+      ${FLEETYIELD_AGENT_EXTRA_ARGS:-}
+  else
+    log "WARNING: fleetyield-agent is not installed in this image; node agent not started"
+  fi
+  wait_for slurmctld slurmctld_up
+  main_process slurmd -D
+  ;;
+controller)
+  # The FleetYield controller: slurm client + munge key + /etc/fleetyield/fleetyield.toml.
+  setup_munge
+  wait_for slurmctld slurmctld_up
+  if (($# == 0)); then set -- fleetyield --help; fi
+  main_process "$@"
+  ;;
+shell)
+  exec bash "$@"
+  ;;
+*)
+  exec "$ROLE" "$@"
+  ;;
+esac

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Bring up the FleetYield docker Slurm cluster and wait until every node is idle.
+#   up.sh [--build-only]
+# Idempotent: re-running on a running cluster rebuilds what changed and recreates changed containers.
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+T0=$SECONDS
+mkdir -p "$BUILD_DIR" "$STATE_DIR"
+
+# ---- 1. host tools -------------------------------------------------------------------------
+ensure_host_tools() {
+  local missing=()
+  command -v docker >/dev/null || missing+=(docker.io)
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v docker-compose >/dev/null || missing+=(docker-compose)
+  command -v iptables >/dev/null || missing+=(iptables)
+  if [[ $BASE_IMAGE == "$LOCAL_BASE_IMAGE" ]]; then
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+  fi
+  ((${#missing[@]} == 0)) && return 0
+  [[ $(id -u) == 0 ]] || die "missing ${missing[*]}; install them (needs root)"
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null
+}
+
+# ---- 2. docker daemon ----------------------------------------------------------------------
+ensure_dockerd() {
+  pick_docker && return 0
+  [[ $(id -u) == 0 ]] || die "no docker daemon reachable and not root: start docker first"
+  log "no docker daemon running: starting dockerd (down.sh will stop it)"
+  nohup dockerd >"$STATE_DIR/dockerd.log" 2>&1 &
+  echo $! >"$STATE_DIR/dockerd.pid"
+  local deadline=$((SECONDS + 90))
+  until pick_docker; do
+    ((SECONDS < deadline)) || { tail -30 "$STATE_DIR/dockerd.log" >&2; die "dockerd did not come up in 90 s"; }
+    kill -0 "$(cat "$STATE_DIR/dockerd.pid")" 2>/dev/null \
+      || { tail -30 "$STATE_DIR/dockerd.log" >&2; die "dockerd exited"; }
+    sleep 0.5
+  done
+  log "dockerd up ($DOCKER)"
+}
+
+# ---- 3. base image (no registry: debootstrap + docker import) -------------------------------
+ensure_base_image() {
+  "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1 && return 0
+  [[ $BASE_IMAGE == "$LOCAL_BASE_IMAGE" ]] || die "base image $BASE_IMAGE not present (docker pull it)"
+  local tarball="$BUILD_DIR/rootfs-$DEBIAN_SUITE.tar"
+  if [[ ! -s $tarball ]]; then
+    local dir="$BUILD_DIR/rootfs-$DEBIAN_SUITE"
+    rm -rf "$dir"
+    log "debootstrap $DEBIAN_SUITE (minbase) -> $dir"
+    debootstrap --variant=minbase "$DEBIAN_SUITE" "$dir" http://deb.debian.org/debian >"$BUILD_DIR/debootstrap.log" 2>&1 \
+      || { tail -30 "$BUILD_DIR/debootstrap.log" >&2; die "debootstrap failed"; }
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+    tar -C "$dir" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+    rm -rf "$dir"
+  fi
+  log "importing $tarball as $BASE_IMAGE"
+  "$DOCKER" import "$tarball" "$BASE_IMAGE" >/dev/null
+}
+
+# ---- 4. wheelhouse (containers never reach PyPI) -------------------------------------------
+host_python() {
+  if [[ ! -x $REPO_ROOT/.venv/bin/pip ]]; then
+    log "creating $REPO_ROOT/.venv"
+    python3 -m venv "$REPO_ROOT/.venv"
+    "$REPO_ROOT/.venv/bin/pip" install -q -e "$REPO_ROOT[dev]"
+  fi
+  echo "$REPO_ROOT/.venv/bin/python"
+}
+
+build_wheelhouse() {
+  local py deps key
+  py=$(host_python)
+  deps=$("$py" - "$REPO_ROOT/pyproject.toml" <<'PY'
+import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+PY
+)
+  key=$(printf '%s\n%s\n' "$IMAGE_PYTHON" "$deps" | sha256sum | cut -c1-16)
+  local wdir="$BUILD_DIR/wheels/py$IMAGE_PYTHON"
+  if [[ $(cat "$wdir/deps/.key" 2>/dev/null) != "$key" ]]; then
+    log "downloading third-party wheels for python $IMAGE_PYTHON"
+    rm -rf "$wdir/deps" && mkdir -p "$wdir/deps"
+    local abi="cp${IMAGE_PYTHON/./}"
+    # shellcheck disable=SC2086
+    "$py" -m pip download -q --disable-pip-version-check -d "$wdir/deps" \
+      --only-binary=:all: --python-version "$IMAGE_PYTHON" --implementation cp \
+      --abi "$abi" --abi abi3 --abi none \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 \
+      --platform manylinux1_x86_64 --platform linux_x86_64 --platform any \
+      $(echo "$deps" | tr '\n' ' ') >"$BUILD_DIR/pip-download.log" 2>&1 \
+      || { grep -v 'is ignored' "$BUILD_DIR/pip-download.log" | tail -30 >&2; die "pip download failed"; }
+    echo "$key" >"$wdir/deps/.key"
+  fi
+  # The project wheel, built from a clean copy of the sources (setuptools' build/lib in the
+  # tree can hold stale modules) with fixed timestamps, so an unchanged tree gives a
+  # byte-identical wheel and docker reuses the cached layer (containers are not recreated).
+  log "building the fleetyield wheel"
+  local src="$BUILD_DIR/src"
+  rm -rf "$src" "$wdir/project" && mkdir -p "$src" "$wdir/project"
+  local pkgs
+  pkgs=$("$py" - "$REPO_ROOT/pyproject.toml" <<'PY'
+import sys, tomllib
+cfg = tomllib.load(open(sys.argv[1], "rb"))
+inc = cfg.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {}).get("include", [])
+print(" ".join(sorted({p.split(".")[0].rstrip("*") for p in inc})))
+PY
+)
+  # shellcheck disable=SC2046,SC2086
+  (cd "$REPO_ROOT" && tar -c --exclude=__pycache__ --exclude='*.pyc' \
+      pyproject.toml $(ls -d README* LICENSE* setup.cfg setup.py 2>/dev/null) $pkgs) | tar -x -C "$src"
+  SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel -q --disable-pip-version-check --no-deps \
+    -w "$wdir/project" "$src" >"$BUILD_DIR/wheel.log" 2>&1 \
+    || { cat "$BUILD_DIR/wheel.log" >&2; die "building the wheel failed"; }
+  rm -rf "$src"
+}
+
+build_image() {
+  log "docker build $FLEETYIELD_IMAGE (base $BASE_IMAGE, Slurm $SLURM_VERSION)"
+  "$DOCKER" build -q -t "$FLEETYIELD_IMAGE" \
+    --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg SLURM_VERSION="$SLURM_VERSION" \
+    --build-arg WHEELS="build/wheels/py$IMAGE_PYTHON" \
+    "$CLUSTER_DIR" >"$BUILD_DIR/docker-build.log" 2>&1 \
+    || { tail -40 "$BUILD_DIR/docker-build.log" >&2; die "docker build failed (log: $BUILD_DIR/docker-build.log)"; }
+}
+
+# ---- 5. start and wait ---------------------------------------------------------------------
+diagnose() {
+  log "---- diagnostics ----"
+  compose ps >&2 || true
+  local c
+  for c in mariadb slurmdbd slurmctld "${NODES[@]}"; do
+    echo "----- docker logs --tail 25 $c -----" >&2
+    "$DOCKER" logs --tail 25 "$c" >&2 2>&1 || true
+  done
+  echo "----- sinfo -----" >&2
+  "$DOCKER" exec slurmctld sinfo -N -l >&2 2>&1 || true
+  "$DOCKER" exec slurmctld scontrol show node -o >&2 2>&1 || true
+}
+
+wait_idle() {
+  local deadline=$((SECONDS + ${UP_TIMEOUT:-300})) last="" now
+  log "waiting for ${#NODES[@]} nodes to be idle (timeout ${UP_TIMEOUT:-300} s)"
+  while :; do
+    now=$("$DOCKER" exec slurmctld sinfo -h -N -o '%N=%t' 2>/dev/null | sort -u | tr '\n' ' ' || true)
+    if [[ $now != "$last" ]]; then log "sinfo: ${now:-(slurmctld not answering yet)}"; last=$now; fi
+    local n st idle=0 settled=0 busy=()
+    for n in "${NODES[@]}"; do
+      st=$(grep -o " $n=[^ ]*" <<<" $now" | cut -d= -f2 || true)
+      [[ $st == idle ]] && idle=$((idle + 1))
+      # Registered and responding, but not idle (drained by FleetYield, running jobs, ...).
+      if [[ -n $st && $st != *'*'* && ! $st =~ ^(unk|down|inval|fail|idle) ]]; then busy+=("$n=$st"); fi
+      [[ -n $st && $st != *'*'* && ! $st =~ ^(unk|down|inval|fail) ]] && settled=$((settled + 1))
+    done
+    ((idle == ${#NODES[@]})) && return 0
+    # A node kept DRAINED in slurmctld's saved state (or busy with jobs) will not turn idle by
+    # waiting: accept a cluster where every node has registered, after 15 s, with a warning.
+    if ((settled == ${#NODES[@]})); then
+      : "${settled_since:=$SECONDS}"
+      if ((SECONDS - settled_since >= 15)); then
+        log "WARNING: registered but not idle: ${busy[*]} (resume with:" \
+          "docker exec slurmctld scontrol update nodename=<node> state=resume)"
+        return 0
+      fi
+    else
+      unset settled_since
+    fi
+    ((SECONDS < deadline)) || { diagnose; die "cluster not idle after ${UP_TIMEOUT:-300} s"; }
+    sleep 1
+  done
+}
+
+ensure_host_tools
+ensure_dockerd
+ensure_base_image
+build_wheelhouse
+build_image
+if [[ ${1:-} == --build-only ]]; then log "built $FLEETYIELD_IMAGE in $((SECONDS - T0)) s"; exit 0; fi
+log "starting containers (compose project $COMPOSE_PROJECT_NAME)"
+compose up -d --remove-orphans 2>&1 | sed 's/^/  /' >&2
+wait_idle
+log "cluster up: ${#NODES[@]} nodes registered after $((SECONDS - T0)) s"
