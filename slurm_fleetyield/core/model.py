@@ -10,9 +10,43 @@ dcgm-exporter fleet and the Prometheus path all feed the same decision code unch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+def fast_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass a faster ``__init__`` (same signature, defaults and result).
+
+    The generated frozen ``__init__`` goes through ``object.__setattr__`` by name for every field; this one
+    calls each slot's descriptor directly, about twice as fast. The class stays frozen (assignment raises),
+    hashable and equal by value. Used on the types a 100k-GPU tick builds hundreds of thousands of.
+    """
+    ns: dict[str, Any] = {"_MISSING": MISSING}
+    params, body = [], []
+    for f in fields(cls):  # type: ignore[arg-type]
+        n = f.name
+        ns[f"_s_{n}"] = getattr(cls, n).__set__
+        if f.default is not MISSING:
+            ns[f"_d_{n}"] = f.default
+            params.append(f"{n}=_d_{n}")
+        elif f.default_factory is not MISSING:
+            ns[f"_f_{n}"] = f.default_factory
+            params.append(f"{n}=_MISSING")
+            body.append(f" if {n} is _MISSING: {n} = _f_{n}()")
+        else:
+            params.append(n)
+        body.append(f" _s_{n}(self, {n})")
+    src = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body) + "\n"
+    exec(src, ns)
+    init: Callable[..., None] = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
+
 
 FY_PREFIX = "fy_"
 """Every Slurm node feature FleetYield owns starts with this prefix; all others belong to the admin."""
@@ -58,6 +92,7 @@ class WorkloadClass(StrEnum):
 # --------------------------------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU as one scrape saw it. ``fields`` maps DCGM field names to values (counters are cumulative).
@@ -74,6 +109,7 @@ class GpuReading:
     xid_totals: Mapping[int, float] = field(default_factory=dict)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeSample:
     """One scrape of one node. ``error`` set means the scrape failed and nothing here is evidence."""
@@ -86,6 +122,7 @@ class NodeSample:
     source: str = "agent"  # agent | dcgm-exporter | prometheus
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SlurmNode:
     """A node as Slurm reports it (``scontrol show node`` / ``sinfo``)."""
@@ -161,6 +198,7 @@ class Observations:
 # --------------------------------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Contribution:
     """One signal's share in a risk score: its observed value and how much it moved the score."""
@@ -171,6 +209,7 @@ class Contribution:
     detail: str = ""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuRisk:
     node: str
@@ -183,6 +222,7 @@ class GpuRisk:
     fatal_xids: tuple[int, ...] = ()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeRisk:
     node: str
@@ -198,6 +238,7 @@ class NodeRisk:
 # --------------------------------------------------------------------------------------------------------
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """What a node can serve, derived from its GPUs' health (core/profile.py).
@@ -214,6 +255,7 @@ class Envelope:
     notes: tuple[str, ...] = ()  # why a capability is withheld
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeDecision:
     """Everything decided about one node this tick, with its reason and evidence (what ``explain`` prints)."""
@@ -232,6 +274,7 @@ class NodeDecision:
     managed: bool = True  # False: drained by someone else or unknown to Slurm; FleetYield leaves it alone
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LogEvent:
     """Something worth a log line or an alert. ``kind``: tier_change, drain, hold, drain_proposal, ..."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import Envelope, Health, LogEvent, NodeRisk, Observations, Tier
+from slurm_fleetyield.core.model import Envelope, Health, LogEvent, NodeRisk, Observations, Tier, fast_init
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.sense import Sensed
@@ -45,6 +45,7 @@ TIER_WEIGHTS: Mapping[Tier, int] = {
 PREMIUM_OFFSET = 1_000
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PricedNode:
     node: str

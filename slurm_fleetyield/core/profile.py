@@ -59,18 +59,26 @@ def profile(
     premium = tuple(m.lower() for m in pp.premium_gpu_models)
     nvlink_models = tuple(m.lower() for m in pp.nvlink_gpu_models)
     nominal = tuple((k.lower(), v) for k, v in pp.fb_total_mib.items())
+    wants: dict[str, float | None] = {}  # GPU model -> nominal framebuffer (first matching substring)
     out: dict[str, Envelope] = {}
+    # Nodes mostly share a handful of (gpu_type, GPU models) combinations: derive their text once.
+    memo: dict[tuple[str, tuple[str, ...]], tuple[str, bool, str]] = {}
     for name, node in sensed.nodes.items():
         slurm = obs.slurm.get(name)
         gpu_type = (slurm.gpu_type or "") if slurm else ""
-        models = {g.reading.model for g in node.gpus}
-        text = " ".join((gpu_type, *models)).lower()
-        is_premium = any(m in text for m in premium)
-        model = next(iter(sorted(models)), gpu_type)
+        key = (gpu_type, tuple([g.reading.model for g in node.gpus]))
+        known = memo.get(key)
+        if known is None:
+            models = set(key[1])  # built in GPU order, as always: the same set, the same iteration order
+            text = " ".join((gpu_type, *models)).lower()
+            is_premium = any(m in text for m in premium)
+            model = next(iter(sorted(models)), gpu_type)
+            known = memo[key] = (text, is_premium, model)
+        text, is_premium, model = known
         if not node.fresh:
             out[name] = Envelope(model, is_premium, notes=(f"unknown: {node.reason}",))
             continue
-        out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp)
+        out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
     return out
 
 
@@ -82,45 +90,55 @@ def _envelope(
     nvlink_models: tuple[str, ...],
     nominal: tuple[tuple[str, float], ...],
     pp: ProfileParams,
+    wants: dict[str, float | None] | None = None,
 ) -> Envelope:
+    if wants is None:
+        wants = {}
     notes: list[str] = []
     # By model only: exporters publish NVLink counters (as zeros) on PCIe boards too.
     has_nvlink = any(m in text for m in nvlink_models)
-    nvlink_full = has_nvlink and bool(node.gpus) and not node.missing_gpus
-    hbm_full = bool(node.gpus) and not node.missing_gpus
-    if node.missing_gpus:
-        notes.append(f"{node.missing_gpus} GPU(s) missing")
-    for g in node.gpus:
-        f = g.reading.fields
+    missing = node.missing_gpus
+    gpus = node.gpus
+    nvlink_full = has_nvlink and bool(gpus) and not missing
+    hbm_full = bool(gpus) and not missing
+    if missing:
+        notes.append(f"{missing} GPU(s) missing")
+    crc_max, replay_max = pp.nvlink_crc_per_hour_max, pp.nvlink_replay_per_hour_max
+    rows_max, tolerance = pp.uncorrectable_remapped_rows_max, pp.fb_total_tolerance
+    for g in gpus:
+        r = g.reading
+        get = r.fields.get
         if has_nvlink and g.rates is not None:
             crc = _rate(g, (NVLINK_CRC_FLIT, NVLINK_CRC_DATA))
             replay = _rate(g, (NVLINK_REPLAY, NVLINK_RECOVERY))
-            if crc >= pp.nvlink_crc_per_hour_max:
+            if crc >= crc_max:
                 nvlink_full = False
-                notes.append(
-                    f"gpu {g.reading.index}: NVLink CRC {crc:.0f}/h >= {pp.nvlink_crc_per_hour_max:g}/h"
-                )
-            if replay >= pp.nvlink_replay_per_hour_max:
+                notes.append(f"gpu {r.index}: NVLink CRC {crc:.0f}/h >= {crc_max:g}/h")
+            if replay >= replay_max:
                 nvlink_full = False
-                notes.append(
-                    f"gpu {g.reading.index}: NVLink replay+recovery {replay:.0f}/h "
-                    f">= {pp.nvlink_replay_per_hour_max:g}/h"
-                )
-        if f.get(REMAP_FAILURE):
+                notes.append(f"gpu {r.index}: NVLink replay+recovery {replay:.0f}/h >= {replay_max:g}/h")
+        if get(REMAP_FAILURE):
             hbm_full = False
-            notes.append(f"gpu {g.reading.index}: row remap failure")
-        if f.get(REMAP_PENDING):
+            notes.append(f"gpu {r.index}: row remap failure")
+        if get(REMAP_PENDING):
             hbm_full = False
-            notes.append(f"gpu {g.reading.index}: row remap pending")
-        rows = f.get(ROWS_UNCORR) or 0.0
-        if rows >= pp.uncorrectable_remapped_rows_max > 0:
+            notes.append(f"gpu {r.index}: row remap pending")
+        rows = get(ROWS_UNCORR) or 0.0
+        if rows >= rows_max > 0:
             hbm_full = False
-            notes.append(f"gpu {g.reading.index}: {rows:g} uncorrectable remapped rows")
-        total = f.get(FB_TOTAL)  # only the exported total: free + used misses reserved memory
-        want = next((v for k, v in nominal if k in g.reading.model.lower()), None)
-        if total is not None and want is not None and total < want * pp.fb_total_tolerance:
+            notes.append(f"gpu {r.index}: {rows:g} uncorrectable remapped rows")
+        total = get(FB_TOTAL)  # only the exported total: free + used misses reserved memory
+        if total is None:
+            continue
+        gmodel = r.model
+        if gmodel in wants:
+            want = wants[gmodel]
+        else:
+            lower = gmodel.lower()
+            want = wants[gmodel] = next((v for k, v in nominal if k in lower), None)
+        if want is not None and total < want * tolerance:
             hbm_full = False
-            notes.append(f"gpu {g.reading.index}: framebuffer {total:.0f} MiB < nominal {want:.0f} MiB")
+            notes.append(f"gpu {r.index}: framebuffer {total:.0f} MiB < nominal {want:.0f} MiB")
     if not has_nvlink:
         notes.append("no NVLink on this model")
     return Envelope(model, is_premium, has_nvlink, nvlink_full, hbm_full, True, tuple(notes))

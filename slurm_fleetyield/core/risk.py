@@ -143,6 +143,9 @@ def assess(
     scorer = Scorer(compile_signals(params, sensed.layout), params, sensed.layout)
     base = rp.base_probability
     yellow, red = rp.yellow_threshold, rp.red_threshold
+    score = scorer.score
+    exp = math.exp
+    BAD, WARN, OK = Health.BAD, Health.WARN, Health.OK
     fatal_by_node: dict[str, list[Fatal]] = {}
     for f in fatal:
         fatal_by_node.setdefault(f.node, []).append(f)
@@ -159,12 +162,19 @@ def assess(
                 fatal_gpu.setdefault(f.uuid or f"#{f.gpu}", []).append(f)
         gpus = []
         survive = 1.0
-        for g in node.gpus:
+        n_hist = len(history)
+        for g in node.gpus:  # _gpu_risk, inlined: this loop runs once per GPU of the fleet
             r = g.reading
             gf = (fatal_gpu.get(r.uuid) or fatal_gpu.get(f"#{r.index}")) if fatal_gpu else None
             n_gpu = history.count(r.uuid) if history else 0
-            n_node = len(history) - n_gpu
-            gr = _gpu_risk(name, g, gf, scorer, base, n_gpu, n_node, yellow, red)
+            z, contributions = score(g, n_gpu, n_hist - n_gpu)
+            if gf:
+                xids = tuple(sorted({f.xid for f in gf if f.xid is not None}))
+                gr = GpuRisk(name, r.index, r.uuid, r.model, Health.BAD, 1.0, contributions, xids)
+            else:
+                gp = 1.0 / (1.0 + exp(-z)) if contributions else base
+                health = BAD if gp >= red else WARN if gp >= yellow else OK
+                gr = GpuRisk(name, r.index, r.uuid, r.model, health, gp, contributions)
             survive *= 1.0 - gr.probability
             gpus.append(gr)
         p = 1.0 - survive
@@ -234,13 +244,24 @@ class Scorer:
                 code, arg, scale = _NODE_HIST, None, 1.0
             plan.append((code, cs.name, arg, scale, cs.steps, cs.unit))
         self.plan = tuple(plan)
+        # Quiet-GPU shortcut: with no counter growth (rates and growth None) every windowed signal is skipped,
+        # and when no level/throttle field is set (all absent or 0) those are skipped too; what is left is the
+        # margin and fatal-history signals, evaluated by the same loop in the same order (same sum, same
+        # contributions). Any set field falls back to the full plan.
+        self.quiet_fields = tuple(
+            f for code, _n, arg, *_ in self.plan if code in (_LEVEL, _THROTTLE) for f in arg
+        )
+        self.quiet_plan = tuple(p for p in self.plan if p[0] not in (_LEVEL, _THROTTLE, _WINDOW))
 
     def score(self, g: SensedGpu, n_gpu: int, n_node: int) -> tuple[float, tuple[Contribution, ...]]:
         z = self.base_logit
         out: list[Contribution] = []
         fget = g.reading.fields.get
         raw = g.raw
-        for code, name, arg, scale, steps, unit in self.plan:
+        plan = self.plan
+        if g.rates is None and g.growth is None and not any(map(fget, self.quiet_fields)):
+            plan = self.quiet_plan
+        for code, name, arg, scale, steps, unit in plan:
             if code == _LEVEL:
                 v = None
                 for f in arg:
@@ -337,6 +358,8 @@ def _unknown(node: SensedNode, fatal: list[Fatal] | tuple[Fatal, ...]) -> NodeRi
 
 def _summary(gpus: list[GpuRisk], p: float, base: float) -> str:
     parts = []
+    if not any(g.contributions for g in gpus):  # the sorted scan below would stop at its first GPU
+        return f"risk {p:.3f}: no signal above base ({base:.4f} per GPU)"
     for g in sorted(gpus, key=lambda g: -g.probability):
         if not g.contributions:
             break

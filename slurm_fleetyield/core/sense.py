@@ -20,12 +20,13 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import GpuReading, Health, LogEvent, NodeSample, Observations
+from slurm_fleetyield.core.model import GpuReading, Health, LogEvent, NodeSample, Observations, fast_init
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS
 from slurm_fleetyield.core.state import Counters, GpuHistory
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SensedGpu:
     reading: GpuReading
@@ -36,6 +37,7 @@ class SensedGpu:
     baseline: bool = False  # first sample of this GPU: no trend yet, counts seen are not "new"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SensedNode:
     node: str
@@ -116,7 +118,14 @@ def _unknown_reason(sample: NodeSample | None, stale_after_s: float, now: float)
 
 
 class _Tracker:
-    """Per-tick constants of the trend computation, so the per-GPU loop does no lookups it can hoist."""
+    """Per-tick constants of the trend computation, so the per-GPU loop does no lookups it can hoist.
+
+    GPUs sampled together share their timeline, so everything that depends only on a history's ``times`` (the
+    appended and trimmed ring, the window base indices and per-hour divisors) is computed once per distinct
+    timeline and reused (``_timeline``); equal rings are then shared between GPUs (structure sharing, no
+    mutation). The per-GPU work is a tuple build, one comparison with the last raw values and, for a quiet
+    GPU, one comparison with the oldest point of the longest window.
+    """
 
     def __init__(self, layout: tuple[str, ...], params: SenseParams, now: float) -> None:
         self.now = now
@@ -124,9 +133,48 @@ class _Tracker:
         self.counter_names = layout[: self.n_counters]
         self.xids = tuple(int(c.split(":", 1)[1]) for c in layout[self.n_counters :])
         self.xid_slots = tuple(range(self.n_counters, len(layout)))
+        self.zero_xids = (0.0,) * len(self.xids)
         self.windows = params.trend_windows_s
         self.longest = params.longest_window_s
         self.resolution = params.history_resolution_s
+        # Memo of the last timeline seen: (t, old times) -> (new times, cut, appended, trend plan).
+        self._memo_t: float | None = None
+        self._memo_src: tuple[float, ...] | None = None
+        self._memo: tuple[tuple[float, ...], int, bool, _TrendPlan | None] = ((), 0, False, None)
+
+    def _timeline(
+        self, t: float, times: tuple[float, ...]
+    ) -> tuple[tuple[float, ...], int, bool, _TrendPlan | None]:
+        """(times after appending ``t`` and trimming, the cut applied, whether ``t`` was appended, and the
+        trend plan over the old ``times``): the same for every GPU whose ring has these times."""
+        src = self._memo_src
+        if t == self._memo_t and src is not None and (times is src or times == src):
+            return self._memo
+        appended = not times or t - times[-1] >= self.resolution
+        cut = 0
+        new_times = times
+        if appended:
+            new_times = (*times, t)
+            cut = bisect_left(new_times, t - self.longest)
+            if cut:
+                new_times = new_times[cut:]
+        plan: _TrendPlan | None = None
+        if times:
+            n = len(times)
+            i_long = bisect_left(times, t - self.longest)
+            steps = []
+            for w in self.windows:
+                i = bisect_left(times, t - w)
+                if i >= n:
+                    i = n - 1
+                base_t = times[i]
+                if base_t >= t:
+                    continue
+                steps.append((i, 3600.0 / max(w, t - base_t)))
+            plan = (min(i_long, n - 1), tuple(steps))
+        memo = (new_times, cut, appended, plan)
+        self._memo_t, self._memo_src, self._memo = t, times, memo
+        return memo
 
     def node(
         self, sample: NodeSample, old: Mapping[str, GpuHistory]
@@ -136,29 +184,57 @@ class _Tracker:
         hist: dict[str, GpuHistory] = {}
         names = self.counter_names
         xids = self.xids
+        zero_xids = self.zero_xids
+        oget = old.get
+        timeline = self._timeline
         for reading in sample.gpus:
             get = reading.fields.get
-            xget = reading.xid_totals.get
+            xt = reading.xid_totals
             # An XID never seen has total 0 (agents export the ones they saw), so its first occurrence counts.
-            raw = (*[get(n) for n in names], *[xget(x, 0.0) for x in xids])
-            prev = old.get(reading.uuid)
+            if xt:
+                xget = xt.get
+                raw = (*map(get, names), *[xget(x, 0.0) for x in xids])
+            else:
+                raw = (*map(get, names), *zero_xids)
+            uuid = reading.uuid
+            prev = oget(uuid)
             if prev is None:
                 h = GpuHistory(t, raw, raw, (t,), (raw,))
                 out.append(SensedGpu(reading, raw, None, None, (), True))
-                hist[reading.uuid] = h
+                hist[uuid] = h
                 continue
+            last_adj = prev.last_adj
+            times, cut, appended, plan = timeline(t, prev.times)
             if t <= prev.last_time:  # the same sample again: nothing new, trends as last computed
-                adj, h, new_xids = prev.last_adj, prev, ()
+                adj, h, new_xids = last_adj, prev, ()
             else:
-                adj = prev.last_adj if raw == prev.last_raw else _adjust(raw, prev.last_raw, prev.last_adj)
-                new_xids = self._grown_xids(adj, prev.last_adj) if adj is not prev.last_adj else ()
-                h = self._append(prev, t, raw, adj)
-            rates, growth = self._trend(adj, t, prev)
-            out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
-            hist[reading.uuid] = h
+                if raw == prev.last_raw:
+                    adj, new_xids = last_adj, ()
+                else:
+                    adj = _adjust(raw, prev.last_raw, last_adj)
+                    new_xids = self._grown_xids(adj, last_adj)
+                if appended:
+                    points = prev.points
+                    points = (*points[cut:], adj) if cut else (*points, adj)
+                else:
+                    times, points = prev.times, prev.points
+                h = GpuHistory(t, raw, adj, times, points)
+            if plan is None:
+                out.append(SensedGpu(reading, raw, None, None, new_xids, False))
+            else:
+                base_long = prev.points[plan[0]]
+                if adj == base_long:  # nothing grew within the longest window (the common, healthy case)
+                    out.append(SensedGpu(reading, raw, None, None, new_xids, False))
+                else:
+                    rates, growth = self._trend(adj, prev.points, base_long, plan[1])
+                    out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
+            hist[uuid] = h
         return tuple(out), hist
 
     def _grown_xids(self, adj: Counters, last: Counters) -> tuple[tuple[int, float], ...]:
+        n = self.n_counters
+        if adj[n:] == last[n:]:  # no XID channel moved (the common case): nothing can have grown
+            return ()
         grown = []
         for slot, xid in zip(self.xid_slots, self.xids, strict=True):
             a, b = adj[slot], last[slot]
@@ -166,27 +242,15 @@ class _Tracker:
                 grown.append((xid, a - b))
         return tuple(grown)
 
-    def _append(self, prev: GpuHistory, t: float, raw: Counters, adj: Counters) -> GpuHistory:
-        times, points = prev.times, prev.points
-        if not times or t - times[-1] >= self.resolution:
-            times, points = (*times, t), (*points, adj)
-            cut = bisect_left(times, t - self.longest)
-            if cut:
-                times, points = times[cut:], points[cut:]
-        return GpuHistory(t, raw, adj, times, points)
-
+    @staticmethod
     def _trend(
-        self, adj: Counters, t: float, prev: GpuHistory
-    ) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
-        times, points = prev.times, prev.points
-        if not times:
-            return None, None
-        # Fast path: nothing grew since the oldest point of the longest window (the common, healthy case).
-        i_long = bisect_left(times, t - self.longest)
-        base_long = points[min(i_long, len(points) - 1)]
-        if adj == base_long:
-            return None, None
+        adj: Counters,
+        points: tuple[Counters, ...],
+        base_long: Counters,
+        steps: tuple[tuple[int, float], ...],
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
         # Only channels that moved within the longest window can have a non-zero rate in any shorter one.
+        # A window's per-hour rate: growth since its base point / max(window, time since that point).
         moved = [
             c
             for c, (a, b) in enumerate(zip(adj, base_long, strict=True))
@@ -197,14 +261,7 @@ class _Tracker:
         growth = zeros
         for c in moved:
             growth[c] = adj[c] - base_long[c]  # type: ignore[operator]
-        for w in self.windows:
-            i = bisect_left(times, t - w)
-            if i >= len(times):
-                i = len(times) - 1
-            base_t = times[i]
-            if base_t >= t:
-                continue
-            per_hour = 3600.0 / max(w, t - base_t)
+        for i, per_hour in steps:
             base = points[i]
             for c in moved:
                 b = base[c]
@@ -216,16 +273,18 @@ class _Tracker:
         return tuple(rates), tuple(growth)
 
 
+_TrendPlan = tuple[int, tuple[tuple[int, float], ...]]
+"""(index of the longest window's base point, ((base index, per-hour divisor) per usable window))."""
+
+
 def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
-    """Reset-adjusted cumulative values: a counter that went down restarted from zero (driver reload)."""
-    out: list[float | None] = []
-    for r, lr, la in zip(raw, last_raw, last_adj, strict=True):
-        if r is None:
-            out.append(la)  # not exported this time: keep the last known adjusted value
-        elif la is None or lr is None:
-            out.append(r)  # first time this channel appears: it becomes its own baseline
-        elif r >= lr:
-            out.append(la + (r - lr))
-        else:
-            out.append(la + r)
-    return tuple(out)
+    """Reset-adjusted cumulative values: a counter that went down restarted from zero (driver reload).
+
+    Per channel: not exported now (None) keeps the last adjusted value; appearing for the first time makes the
+    value its own baseline; growth adds to the adjusted value; a decrease restarts from zero."""
+    return tuple(
+        [
+            la if r is None else r if la is None or lr is None else la + (r - lr) if r >= lr else la + r
+            for r, lr, la in zip(raw, last_raw, last_adj, strict=True)
+        ]
+    )

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from slurm_fleetyield.core.model import Tier
+from slurm_fleetyield.core.model import Tier, fast_init
 
 STATE_VERSION = 1
 
 Counters = tuple[float | None, ...]  # one value per channel of ``ControllerState.layout``; None: not exported
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeMemory:
     """Per-node memory: last decided tier and why, who drained it, and its fatal history."""
@@ -41,6 +42,7 @@ class NodeMemory:
         return tuple(t for t, _ in self.fatal_history)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuHistory:
     """Trend memory of one GPU. Values are reset-adjusted: a counter that went down (driver reload, agent
