@@ -137,7 +137,21 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 # --------------------------------------------------------------------------------------------------------
 
 
-@click.group()
+class _FleetYieldGroup(click.Group):
+    """Mounts ``fleetyield simulate`` lazily: the simulator's imports (~70 ms) must not slow every command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "simulate"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "simulate":
+            from slurm_fleetyield.sim.cli import simulate
+
+            return simulate
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_FleetYieldGroup)
 def main() -> None:
     """FleetYield for Slurm: per-GPU risk turned into node features, weights and drains."""
 

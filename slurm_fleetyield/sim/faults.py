@@ -1,0 +1,358 @@
+"""Fault model: when each GPU fails, how, and what its telemetry shows before it does.
+
+Input: a fleet layout (node names, GPUs per node, which nodes have NVLink), ``FaultParams``, the horizon and a
+seeded ``random.Random``. Output: a ``FaultPlan``: every fatal GPU fault (time, node, GPU, class, XID,
+optional precursor episode), every quiet corruption, every benign precursor-like episode, and the lemon set.
+The plan is drawn once per seed and shared by every policy (common random numbers): policies differ only in
+what they do about it. ``telemetry(gpu_state, t)`` turns the latent state into the DCGM fields that the
+core's risk signals read (``core/signals.py``).
+
+Calibration (every number's source; see ``shared/data/README.md``):
+- Rate: Llama 3 (arXiv 2407.21783, Table 5) had 419 unexpected interruptions in 54 days on 16,384 H100, i.e.
+  3.79 per 1,000 node-days; Meta RSC (arXiv 2410.21680) reports 2.34 and 6.50 per 1,000 node-days on two A100
+  clusters (use ``--node-rate`` to sweep that range). Only the GPU-attributable share is simulated: faulty GPU
+  148 + HBM3 72 + GPU SRAM 19 + GPU system processor 17 = 256 of 419 (61%), plus silent data corruption 6
+  (quiet, no XID). Software, network, host maintenance, NIC and NCCL interruptions (the other 39%) hit every
+  policy alike and are outside FleetYield's reach: they are not simulated.
+- Class mix: the Llama 3 counts above, mapped to the XID the NVIDIA Xid catalog gives for each class:
+  faulty GPU -> XID 79 (fell off the bus), HBM3 -> XID 48 (double-bit ECC), SRAM -> XID 95 (uncontained
+  ECC), GPU system processor -> XID 119 (GSP RPC timeout).
+- Lemons: ~1.2% of nodes are lemons (Meta RSC); each carries one lemon GPU whose hazard multiplier is solved
+  so that the share of fatal events hitting a GPU that already failed in the run equals 18.5% (Titan, SC '20:
+  18.5% of fatal events hit a GPU that had failed before; ``sim/calibrate.py`` re-measures it from
+  ``titan-gpu-lifetimes/gc_full.csv``). Titan gives the shape only, never the rate.
+- Precursors: no public study gives the share of fatal faults preceded by an observable signal
+  (shared/data/README.md), so ``precursor_share`` is swept (0-50%). A precursor episode starts ``lead`` before
+  the fault and escalates in three stages (early / mid / late = last quarter): HBM classes show correctable
+  ECC growth and correctable row remaps climbing past 10 (the SuperBench boundary), then a pending remap;
+  link classes on NVLink boards show NVLink CRC, then replay and PCIe replay rates. What tier that telemetry
+  earns is the core's decision, not this module's.
+- Benign episodes: the same signatures on GPUs that never fail (``false_alarm_ratio`` of them per true
+  precursor, stopping at a random stage). No public number exists: it is an explicit assumption, default 1.0,
+  so pre-emptive drains pay for false alarms.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from slurm_fleetyield.core.signals import (
+    NVLINK_CRC_DATA,
+    NVLINK_CRC_FLIT,
+    NVLINK_RECOVERY,
+    NVLINK_REPLAY,
+    PCIE_REPLAY,
+    REMAP_PENDING,
+    ROWS_CORR,
+    SBE_VOL,
+)
+
+DAY = 86_400.0
+HOUR = 3_600.0
+
+LLAMA3_RATE_PER_1000_NODE_DAYS = 419 / (54 * 16_384 / 8) * 1000  # 3.79, Llama 3 Table 5
+LLAMA3_GPU_SHARE = 256 / 419  # faulty GPU + HBM3 + SRAM + GSP (Llama 3 Table 5)
+LLAMA3_SDC_SHARE = 6 / 419  # silent data corruption (Llama 3 Table 5)
+META_RSC_LEMON_NODE_SHARE = 0.012  # Meta RSC (arXiv 2410.21680)
+TITAN_REPEAT_SHARE = 0.185  # Titan GPU lifetimes (SC '20): fatal events hitting an already-failed GPU
+
+# (class, Llama 3 Table 5 count, XID, precursor signature)
+FAULT_CLASSES: tuple[tuple[str, int, int, str], ...] = (
+    ("faulty_gpu", 148, 79, "link"),
+    ("hbm3", 72, 48, "hbm"),
+    ("gpu_sram", 19, 95, "hbm"),
+    ("gsp", 17, 119, "link"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultParams:
+    """Fault-model knobs (CLI flags of ``fleetyield simulate``)."""
+
+    node_rate_per_1000_node_days: float = LLAMA3_RATE_PER_1000_NODE_DAYS
+    gpu_share: float = LLAMA3_GPU_SHARE
+    sdc_share: float = LLAMA3_SDC_SHARE
+    lemon_node_share: float = META_RSC_LEMON_NODE_SHARE
+    repeat_share: float = TITAN_REPEAT_SHARE
+    precursor_share: float = 0.25
+    lead_h: float = 24.0  # mean precursor lead time; each episode draws uniformly in [0.5, 1.5] x lead_h
+    false_alarm_ratio: float = 1.0
+
+    def validate(self) -> FaultParams:
+        checks = {
+            "node_rate_per_1000_node_days": self.node_rate_per_1000_node_days > 0,
+            "gpu_share": 0 < self.gpu_share <= 1,
+            "sdc_share": 0 <= self.sdc_share < 1,
+            "lemon_node_share": 0 <= self.lemon_node_share < 1,
+            "repeat_share": 0 <= self.repeat_share < 0.9,
+            "precursor_share": 0 <= self.precursor_share <= 1,
+            "lead_h": self.lead_h > 0,
+            "false_alarm_ratio": self.false_alarm_ratio >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"fault parameter {name}={getattr(self, name)!r} is out of range")
+        return self
+
+    @property
+    def gpu_fatal_per_gpu_day(self) -> float:
+        """Mean fatal GPU hazard per GPU-day (8-GPU nodes): 3.79e-3 x 0.61 / 8 = 2.89e-4 by default."""
+        return self.node_rate_per_1000_node_days / 1000.0 * self.gpu_share / 8.0
+
+    @property
+    def sdc_per_gpu_day(self) -> float:
+        return self.node_rate_per_1000_node_days / 1000.0 * self.sdc_share / 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """Precursor telemetry on one GPU over [start, end): three stages, the last quarter being the worst."""
+
+    node: str
+    gpu: int
+    start: float
+    end: float
+    signature: str  # hbm | link
+    max_stage: int = 3  # benign episodes may stop earlier
+    fault_id: int | None = None  # the fatal fault it precedes (None: benign)
+
+    def stage(self, t: float) -> int:
+        if t < self.start:
+            return 0
+        span = self.end - self.start
+        x = (t - self.start) / span if span > 0 else 1.0
+        s = 1 if x < 0.5 else 2 if x < 0.75 else 3
+        return min(s, self.max_stage)
+
+    def change_times(self) -> tuple[float, ...]:
+        """Times at which the stage steps (telemetry levels change); counters also grow between them."""
+        span = self.end - self.start
+        out = [self.start, self.start + 0.5 * span, self.start + 0.75 * span]
+        return tuple(out[: self.max_stage])
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    fault_id: int
+    time: float
+    node: str
+    gpu: int
+    cls: str
+    xid: int | None  # None: quiet (silent data corruption)
+    lemon: bool
+    episode: Episode | None = None
+
+    @property
+    def quiet(self) -> bool:
+        return self.xid is None
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    faults: tuple[Fault, ...]  # sorted by time
+    episodes: tuple[Episode, ...]  # true precursors and benign episodes, sorted by start
+    lemons: frozenset[tuple[str, int]]
+    lemon_multiplier: float
+    params: FaultParams
+    horizon_s: float
+    base_per_gpu_day: float = 0.0
+    summary: Mapping[str, float] = field(default_factory=dict)
+
+
+def solve_lemon_multiplier(
+    hazard: float, lemon_gpu_share: float, repeat_share: float, horizon_days: float
+) -> float:
+    """Multiplier M of the lemon GPUs' hazard such that, over the horizon, ``repeat_share`` of all fatal
+    events hit a GPU that already failed in the run (Poisson per GPU: repeats = lambda - 1 + exp(-lambda));
+    the mean hazard stays ``hazard``. Returns 1 when there are no lemons or no repeats are asked for."""
+    s = lemon_gpu_share
+    if s <= 0 or repeat_share <= 0:
+        return 1.0
+
+    def share(m: float) -> float:
+        h0 = hazard / (1 - s + s * m)  # keep the fleet mean at ``hazard``
+        lam_n, lam_l = h0 * horizon_days, h0 * m * horizon_days
+        rep = (1 - s) * (lam_n - 1 + math.exp(-lam_n)) + s * (lam_l - 1 + math.exp(-lam_l))
+        total = (1 - s) * lam_n + s * lam_l
+        return rep / total if total > 0 else 0.0
+
+    lo, hi = 1.0, 1e6
+    if share(hi) < repeat_share:
+        return hi
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if share(mid) < repeat_share:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _poisson_times(rate_per_s: float, horizon_s: float, rng: random.Random) -> list[float]:
+    out: list[float] = []
+    if rate_per_s <= 0:
+        return out
+    t = rng.expovariate(rate_per_s)
+    while t < horizon_s:
+        out.append(t)
+        t += rng.expovariate(rate_per_s)
+    return out
+
+
+def generate(
+    nodes: Sequence[str], gpus_per_node: int, params: FaultParams, horizon_s: float, rng: random.Random
+) -> FaultPlan:
+    """Draw one fault plan. Deterministic for a given ``rng`` state."""
+    params.validate()
+    horizon_days = horizon_s / DAY
+    hazard = params.gpu_fatal_per_gpu_day
+    n_lemon = round(params.lemon_node_share * len(nodes))
+    lemon_nodes = sorted(rng.sample(list(nodes), n_lemon)) if n_lemon else []
+    lemons = frozenset((n, rng.randrange(gpus_per_node)) for n in lemon_nodes)
+    s = len(lemons) / max(1, len(nodes) * gpus_per_node)
+    m = solve_lemon_multiplier(hazard, s, params.repeat_share, horizon_days)
+    h0 = hazard / (1 - s + s * m)
+    weights = [c[1] for c in FAULT_CLASSES]
+    faults: list[Fault] = []
+    sdc_rate = params.sdc_per_gpu_day / DAY
+    for node in nodes:
+        for g in range(gpus_per_node):
+            lemon = (node, g) in lemons
+            rate = h0 * (m if lemon else 1.0) / DAY
+            for t in _poisson_times(rate, horizon_s, rng):
+                cls, _, xid, _sig = rng.choices(FAULT_CLASSES, weights)[0]
+                faults.append(Fault(0, t, node, g, cls, xid, lemon))
+            for t in _poisson_times(sdc_rate * (m if lemon else 1.0) * h0 / hazard, horizon_s, rng):
+                faults.append(Fault(0, t, node, g, "sdc", None, lemon))
+    faults.sort(key=lambda f: (f.time, f.node, f.gpu))
+    sig_of = {c[0]: c[3] for c in FAULT_CLASSES}
+    out: list[Fault] = []
+    episodes: list[Episode] = []
+    for i, f in enumerate(faults):
+        ep = None
+        if not f.quiet and rng.random() < params.precursor_share:
+            lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+            ep = Episode(f.node, f.gpu, max(0.0, f.time - lead), f.time, sig_of[f.cls], 3, i)
+            episodes.append(ep)
+        out.append(Fault(i, f.time, f.node, f.gpu, f.cls, f.xid, f.lemon, ep))
+    n_true = len(episodes)
+    n_benign = (
+        _poisson_count(params.false_alarm_ratio * n_true, rng) if n_true or params.false_alarm_ratio else 0
+    )
+    for _ in range(n_benign):
+        node = nodes[rng.randrange(len(nodes))]
+        g = rng.randrange(gpus_per_node)
+        lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+        start = rng.uniform(0.0, max(0.0, horizon_s - lead))
+        sig = "hbm" if rng.random() < 0.5 else "link"
+        episodes.append(Episode(node, g, start, start + lead, sig, rng.randint(1, 3), None))
+    episodes.sort(key=lambda e: (e.start, e.node, e.gpu))
+    fatal = [f for f in out if not f.quiet]
+    summary = {
+        "fatal_faults": float(len(fatal)),
+        "quiet_faults": float(len(out) - len(fatal)),
+        "precursor_episodes": float(n_true),
+        "benign_episodes": float(n_benign),
+        "lemon_gpus": float(len(lemons)),
+        "lemon_multiplier": m,
+        "fatal_per_1000_node_days": 1000.0 * len(fatal) / max(1e-9, len(nodes) * horizon_days),
+    }
+    return FaultPlan(tuple(out), tuple(episodes), lemons, m, params, horizon_s, h0, summary)
+
+
+def _poisson_count(mean: float, rng: random.Random) -> int:
+    if mean <= 0:
+        return 0
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n += 1
+        t += rng.expovariate(1.0)
+    return n
+
+
+def repeat_share(faults: Sequence[Fault]) -> float:
+    """Share of fatal events hitting a GPU that already failed (in this plan, with repairs, not swaps)."""
+    seen: set[tuple[str, int]] = set()
+    rep = total = 0
+    for f in faults:
+        if f.quiet:
+            continue
+        total += 1
+        key = (f.node, f.gpu)
+        if key in seen:
+            rep += 1
+        seen.add(key)
+    return rep / total if total else 0.0
+
+
+# ---- telemetry -------------------------------------------------------------------------------------------
+# Stage levels per signature. Counters are cumulative: a stage adds ``rate`` per hour while it lasts, and the
+# level fields are set outright. Values are chosen from the thresholds quoted in core/signals.py's sources.
+_HBM = {
+    1: ({SBE_VOL: 20.0}, {ROWS_CORR: 4.0}),  # correctable ECC trickle, a few remapped rows
+    2: ({SBE_VOL: 200.0}, {ROWS_CORR: 12.0}),  # past the SuperBench boundary (>10 remapped rows)
+    3: ({SBE_VOL: 400.0}, {ROWS_CORR: 16.0, REMAP_PENDING: 1.0}),  # remap waits for a reset
+}
+_LINK = {
+    1: ({NVLINK_CRC_FLIT: 150.0, PCIE_REPLAY: 20.0}, {}),
+    2: ({NVLINK_CRC_FLIT: 1500.0, NVLINK_REPLAY: 20.0, PCIE_REPLAY: 200.0}, {}),
+    3: (
+        {
+            NVLINK_CRC_FLIT: 3000.0,
+            NVLINK_CRC_DATA: 500.0,
+            NVLINK_REPLAY: 200.0,
+            NVLINK_RECOVERY: 20.0,
+            PCIE_REPLAY: 2000.0,
+        },
+        {},
+    ),
+}
+_LINK_PCIE = {  # boards without NVLink: the link signature is PCIe only
+    1: ({PCIE_REPLAY: 20.0}, {}),
+    2: ({PCIE_REPLAY: 200.0}, {}),
+    3: ({PCIE_REPLAY: 2000.0}, {ROWS_CORR: 12.0}),
+}
+
+
+def signature_table(sig: str, nvlink: bool) -> Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]]:
+    if sig == "hbm":
+        return _HBM
+    return _LINK if nvlink else _LINK_PCIE
+
+
+def episode_fields(ep: Episode, t: float, nvlink: bool) -> dict[str, float]:
+    """DCGM fields an episode contributes at time ``t`` (counters accumulated since its start)."""
+    out: dict[str, float] = {}
+    if t < ep.start:
+        return out
+    table = signature_table(ep.signature, nvlink)
+    bounds = [*ep.change_times(), ep.end]
+    for i in range(ep.max_stage):
+        s = i + 1
+        lo, hi = bounds[i], min(bounds[i + 1], t)
+        rates, levels = table[s]
+        if t >= lo:
+            for k, v in levels.items():
+                out[k] = v
+        if hi > lo:
+            for k, r in rates.items():
+                out[k] = out.get(k, 0.0) + r * (hi - lo) / HOUR
+    if t >= ep.end and ep.fault_id is None:
+        out.pop(REMAP_PENDING, None)  # a benign episode's pending remap clears (reset at the next job end)
+    return {k: math.floor(v) if k not in (REMAP_PENDING,) else v for k, v in out.items()}
+
+
+def episodes_by_gpu(episodes: Sequence[Episode]) -> dict[tuple[str, int], list[Episode]]:
+    out: dict[tuple[str, int], list[Episode]] = {}
+    for e in episodes:
+        out.setdefault((e.node, e.gpu), []).append(e)
+    return out
+
+
+def next_change(times: Sequence[float], t: float) -> float | None:
+    i = bisect.bisect_right(times, t)
+    return times[i] if i < len(times) else None

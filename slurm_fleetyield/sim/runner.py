@@ -1,0 +1,770 @@
+"""The discrete-event simulation: one fleet, one job stream, one fault plan, one policy.
+
+Input: ``SimConfig`` (fleet, horizon, control interval, repair times, human delay, fault and workload
+knobs), a policy name, the jobs (``sim/traces.py``) and the fault plan (``sim/faults.py``), both drawn
+from the seed so that every policy of a run sees the same jobs and the same faults. Output: a ``dict``
+of metrics (see ``sim/report.py``).
+
+Policies:
+- ``baseline``: unmodified Slurm. No fy_ features, all weights 1; an NHC-style check drains a node on the
+  fatal event itself; the admin resumes it after the repair. Jobs carry only their admin constraint.
+- ``fleetyield``: the real ``core.loop.tick`` with default ``Params``, driven exactly as the daemon drives it
+  (``controller_step``): read the simulated Slurm, scrape (``NodeSample``s built from latent GPU health),
+  pending pushed fatal events, tick, apply the plan. Jobs get job_submit.lua's class constraint
+  (decode -> fy_ok_decode, batch -> fy_ok_batch, finetune -> fy_ok_finetune, pretrain -> fy_ok_train).
+  Drain proposals (the core's ``drain_proposal`` events, made on entering the red tier) are approved after
+  ``human_delay_h`` if the node is still red, as the daemon's gate would (next issue): the shell then drains
+  the node requeueing its jobs, and the admin swaps the GPUs that show precursor telemetry or a fatal history
+  (``swap_h``) and resumes it.
+- ``oracle``: knows every future fault: drains a node ``oracle_lead_s`` before each fault (checkpointing
+  first: no progress lost), swaps the GPU, and routes with the core's own feature/weight functions fed the
+  true state (lemon nodes yellow). The upper bound.
+- ablations: ``fy_no_premium`` (decode gets fy_ok_finetune: no premium reservation), ``fy_no_yellow`` (batch
+  needs fy_tier_green too: no yellow reclaim), ``fy_no_drain`` (proposals never approved).
+
+Control interval: a tick every ``control_interval_s`` (default 900 s = 15 simulated minutes) plus an
+immediate tick on every pushed fatal event (the live daemon ticks every 30 s and at once on a push; 15 min
+keeps a 1,000-node x 90-day run tractable, and the core's trends use a 1 h window, which 15-min points
+resolve). Scheduling passes run at most every ``sched_interval_s`` (Slurm's sched_interval, 60 s).
+
+A fatal fault interrupts every job on its node (a GPU reset or reboot needs the node empty), marks the node
+DOWN for ``repair_h`` (reset, diagnostics) and raises the XID in the GPU's telemetry; XID 79 hides the GPU
+from the scrape until repaired. Interrupted jobs are requeued: from their last checkpoint if checkpointable,
+else from zero. A quiet corruption (SDC) is not seen by anyone: it costs the affected jobs one checkpoint
+interval of redone work (whole run when not checkpointable) and counts as a failure hitting a job.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from slurm_fleetyield.core import price, route
+from slurm_fleetyield.core.loop import TickResult, tick
+from slurm_fleetyield.core.model import (
+    Envelope,
+    FatalEvent,
+    GpuReading,
+    NodeSample,
+    Observations,
+    Tier,
+)
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.plan import DrainNode, Plan
+from slurm_fleetyield.core.signals import (
+    COUNTER_CHANNELS,
+    GPU_TEMP,
+    REMAP_FAILURE,
+    REMAP_PENDING,
+    SLOWDOWN_TEMP,
+)
+from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.sim import faults as fm
+from slurm_fleetyield.sim import traces
+from slurm_fleetyield.sim.cluster import SimSlurm
+
+POLICIES = ("baseline", "fleetyield", "oracle", "fy_no_premium", "fy_no_yellow", "fy_no_drain")
+FY_POLICIES = frozenset({"fleetyield", "fy_no_premium", "fy_no_yellow", "fy_no_drain"})
+PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
+OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
+ADMIN_CONSTRAINT = {"pretrain": ("h100",)}  # gangs need NVLink boards under every policy (an admin feature)
+CLASS_FEATURE = {  # prolog_epilog/job_submit.lua
+    "decode": ("fy_ok_decode",),
+    "batch": ("fy_ok_batch",),
+    "finetune": ("fy_ok_finetune",),
+    "pretrain": ("fy_ok_train",),
+}
+PREMIUM_NEEDING = frozenset({"pretrain"})
+BASE_FIELDS: Mapping[str, float] = {
+    **dict.fromkeys(COUNTER_CHANNELS, 0.0),
+    REMAP_FAILURE: 0.0,
+    REMAP_PENDING: 0.0,
+    GPU_TEMP: 55.0,
+    SLOWDOWN_TEMP: 87.0,
+}
+DAY, HOUR = 86_400.0, 3_600.0
+
+ARRIVE, END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED = range(9)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated run. Every field is a ``fleetyield simulate`` option."""
+
+    nodes: int = 64
+    gpus_per_node: int = 8
+    premium_share: float = 0.5  # share of H100 (NVLink, premium) nodes; the rest are L40S (PCIe)
+    days: float = 30.0
+    seed: int = 0
+    workload: str = "openb"  # openb | synthetic | path to a generic/sacct trace
+    openb_path: str = "/work/shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv"
+    load: float = 0.7  # offered GPU-hours / fleet GPU-hours
+    gpu_scale: int = 8
+    max_duration_h: float = 72.0
+    control_interval_s: float = 900.0
+    sched_interval_s: float = 60.0
+    repair_h: float = 24.0  # fatal fault: reset, diagnostics, back in service
+    swap_h: float = 24.0  # approved / oracle drain: GPU swapped, back in service
+    human_delay_h: float = 4.0  # drain proposal -> approval
+    oracle_lead_s: float = 3600.0
+    bf_max_job_test: int = 100
+    faults: fm.FaultParams = field(default_factory=fm.FaultParams)
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * DAY
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["faults"] = asdict(self.faults)
+        return d
+
+
+# ---- inputs shared by all policies of a seed -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    nodes: tuple[str, ...]
+    premium: frozenset[str]
+    jobs: tuple[traces.Job, ...]
+    plan: fm.FaultPlan
+
+
+_TRACE_CACHE: dict[tuple, list[traces.Job]] = {}
+
+
+def build_inputs(cfg: SimConfig) -> Inputs:
+    """Fleet, jobs and faults of one seed (independent streams, so changing one knob keeps the others)."""
+    names = tuple(f"n{i:04d}" for i in range(cfg.nodes))
+    n_other = cfg.nodes - round(cfg.premium_share * cfg.nodes)
+    step = cfg.nodes / n_other if n_other else 0
+    other = (
+        {names[min(cfg.nodes - 1, int(i * step + step / 2))] for i in range(n_other)} if n_other else set()
+    )
+    premium = frozenset(n for n in names if n not in other)
+    fleet_gpus = cfg.nodes * cfg.gpus_per_node
+    job_rng = random.Random(f"jobs-{cfg.seed}")
+    if cfg.workload == "openb":
+        key = (cfg.openb_path, cfg.gpu_scale, cfg.gpus_per_node, cfg.max_duration_h)
+        if key not in _TRACE_CACHE:
+            _TRACE_CACHE[key] = traces.load_openb(
+                cfg.openb_path, cfg.gpu_scale, cfg.gpus_per_node, cfg.max_duration_h
+            )[0]
+        jobs = traces.fill(
+            _TRACE_CACHE[key], cfg.horizon_s, fleet_gpus, cfg.load, job_rng, traces.OPENB_DAYS * DAY
+        )
+    elif cfg.workload == "synthetic":
+        jobs = traces.synthetic(
+            traces.SyntheticParams(), cfg.horizon_s, fleet_gpus, cfg.load, job_rng, cfg.gpus_per_node
+        )
+    else:
+        raw = traces.load(cfg.workload)
+        span = max((j.submit for j in raw), default=0.0) or cfg.horizon_s
+        jobs = traces.fill(raw, cfg.horizon_s, fleet_gpus, cfg.load, job_rng, span)
+    too_big = [j for j in jobs if j.gpus_per_node > cfg.gpus_per_node or j.nodes > cfg.nodes]
+    if too_big:
+        j = too_big[0]
+        raise traces.TraceError(
+            cfg.workload,
+            None,
+            f"job {j.job_id} needs {j.nodes} x {j.gpus_per_node} GPUs, "
+            f"larger than the fleet ({cfg.nodes} x {cfg.gpus_per_node})",
+        )
+    plan = fm.generate(
+        names, cfg.gpus_per_node, cfg.faults, cfg.horizon_s, random.Random(f"faults-{cfg.seed}")
+    )
+    return Inputs(names, premium, tuple(jobs), plan)
+
+
+# ---- the controller step (what the daemon does per tick, minus I/O) ---------------------------------------
+
+
+def controller_step(
+    state: ControllerState,
+    slurm: Any,
+    samples: Mapping[str, NodeSample],
+    pending: Sequence[FatalEvent],
+    params: Params,
+    now: float,
+    rng: random.Random,
+) -> TickResult:
+    """Read Slurm through the port, build ``Observations`` as ``Daemon.tick_once`` does, call ``tick``, apply.
+
+    The daemon's order is kept: nodes, jobs, samples, pending inbox events -> tick -> apply (only when the
+    plan has actions). ``tests/sim/test_equivalence.py`` checks this against ``slurm_fleetyield.daemon``."""
+    nodes = slurm.read_nodes()
+    jobs = tuple(slurm.read_jobs())
+    obs = Observations(time=now, slurm=nodes, samples=samples, fatal_events=tuple(pending), jobs=jobs)
+    result = tick(state, obs, params, now, rng)
+    if result.plan.actions:
+        slurm.apply(result.plan)
+    return result
+
+
+# ---- one run -----------------------------------------------------------------------------------------------
+
+
+class _JobState:
+    __slots__ = ("done", "extra", "first_start", "job", "run_id", "started")
+
+    def __init__(self, job: traces.Job) -> None:
+        self.job = job
+        self.done = 0.0
+        self.extra = 0.0  # work to redo after a quiet corruption
+        self.started: float | None = None
+        self.first_start: float | None = None
+        self.run_id = 0
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig, policy: str, inputs: Inputs, params: Params | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        self.cfg, self.policy, self.inp = cfg, policy, inputs
+        self.params = params or Params()
+        self.now = 0.0
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.premium = inputs.premium
+        specs = []
+        for n in inputs.nodes:
+            prem = n in self.premium
+            specs.append(
+                (
+                    n,
+                    cfg.gpus_per_node,
+                    PREMIUM_TYPE if prem else OTHER_TYPE,
+                    (PREMIUM_TYPE,) if prem else (OTHER_TYPE,),
+                )
+            )
+        self.slurm = SimSlurm(specs, self._requeue_from_drain, cfg.bf_max_job_test)
+        self.jobs: dict[int, _JobState] = {}
+        self.queue: list[tuple[float, int]] = []  # (submit, job_id), priority order
+        self.constraint: dict[str, frozenset[str]] = {
+            c: frozenset(ADMIN_CONSTRAINT.get(c, ()) + self._class_features(c)) for c in traces.CLASSES
+        }
+        self.sched_pending = False
+        # faults
+        self.cancelled: set[int] = set()
+        self.gpu_failed: dict[tuple[str, int], int] = {}  # fatal events per GPU (repeat share)
+        self.fault_hist: list[tuple[float, str, int]] = []
+        self.swapped_at: dict[tuple[str, int], float] = {}
+        self.hidden: set[tuple[str, int]] = set()
+        self.xids: dict[tuple[str, int], dict[int, float]] = {}
+        self.lemons = set(inputs.plan.lemons)
+        self.faults_by_gpu: dict[tuple[str, int], list[fm.Fault]] = {}
+        for f in inputs.plan.faults:
+            self.faults_by_gpu.setdefault((f.node, f.gpu), []).append(f)
+        self.episodes = fm.episodes_by_gpu(inputs.plan.episodes)
+        self.ep_starts = sorted(inputs.plan.episodes, key=lambda e: e.start)
+        self.ep_ptr = 0
+        self.active_eps: list[fm.Episode] = []
+        # controller
+        self.state = ControllerState.empty()
+        self.rng = random.Random(f"tick-{cfg.seed}")
+        self.pending_events: list[FatalEvent] = []
+        self.readings: dict[tuple[str, int], GpuReading] = {}
+        self.node_gpus: dict[str, tuple[GpuReading, ...]] = {}
+        self.last_decisions: Mapping[str, Any] = {}
+        self.proposed: dict[str, float] = {}
+        self.swapping: set[str] = set()
+        self.ticks = 0
+        self.tick_s = 0.0
+        # metrics
+        self.m: dict[str, float] = dict.fromkeys(
+            (
+                "useful_gpu_h",
+                "wasted_gpu_h",
+                "failures_hitting_jobs",
+                "fatal_faults",
+                "quiet_faults",
+                "premium_misuse_gpu_h",
+                "drained_gpu_h",
+                "drains",
+                "preemptive_drains",
+                "requeues",
+                "jobs_completed",
+                "false_drains",
+            ),
+            0.0,
+        )
+        self.wait_sum: dict[str, float] = dict.fromkeys(traces.CLASSES, 0.0)
+        self.wait_n: dict[str, int] = dict.fromkeys(traces.CLASSES, 0)
+        self.misuse_gpus = 0  # GPUs of non-premium-needing work on premium nodes
+        self.pending_premium = 0  # queued premium-needing jobs
+        self._last_t = 0.0
+
+    def _class_features(self, c: str) -> tuple[str, ...]:
+        if self.policy == "baseline":
+            return ()
+        if self.policy in ("fy_no_premium", "oracle") and c == "decode":
+            return ("fy_ok_finetune",)
+        if self.policy == "fy_no_yellow" and c == "batch":
+            return ("fy_ok_batch", "fy_tier_green")
+        return CLASS_FEATURE[c]
+
+    # ---- event plumbing ----------------------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, payload: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+
+    def _advance(self, t: float) -> None:
+        dt = t - self._last_t
+        if dt > 0:
+            if self.pending_premium and self.misuse_gpus:
+                self.m["premium_misuse_gpu_h"] += self.misuse_gpus * dt / HOUR
+            if self.slurm.out:
+                self.m["drained_gpu_h"] += self.slurm.out * self.cfg.gpus_per_node * dt / HOUR
+            self._last_t = t
+        self.now = t
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        horizon = cfg.horizon_s
+        for j in self.inp.jobs:
+            self.jobs[j.job_id] = _JobState(j)
+            self.push(j.submit, ARRIVE, j.job_id)
+        for f in self.inp.plan.faults:
+            self.push(f.time, FAULT, f)
+            if self.policy == "oracle":
+                self.push(max(0.0, f.time - cfg.oracle_lead_s), ORACLE, f)
+        if self.policy != "baseline":
+            self.push(0.0, TICK, "periodic")  # seq 0-ish: label nodes before the first job
+        handlers = {
+            ARRIVE: self._arrive,
+            END: self._end,
+            FAULT: self._fault,
+            TICK: self._tick,
+            SCHED: self._sched,
+            REPAIRED: self._repaired,
+            APPROVE: self._approve,
+            ORACLE: self._oracle_drain,
+            SWAPPED: self._swapped,
+        }
+        heap = self.heap
+        while heap and heap[0][0] <= horizon:
+            t, _, kind, payload = heapq.heappop(heap)
+            self._advance(t)
+            handlers[kind](payload)
+        self._advance(horizon)
+        for js in self.jobs.values():  # progress of jobs still running at the end counts as useful
+            if js.started is not None:
+                self.m["useful_gpu_h"] += (
+                    js.job.gpus * min(horizon - js.started + js.done, js.job.duration) / HOUR
+                )
+            elif js.done:
+                self.m["useful_gpu_h"] += js.job.gpus * js.done / HOUR
+        return self._metrics()
+
+    # ---- jobs --------------------------------------------------------------------------------------------
+
+    def _arrive(self, job_id: int) -> None:
+        js = self.jobs[job_id]
+        self._enqueue(js)
+
+    def _enqueue(self, js: _JobState) -> None:
+        bisect.insort(self.queue, (js.job.submit, js.job.job_id))
+        if js.job.workload in PREMIUM_NEEDING:
+            self.pending_premium += 1
+        self._want_sched()
+
+    def _want_sched(self) -> None:
+        if not self.sched_pending and self.queue:
+            iv = self.cfg.sched_interval_s
+            t = math.floor(self.now / iv) * iv + iv if iv > 0 else self.now
+            self.sched_pending = True
+            self.push(t, SCHED)
+
+    def _sched(self, _payload: Any = None) -> None:
+        self.sched_pending = False
+        if not self.queue:
+            return
+        q = []
+        for _submit, jid in self.queue[: self.cfg.bf_max_job_test]:
+            js = self.jobs[jid]
+            j = js.job
+            q.append(
+                (jid, self.constraint[j.workload], j.nodes, j.gpus_per_node, j.duration + js.extra - js.done)
+            )
+        placed = self.slurm.schedule(self.now, q)
+        if not placed:
+            return
+        started = {jid for jid, _ in placed}
+        self.queue = [e for e in self.queue if e[1] not in started]
+        for jid, nodes in placed:
+            js = self.jobs[jid]
+            j = js.job
+            remaining = j.duration + js.extra - js.done
+            self.slurm.start(jid, nodes, j.gpus_per_node, self.now + remaining, j.workload)
+            js.started = self.now
+            js.run_id += 1
+            if js.first_start is None:
+                js.first_start = self.now
+                self.wait_sum[j.workload] += self.now - j.submit
+                self.wait_n[j.workload] += 1
+            if j.workload in PREMIUM_NEEDING:
+                self.pending_premium -= 1
+            else:
+                self.misuse_gpus += sum(j.gpus_per_node for n in nodes if n in self.premium)
+            self.push(self.now + remaining, END, (jid, js.run_id))
+
+    def _release(self, js: _JobState) -> None:
+        p = self.slurm.finish(js.job.job_id)
+        if js.job.workload not in PREMIUM_NEEDING:
+            self.misuse_gpus -= sum(p.gpus_per_node for n in p.nodes if n in self.premium)
+        js.started = None
+        self._want_sched()
+
+    def _end(self, payload: tuple[int, int]) -> None:
+        jid, run_id = payload
+        js = self.jobs[jid]
+        if js.run_id != run_id or js.started is None:
+            return  # interrupted since
+        self._release(js)
+        js.done = js.job.duration
+        js.extra = 0.0
+        self.m["useful_gpu_h"] += js.job.gpu_hours
+        self.m["jobs_completed"] += 1
+
+    def _interrupt(self, jid: int, keep_progress: bool = False) -> None:
+        js = self.jobs[jid]
+        if js.started is None:
+            return
+        j = js.job
+        progress = js.done + (self.now - js.started)
+        if keep_progress:
+            retained = progress
+        elif j.checkpoint_s:
+            retained = math.floor(progress / j.checkpoint_s) * j.checkpoint_s
+        else:
+            retained = 0.0
+        self.m["wasted_gpu_h"] += j.gpus * (progress - retained) / HOUR
+        js.done = min(retained, j.duration + js.extra)
+        js.run_id += 1
+        self._release(js)
+        self.m["requeues"] += 1
+        self._enqueue(js)
+
+    def _requeue_from_drain(self, jid: int) -> None:
+        self._interrupt(jid, keep_progress=self.policy == "oracle")
+
+    # ---- faults ------------------------------------------------------------------------------------------
+
+    def _fault(self, f: fm.Fault) -> None:
+        if f.fault_id in self.cancelled:
+            return
+        node = f.node
+        jobs = self.slurm.jobs_on(node)
+        if f.quiet:
+            self.m["quiet_faults"] += 1
+            for jid in jobs:
+                js = self.jobs[jid]
+                j = js.job
+                redo = j.checkpoint_s or (self.now - js.started + js.done)
+                js.extra += redo
+                self.m["wasted_gpu_h"] += j.gpus * redo / HOUR
+                self.m["failures_hitting_jobs"] += 1
+                # the job now ends later: move its END
+                js.run_id += 1
+                p = self.slurm.running[jid]
+                p.end += redo
+                self.push(p.end, END, (jid, js.run_id))
+            return
+        n = self.slurm.nodes[node]
+        if n.down or node in self.swapping:
+            return  # already out for repair or a GPU swap: the GPU is being looked at anyway
+        self.m["fatal_faults"] += 1
+        key = (node, f.gpu)
+        self.gpu_failed[key] = self.gpu_failed.get(key, 0) + 1
+        self.fault_hist.append((self.now, node, f.gpu))
+        for jid in jobs:
+            self.m["failures_hitting_jobs"] += 1
+            self._interrupt(jid)
+        x = self.xids.setdefault(key, {})
+        assert f.xid is not None
+        x[f.xid] = x.get(f.xid, 0.0) + 1.0
+        self._dirty_gpu(key)
+        if f.xid == 79:
+            self.hidden.add(key)
+        self.slurm.set_down(node, True)
+        self.push(self.now + self.cfg.repair_h * HOUR, REPAIRED, node)
+        if self.policy == "baseline":
+            self.slurm.set_drain(node, f"nhc: XID {f.xid} on gpu {f.gpu}")
+        elif self.policy in FY_POLICIES:
+            self.pending_events.append(
+                FatalEvent(
+                    f"sim-{f.fault_id}",
+                    node,
+                    self.now,
+                    "xid",
+                    f.gpu,
+                    self._uuid(key),
+                    f.xid,
+                    f"XID {f.xid}",
+                    "agent-push",
+                )
+            )
+            self._tick("push")
+
+    def _drain(self, node: str, reason: str) -> None:
+        """Drain requeueing the node's jobs (``_requeue_from_drain`` keeps the oracle's progress)."""
+        action = DrainNode(node, reason, self.slurm.jobs_on(node), cause="approved")
+        self.slurm.apply(Plan((action,)))
+        self.m["drains"] += 1
+
+    def _repaired(self, node: str) -> None:
+        n = self.slurm.nodes[node]
+        for g in range(self.cfg.gpus_per_node):
+            if (node, g) in self.hidden:
+                self.hidden.discard((node, g))
+                self._dirty_gpu((node, g))
+        self.slurm.set_down(node, False)
+        if n.drain and (n.reason.startswith("nhc:") or "XID" in n.reason or "GPU missing" in n.reason):
+            self.slurm.resume(node)  # the admin resumes a node drained for a fault that is now repaired
+        self._want_sched()
+
+    def _swap(self, node: str, keys: Sequence[tuple[str, int]]) -> None:
+        """Replace GPUs: their future precursor-announced and lemon faults vanish, telemetry restarts."""
+        for key in keys:
+            self.swapped_at[key] = self.now
+            self.xids.pop(key, None)
+            self.gpu_failed.pop(key, None)
+            lemon = key in self.lemons
+            self.lemons.discard(key)
+            for f in self.faults_by_gpu.get(key, ()):
+                if f.time > self.now and (lemon or (f.episode is not None and f.episode.start <= self.now)):
+                    self.cancelled.add(f.fault_id)
+            self._dirty_gpu(key)
+
+    def _swapped(self, payload: tuple[str, tuple[tuple[str, int], ...]]) -> None:
+        node, keys = payload
+        self._swap(node, keys)
+        self.swapping.discard(node)
+        n = self.slurm.nodes[node]
+        if n.drain and not n.down:
+            self.slurm.resume(node)
+            self._want_sched()
+
+    # ---- oracle ------------------------------------------------------------------------------------------
+
+    def _oracle_drain(self, f: fm.Fault) -> None:
+        if f.fault_id in self.cancelled:
+            return
+        n = self.slurm.nodes[f.node]
+        if n.down or n.drain:
+            # already out of service: swap the GPU when it comes back (the fault will be absorbed)
+            self.cancelled.add(f.fault_id)
+            return
+        self._drain(f.node, f"oracle: {f.cls} on gpu {f.gpu} in {self.cfg.oracle_lead_s:.0f}s")
+        self.m["preemptive_drains"] += 1
+        self.cancelled.add(f.fault_id)
+        self.swapping.add(f.node)
+        self.push(self.now + self.cfg.swap_h * HOUR, SWAPPED, (f.node, ((f.node, f.gpu),)))
+
+    def _oracle_route(self) -> None:
+        lemon_nodes = {n for n, _ in self.lemons}
+        for name, n in self.slurm.nodes.items():
+            prem = name in self.premium
+            if n.drain or n.down:
+                tier = Tier.QUARANTINED
+            elif name in lemon_nodes:
+                tier = Tier.YELLOW
+            else:
+                tier = Tier.GREEN
+            env = Envelope("", prem, prem, prem, True, True)
+            fy = route.fy_features(tier, env)
+            self.slurm.set_features(name, (*n.admin_features, *fy), price.weight_of(tier, prem, self.params))
+
+    # ---- controller --------------------------------------------------------------------------------------
+
+    def _uuid(self, key: tuple[str, int]) -> str:
+        gen = self.swapped_at.get(key)
+        return f"GPU-{key[0]}-{key[1]}" + (f"-s{int(gen)}" if gen is not None else "")
+
+    def _dirty_gpu(self, key: tuple[str, int]) -> None:
+        self.readings.pop(key, None)
+        self.node_gpus.pop(key[0], None)
+
+    def _reading(self, key: tuple[str, int], model: str, nvlink: bool) -> GpuReading:
+        r = self.readings.get(key)
+        if r is not None:
+            return r
+        fields: Mapping[str, float] = BASE_FIELDS
+        since = self.swapped_at.get(key, -1.0)
+        eps = [e for e in self.episodes.get(key, ()) if e.start <= self.now and e.start > since]
+        if eps:
+            f = dict(BASE_FIELDS)
+            for e in eps:
+                for k, v in fm.episode_fields(e, self.now, nvlink).items():
+                    f[k] = max(f.get(k, 0.0), v) if k in (REMAP_PENDING,) else f.get(k, 0.0) + v
+            fields = f
+        r = GpuReading(
+            key[1], self._uuid(key), model, f"0000:{key[1]:02x}:00.0", fields, dict(self.xids.get(key, {}))
+        )
+        self.readings[key] = r
+        return r
+
+    def _samples(self) -> dict[str, NodeSample]:
+        # episodes that started, or are still moving, invalidate their GPU's cached reading
+        while self.ep_ptr < len(self.ep_starts) and self.ep_starts[self.ep_ptr].start <= self.now:
+            self.active_eps.append(self.ep_starts[self.ep_ptr])
+            self.ep_ptr += 1
+        still = []
+        for e in self.active_eps:
+            self._dirty_gpu((e.node, e.gpu))
+            if e.end + self.cfg.control_interval_s >= self.now:
+                still.append(e)
+        self.active_eps = still
+        out = {}
+        gpn = self.cfg.gpus_per_node
+        for name in self.inp.nodes:
+            gpus = self.node_gpus.get(name)
+            if gpus is None:
+                prem = name in self.premium
+                model = PREMIUM_MODEL if prem else OTHER_MODEL
+                gpus = tuple(
+                    self._reading((name, g), model, prem) for g in range(gpn) if (name, g) not in self.hidden
+                )
+                self.node_gpus[name] = gpus
+            out[name] = NodeSample(name, self.now, gpus, gpn)
+        return out
+
+    def _tick(self, why: str) -> None:
+        if why == "periodic":
+            self.push(self.now + self.cfg.control_interval_s, TICK, "periodic")
+        if self.policy == "oracle":
+            self._oracle_route()
+            self._want_sched()
+            return
+        import time as _time
+
+        t0 = _time.perf_counter()
+        pending, self.pending_events = self.pending_events, []
+        result = controller_step(
+            self.state, self.slurm, self._samples(), pending, self.params, self.now, self.rng
+        )
+        self.tick_s += _time.perf_counter() - t0
+        self.ticks += 1
+        self.state = result.state
+        self.last_decisions = result.nodes
+        self.m["drains"] += len(result.plan.of_kind("drain"))
+        if self.policy != "fy_no_drain":
+            for e in result.events:
+                if e.kind == "drain_proposal" and e.node not in self.proposed:
+                    self.proposed[e.node] = self.now
+                    self.push(self.now + self.cfg.human_delay_h * HOUR, APPROVE, e.node)
+        self._want_sched()
+
+    def _approve(self, node: str) -> None:
+        self.proposed.pop(node, None)
+        d = self.last_decisions.get(node)
+        n = self.slurm.nodes[node]
+        if d is None or d.tier is not Tier.RED or n.drain or n.down:
+            return  # no longer red (or already out): the approver declines a stale proposal
+        self._drain(node, f"fleetyield: approved drain proposal: {d.reason}"[:120])
+        self.m["preemptive_drains"] += 1
+        since = self.now - 2 * DAY
+        keys = []
+        for g in range(self.cfg.gpus_per_node):
+            key = (node, g)
+            has_ep = any(
+                since <= e.start <= self.now and e.start > self.swapped_at.get(key, -1.0)
+                for e in self.episodes.get(key, ())
+            )
+            if has_ep or self.gpu_failed.get(key):
+                keys.append(key)
+        real = any(
+            f.time > self.now and f.fault_id not in self.cancelled
+            for k in keys
+            for f in self.faults_by_gpu.get(k, ())
+            if f.episode is not None
+        )
+        if not real:
+            self.m["false_drains"] += 1
+        self.swapping.add(node)
+        self.push(self.now + self.cfg.swap_h * HOUR, SWAPPED, (node, tuple(keys)))
+
+    # ---- results -----------------------------------------------------------------------------------------
+
+    def _metrics(self) -> dict[str, Any]:
+        m = dict(self.m)
+        m["net_goodput_gpu_h"] = m["useful_gpu_h"] - m["wasted_gpu_h"]
+        m["queue_delay_h"] = {
+            c: (self.wait_sum[c] / self.wait_n[c] / HOUR if self.wait_n[c] else 0.0) for c in traces.CLASSES
+        }
+        m["repeat_share"] = _repeat_share(self.fault_hist)
+        m["ticks"] = float(self.ticks)
+        return m
+
+
+def _repeat_share(hist: Sequence[tuple[float, str, int]]) -> float:
+    seen: set[tuple[str, int]] = set()
+    rep = 0
+    for _, n, g in hist:
+        rep += (n, g) in seen
+        seen.add((n, g))
+    return rep / len(hist) if hist else 0.0
+
+
+def run_one(cfg: SimConfig, policy: str, inputs: Inputs | None = None) -> dict[str, Any]:
+    sim = Simulation(cfg, policy, inputs or build_inputs(cfg))
+    return sim.run()
+
+
+def run_policies(cfg: SimConfig, policies: Sequence[str] = POLICIES) -> dict[str, dict[str, Any]]:
+    """Every policy on the same seed (same jobs, same faults)."""
+    inputs = build_inputs(cfg)
+    return {p: run_one(cfg, p, inputs) for p in policies}
+
+
+def run_seeds(
+    cfg: SimConfig, seeds: Sequence[int], policies: Sequence[str] = POLICIES, workers: int = 1
+) -> dict[int, dict[str, dict[str, Any]]]:
+    cfgs = [replace(cfg, seed=s) for s in seeds]
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers) as ex:
+            results = list(ex.map(run_policies, cfgs, [tuple(policies)] * len(cfgs)))
+    else:
+        results = [run_policies(c, policies) for c in cfgs]
+    return dict(zip(seeds, results, strict=True))
+
+
+def main_simulate(
+    out_dir: str | Path,
+    seeds: int = 10,
+    first_seed: int = 0,
+    policies: Sequence[str] = POLICIES,
+    workers: int = 1,
+    plots: bool = True,
+    **config: Any,
+) -> dict[str, Any]:
+    """Entry point of ``fleetyield simulate``: run every policy over ``seeds`` seeds, write
+    ``report.json``, ``report.txt`` and (``plots``) PNGs into ``out_dir``; returns the report dict."""
+    from slurm_fleetyield.sim import report
+
+    cfg = make_config(**config)
+    results = run_seeds(cfg, list(range(first_seed, first_seed + seeds)), policies, workers)
+    rep = report.build(cfg, results)
+    report.write(rep, Path(out_dir), plots=plots)
+    return rep
+
+
+def make_config(**kw: Any) -> SimConfig:
+    """``SimConfig`` from flat keyword arguments; fault knobs may be given flat (``precursor_share=...``)."""
+    fault_names = set(fm.FaultParams.__dataclass_fields__)
+    fkw = {k: kw.pop(k) for k in list(kw) if k in fault_names}
+    unknown = set(kw) - set(SimConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown simulation option(s): {', '.join(sorted(unknown))}")
+    base = kw.pop("faults", fm.FaultParams())
+    return SimConfig(**kw, faults=replace(base, **fkw).validate())
