@@ -5,6 +5,7 @@
 #   SLURM_VERSION   22.05 (default; Debian bookworm) or 24.11 (Debian trixie)
 #   BASE_IMAGE      base image for the Dockerfile; default: a local image imported from debootstrap
 #   UP_TIMEOUT      seconds to wait for every node to be idle (default 300)
+#   LABEL_TIMEOUT   seconds to wait for the controller to label every node (default 120)
 #   COMPOSE_PROJECT_NAME  default "fleetyield"
 
 CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -134,7 +134,7 @@ diagnose() {
   log "---- diagnostics ----"
   compose ps >&2 || true
   local c
-  for c in mariadb slurmdbd slurmctld "${NODES[@]}"; do
+  for c in mariadb slurmdbd slurmctld "${NODES[@]}" fleetyield; do
     echo "----- docker logs --tail 25 $c -----" >&2
     "$DOCKER" logs --tail 25 "$c" >&2 2>&1 || true
   done
@@ -175,6 +175,30 @@ wait_idle() {
   done
 }
 
+# JobSubmitPlugins=lua ANDs an fy_ok_* feature to every job's constraint: jobs only run once the
+# controller has labelled the nodes.  Wait until every node carries an fy_tier_* feature from fresh
+# data (not fy_tier_unknown).
+wait_labelled() {
+  local deadline=$((SECONDS + ${LABEL_TIMEOUT:-120})) out missing n
+  log "waiting for the FleetYield controller to label every node (fy_tier_*)"
+  while :; do
+    out=$("$DOCKER" exec slurmctld scontrol show node -o 2>/dev/null || true)
+    missing=()
+    for n in "${NODES[@]}"; do
+      # fy_tier_unknown: labelled, but the controller has no data from the node's agent yet.
+      grep -E "^NodeName=$n " <<<"$out" | grep -oE 'AvailableFeatures=[^ ]*' | tr ',=' '\n\n' \
+        | grep -E '^fy_tier_' | grep -qv '^fy_tier_unknown$' || missing+=("$n")
+    done
+    ((${#missing[@]} == 0)) && return 0
+    if ((SECONDS >= deadline)); then
+      diagnose
+      "$DOCKER" exec fleetyield fleetyield status >&2 2>&1 || true
+      die "controller did not label ${missing[*]} within ${LABEL_TIMEOUT:-120} s"
+    fi
+    sleep 0.5
+  done
+}
+
 ensure_host_tools
 ensure_dockerd
 ensure_base_image
@@ -184,4 +208,5 @@ if [[ ${1:-} == --build-only ]]; then log "built $FLEETYIELD_IMAGE in $((SECONDS
 log "starting containers (compose project $COMPOSE_PROJECT_NAME)"
 compose up -d --remove-orphans 2>&1 | sed 's/^/  /' >&2
 wait_idle
-log "cluster up: ${#NODES[@]} nodes registered after $((SECONDS - T0)) s"
+wait_labelled
+log "cluster up: ${#NODES[@]} nodes registered and labelled by the controller after $((SECONDS - T0)) s"

@@ -3,18 +3,24 @@
 The session fixture ``cluster`` makes sure the cluster is up: when ``sinfo`` inside the
 ``slurmctld`` container does not answer it runs ``up.sh``.  It never tears the cluster down
 (``make down`` / ``.ci/run`` does), so a cluster you started by hand survives the tests.
+
+``Cluster.reset_world()`` puts the cluster back into its clean state (no jobs, no faults, no drains,
+a controller with an empty store that has labelled every node green); the closed-loop tests run it
+after each test through the ``clean_world`` fixture.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,6 +34,19 @@ NODES = {
 }
 AGENT_PORT = 9400
 AGENT_STATE_DIR = "/var/lib/fleetyield-agent"
+CONTROLLER = "fleetyield"  # the controller's container (and host name on the cluster network)
+API_URL = "http://fleetyield:9401"
+# What the controller writes on a healthy node of each model (admin features first, then fy_*).
+CLEAN_FEATURES = {
+    "h100": (
+        "h100,nvlink,fy_hbm_full,fy_nvlink_full,fy_ok_batch,fy_ok_finetune,fy_ok_train,fy_premium,"
+        "fy_tier_green"
+    ),
+    "l40s": (
+        "l40s,fy_hbm_full,fy_nonpremium,fy_ok_batch,fy_ok_decode,fy_ok_finetune,fy_ok_train,fy_tier_green"
+    ),
+}
+CLEAN_WEIGHT = {"h100": "1100", "l40s": "100"}  # green 100 + premium offset 1000 on the H100s
 UP_TIMEOUT_S = float(os.environ.get("FLEETYIELD_UP_TIMEOUT", "1500"))
 
 T = TypeVar("T")
@@ -99,13 +118,127 @@ class Cluster:
         return self.exec("slurmctld", *cmd, **kw).stdout
 
     def node_info(self) -> dict[str, dict[str, str]]:
-        """``scontrol show node -o`` parsed into {node: {key: value}}."""
+        """``scontrol show node -o`` parsed into {node: {key: value}} (values may hold spaces: Reason)."""
+        from slurm_fleetyield.adapters.slurm import parse_kv_line
+
         nodes: dict[str, dict[str, str]] = {}
         for line in self.ctl("scontrol", "show", "node", "-o").splitlines():
-            fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+            fields = parse_kv_line(line)
             if "NodeName" in fields:
                 nodes[fields["NodeName"]] = fields
         return nodes
+
+    # -- FleetYield ------------------------------------------------------------------------------
+
+    def agent(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``fleetyield-agent ARGS --state-dir ...`` on NODE (e.g. ``"fault", "inject", "--gpu", "3"``)."""
+        return self.exec(node, "fleetyield-agent", *args, "--state-dir", self.agent_state_dir, check=check)
+
+    def api(self, path: str) -> Any:
+        """GET the controller's read-only API from inside the cluster network (JSON)."""
+        return json.loads(self.ctl("curl", "-fsS", "--max-time", "5", f"{API_URL}{path}"))
+
+    def api_text(self, path: str) -> str:
+        return self.ctl("curl", "-fsS", "--max-time", "5", f"{API_URL}{path}")
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """The controller's fleet table from its last committed tick: {node: row}."""
+        return {r["node"]: r for r in self.api("/v1/nodes")}
+
+    def tick(self) -> int:
+        return int(self.api("/v1/status").get("tick", 0))
+
+    def wait_ticks(self, n: int, *, timeout: float = 30) -> int:
+        """Wait until the controller has committed ``n`` more ticks; returns the tick number reached."""
+        start = self.tick()
+        return self.poll(
+            lambda: (t := self.tick()) >= start + n and t,
+            timeout=timeout,
+            interval=0.2,
+            what=f"{n} controller ticks after tick {start}",
+        )
+
+    def fy_service(self, container: str, *args: str) -> None:
+        """``fy-service agent|controller stop|start|restart [--wipe]`` (docker/fy-service.sh)."""
+        self.exec(container, "fy-service", *args, timeout=60)
+
+    def features(self, node: str) -> str:
+        return self.node_info()[node]["AvailableFeatures"]
+
+    def reset_world(self, timeout: float = 120) -> None:
+        """Back to a clean cluster: no jobs, no faults, no drains, features/weights of a healthy fleet
+        written by a controller with an empty store.  ~3 s."""
+        jobs = self.ctl("squeue", "-h", "-o", "%A").split()
+        if jobs:
+            self.exec("slurmctld", "scancel", *jobs, check=False)
+        self.fy_service(CONTROLLER, "controller", "stop")
+        # Fresh fake GPUs (faults, counters, fatal.json and the push spool gone), slurmd untouched.
+        with ThreadPoolExecutor(len(NODES)) as pool:
+            list(pool.map(lambda n: self.fy_service(n, "agent", "restart", "--wipe"), NODES))
+        self.poll(
+            lambda: not self.ctl("squeue", "-h", "-o", "%A").split(),
+            timeout=timeout,
+            interval=0.2,
+            what="an empty job queue",
+        )
+        for node, fields in self.node_info().items():
+            state = fields.get("State", "")
+            if "DRAIN" in state or "DOWN" in state or "FAIL" in state:
+                self.ctl("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        for node in NODES:  # agents answer before the controller's first scrape (no UNKNOWN blip)
+            self.poll(lambda n=node: self.metrics(n), timeout=60, interval=0.1, what=f"{node}'s agent")
+        self.fy_service(CONTROLLER, "controller", "restart", "--wipe")
+        self.poll(self.world_is_clean, timeout=timeout, interval=0.2, what="a clean, labelled cluster")
+
+    def world_is_clean(self) -> bool:
+        info = self.node_info()
+        for node, model in NODES.items():
+            f = info.get(node, {})
+            if f.get("State") != "IDLE":
+                return False
+            if f.get("AvailableFeatures") != CLEAN_FEATURES[model] or f.get("Weight") != CLEAN_WEIGHT[model]:
+                return False
+        try:
+            status = self.api("/v1/status")
+        except (AssertionError, ValueError):
+            return False  # the controller's API is not up yet
+        return (
+            status.get("summary", {}).get("tiers") == {"green": len(NODES)}
+            and status["summary"]["scrape_errors"] == 0
+            and not status["plan"]["holds"]
+        )
+
+    def inject_and_time_drain(
+        self, node: str, *, gpu: int = 3, xid: int = 79, timeout: float = 20
+    ) -> dict[str, float]:
+        """Inject XID ``xid`` on ``node`` and time it until ``scontrol show node`` shows DRAIN.
+
+        The DRAIN is watched by a loop INSIDE slurmctld (scontrol every 20 ms), so the measurement does
+        not include a ``docker exec`` per poll; containers share the host clock.  Returns seconds from
+        the start of the injection command to: the command's return (``inject_s``: docker exec + the
+        agent CLI) and the first scontrol output showing DRAIN (``drain_s``).
+        """
+        watch = (
+            f"echo ready; until scontrol show node {node} | grep -q '^   State=[A-Z_+]*DRAIN'; "
+            "do sleep 0.02; done; date +%s.%N"
+        )
+        poller = subprocess.Popen(
+            [self.docker, "exec", "slurmctld", "bash", "-c", watch], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert poller.stdout is not None
+            assert poller.stdout.readline().strip() == "ready"
+            t0 = time.time()
+            self.agent(node, "fault", "inject", "--gpu", str(gpu), "--xid", str(xid))
+            t1 = time.time()
+            out, _ = poller.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            poller.kill()
+            pytest.fail(f"{node} not DRAIN within {timeout} s of XID {xid}")
+        finally:
+            if poller.poll() is None:
+                poller.kill()
+        return {"inject_s": t1 - t0, "drain_s": float(out.strip()) - t0}
 
     def metrics(self, node: str, *, from_container: str = "slurmctld") -> str:
         """The node agent's /metrics, fetched over the cluster network."""

@@ -3,6 +3,8 @@
 #   fleetyield-entrypoint mariadb|slurmdbd|slurmctld|slurmd|controller|shell [args...]
 # slurmd role: runs slurmd AND the FleetYield node agent; the agent is restarted with backoff
 # when it exits, slurmd exiting ends the container (the compose restart policy brings it back).
+# controller role: runs the FleetYield controller, supervised the same way.  Both supervised
+# processes are controlled with fy-service (docker/fy-service.sh).
 set -uo pipefail
 ROLE=${1:-shell}
 shift || true
@@ -62,16 +64,27 @@ main_process() {
 }
 
 # Keep "$@" running: restart it with exponential backoff (1 s .. 30 s; reset after 60 s of uptime).
+# Controllable with fy-service (docker/fy-service.sh): the child's pid is in /run/fleetyield/NAME.pid;
+# while /run/fleetyield/NAME.disabled exists the child is not (re)started, and an exit caused by
+# `fy-service stop` is not a crash (no backoff: `fy-service start` brings it back within ~0.1 s).
+FY_RUN=/run/fleetyield
 supervise() { # name cmd...
   local name=$1 child=0 backoff=1 started rc
   shift
+  install -d "$FY_RUN"
+  rm -f "$FY_RUN/$name.pid" "$FY_RUN/$name.disabled"  # left over from before a container restart
   (
-    trap 'kill -TERM $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM INT
+    pidfile="$FY_RUN/$name.pid" flag="$FY_RUN/$name.disabled"
+    trap 'kill -TERM $child 2>/dev/null; wait $child 2>/dev/null; rm -f "$pidfile"; exit 0' TERM INT
     while :; do
+      if [[ -e $flag ]]; then sleep 0.1 & wait $!; continue; fi
       started=$SECONDS
       "$@" &
       child=$!
+      echo "$child" >"$pidfile"
       wait $child; rc=$?
+      rm -f "$pidfile"
+      if [[ -e $flag ]]; then log "$name stopped on request (status $rc)"; backoff=1; continue; fi
       ((SECONDS - started > 60)) && backoff=1
       log "$name exited with status $rc; restarting in ${backoff} s"
       sleep $backoff & wait $!
@@ -79,6 +92,22 @@ supervise() { # name cmd...
     done
   ) &
   HELPERS+=($!)
+}
+
+# The shared secret agents sign their pushes with (HMAC), on the fleetyield-secret volume: created by
+# whichever container comes first (like the munge key), mode 0600, root-owned.
+PUSH_SECRET=${FLEETYIELD_PUSH_SECRET_FILE:-/etc/fleetyield-secret/push.secret}
+setup_push_secret() {
+  install -d -m 0700 "$(dirname "$PUSH_SECRET")"
+  (
+    flock 9
+    if [[ ! -s $PUSH_SECRET ]]; then
+      log "creating the push secret"
+      (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$PUSH_SECRET.tmp") \
+        && mv "$PUSH_SECRET.tmp" "$PUSH_SECRET"
+    fi
+  ) 9>"$(dirname "$PUSH_SECRET")/.lock"
+  chmod 0600 "$PUSH_SECRET"
 }
 
 case "$ROLE" in
@@ -137,12 +166,18 @@ slurmd)
   done
   install -d /var/spool/slurmd /var/lib/fleetyield-agent /run/fleetyield/hpc-jobs
   if command -v fleetyield-agent >/dev/null && fleetyield-agent --help >/dev/null 2>&1; then
+    push=()
+    if [[ -n ${FLEETYIELD_PUSH_URL:-} ]]; then
+      setup_push_secret
+      push=(--push-url "$FLEETYIELD_PUSH_URL" --push-secret-file "$PUSH_SECRET")
+    fi
+    # Stop/start/wipe it with `fy-service agent stop|start|restart [--wipe]` (slurmd keeps running).
     # shellcheck disable=SC2086
-    supervise fleetyield-agent fleetyield-agent serve --backend fake \
+    supervise agent fleetyield-agent serve --backend fake \
       --gpus "${FLEETYIELD_GPUS:-8}" --model "${FLEETYIELD_GPU_MODEL:-h100}" \
       --seed "${FLEETYIELD_AGENT_SEED:-0}" --hostname "$(hostname)" --port 9400 \
       --state-dir /var/lib/fleetyield-agent --hpc-job-mapping-dir /run/fleetyield/hpc-jobs \
-      ${FLEETYIELD_AGENT_EXTRA_ARGS:-}
+      "${push[@]}" ${FLEETYIELD_AGENT_EXTRA_ARGS:-}
   else
     log "WARNING: fleetyield-agent is not installed in this image; node agent not started"
   fi
@@ -150,11 +185,17 @@ slurmd)
   main_process slurmd -D
   ;;
 controller)
-  # The FleetYield controller: slurm client + munge key + /etc/fleetyield/fleetyield.toml.
+  # The FleetYield controller: slurm client + munge key + /etc/fleetyield/fleetyield.toml + the push
+  # secret.  The command ("$@", e.g. fleetyield run --config ...) runs supervised, so that tests and
+  # admins can stop, restart or wipe it (`fy-service controller stop|start|restart [--wipe]`) without
+  # recreating the container; the container's main process only waits for TERM.
   setup_munge
+  setup_push_secret
+  install -d /var/lib/fleetyield
   wait_for slurmctld slurmctld_up
   if (($# == 0)); then set -- fleetyield --help; fi
-  main_process "$@"
+  supervise controller "$@"
+  main_process sleep infinity
   ;;
 shell)
   exec bash "$@"
