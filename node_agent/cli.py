@@ -65,6 +65,18 @@ def _serve_options(f: Any) -> Any:
             default=None,
             help="Fault timeline (JSON or TOML), fake backend only.",
         ),
+        click.option(
+            "--outcomes-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Epilog job-outcome spool forwarded to the controller "
+            "(default /var/spool/fleetyield/outcomes).",
+        ),
+        click.option(
+            "--outcomes-url",
+            default=None,
+            help="Where outcomes are POSTed (default: the push URL's listener, /v1/agent/outcomes).",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -36,6 +36,9 @@ class AgentConfig(BaseModel):
     push_url: str | None = None
     push_secret_file: Path | None = None
     scenario: Path | None = None
+    outcomes_dir: Path | None = Path("/var/spool/fleetyield/outcomes")
+    outcomes_url: str | None = None
+    outcomes_interval_s: float = Field(default=5.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
@@ -45,6 +48,10 @@ class AgentConfig(BaseModel):
             raise ValueError("--push-url needs --push-secret-file")
         if self.push_url and not self.push_url.startswith(("http://", "https://")):
             raise ValueError(f"--push-url must be an http(s) URL, got {self.push_url!r}")
+        if self.outcomes_url and not self.outcomes_url.startswith(("http://", "https://")):
+            raise ValueError(f"--outcomes-url must be an http(s) URL, got {self.outcomes_url!r}")
+        if self.outcomes_url and not self.push_secret_file:
+            raise ValueError("--outcomes-url needs --push-secret-file")
         return self
 
     def node_name(self) -> str:

@@ -8,6 +8,7 @@ handlers that stop everything cleanly (sockets closed, locks released).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -23,7 +24,10 @@ from node_agent.collector import GpuCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
+from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
+from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
+from node_agent.remote import MAX_BODY, ResetEndpoint
 from node_agent.scenario import load_scenario
 from node_agent.state import ServeLock
 
@@ -76,6 +80,24 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"not found\n", "text/plain")
 
+    def do_POST(self) -> None:
+        """The one signed network control operation (``remote``); everything else is GET-only."""
+        path = self.path.split("?", 1)[0]
+        endpoint = self.server.reset_endpoint
+        if path != CONTROL_RESET_PATH or endpoint is None:
+            self._send(404, b'{"error": "not found"}\n', "application/json")
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "-1"))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True
+            self._send(413 if length > MAX_BODY else 411, b'{"error": "bad length"}\n', "application/json")
+            return
+        status, doc = endpoint.handle(dict(self.headers.items()), self.rfile.read(length))
+        self._send(status, json.dumps(doc).encode() + b"\n", "application/json")
+
     def _send(self, code: int, body: bytes, ctype: str) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -94,6 +116,7 @@ class _HTTPServer(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], agent: Agent, registry: CollectorRegistry) -> None:
         self.agent = agent
         self.registry = registry
+        self.reset_endpoint: ResetEndpoint | None = None
         super().__init__(addr, _Handler)
 
 
@@ -108,6 +131,7 @@ class Server:
         self.http: _HTTPServer | None = None
         self.control = None
         self.pusher: Pusher | None = None
+        self.forwarder: OutcomeForwarder | None = None
         self.agent: Agent | None = None
 
     @property
@@ -136,10 +160,26 @@ class Server:
 
             self.control = ControlServer(cfg.state_dir, self.agent)
             self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, make_registry(self.agent, cfg))
+            if secret:
+                self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
+            outcomes_url = cfg.outcomes_url
+            if outcomes_url is None and cfg.push_url:
+                outcomes_url = outcomes_url_from_push(cfg.push_url)
+            if outcomes_url and secret and cfg.outcomes_dir is not None:
+                self.forwarder = OutcomeForwarder(
+                    cfg.outcomes_dir,
+                    cfg.node_name(),
+                    outcomes_url,
+                    secret,
+                    self.clock,
+                    interval_s=cfg.outcomes_interval_s,
+                )
         except BaseException:
             self.lock.release()
             raise
         self.pusher.start()
+        if self.forwarder is not None:
+            self.forwarder.start()
         self.control.start()
         t = threading.Thread(
             target=self.http.serve_forever, args=(0.05,), name="fleetyield-http", daemon=True
@@ -170,6 +210,8 @@ class Server:
             self.control.stop()
         if self.pusher is not None:
             self.pusher.stop()
+        if self.forwarder is not None:
+            self.forwarder.stop()
         if self.agent is not None:
             self.agent.backend.stop()
         for t in self._threads:

@@ -118,3 +118,102 @@ def verify(
                 f"node mismatch: event {event.event_id} is from {event.node!r}, not {node!r}"
             )
     return batch
+
+
+# --------------------------------------------------------------------------------------------------------
+# Job outcomes (agent -> controller) and remote control (controller -> agent): same HMAC scheme
+# --------------------------------------------------------------------------------------------------------
+
+OUTCOMES_PATH = "/v1/agent/outcomes"
+"""Controller path the agent forwards the Epilog's job-outcome records to (a batch per request)."""
+
+CONTROL_RESET_PATH = "/v1/control/reset"
+"""Agent path the controller asks for a GPU reset on (signed; see ``ResetRequest``)."""
+
+MAX_OUTCOMES_PER_BATCH = 100
+
+
+class OutcomeBatch(BaseModel):
+    """The body of one outcome forward: the Epilog's records, verbatim (the controller maps them).
+
+    Every record must carry ``job_id`` and name this node (``node``); anything else in it is the Epilog's
+    schema (``prolog_epilog/epilog.py``) and is kept whole, so a newer Epilog never breaks an older
+    controller.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1)
+    records: list[dict] = Field(max_length=MAX_OUTCOMES_PER_BATCH)
+
+
+class ResetRequest(BaseModel):
+    """``POST /v1/control/reset``: reset ``gpus`` (empty: every GPU) of ``node``.
+
+    ``request_id`` is a single-use nonce: the agent refuses a second request with the same id within the
+    signature's validity window (so a captured request cannot be replayed), and the controller logs it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1)
+    gpus: list[int] = Field(default_factory=list)
+    request_id: str = Field(pattern=r"^[A-Za-z0-9_.:-]{8,128}$")
+
+
+def verify_signed(
+    secret: bytes,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: float,
+    max_skew_s: float = 300,
+) -> str:
+    """Check the node/timestamp/signature headers of any signed request; return the node header.
+
+    The same checks as ``verify`` without parsing the body: callers validate their own body model and must
+    compare its node with the returned one.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    node = lowered.get(NODE_HEADER.lower())
+    timestamp = lowered.get(TIMESTAMP_HEADER.lower())
+    signature = lowered.get(SIGNATURE_HEADER.lower())
+    if not node:
+        raise SignatureError(f"missing {NODE_HEADER} header")
+    if not timestamp:
+        raise SignatureError(f"missing {TIMESTAMP_HEADER} header")
+    if not signature:
+        raise SignatureError(f"missing {SIGNATURE_HEADER} header")
+    try:
+        ts = int(timestamp)
+    except ValueError:
+        raise SignatureError(f"bad {TIMESTAMP_HEADER} header: {timestamp!r} is not unix seconds") from None
+    if abs(now - ts) > max_skew_s:
+        raise SignatureError(f"stale timestamp: {ts} is {now - ts:+.0f}s from now (max skew {max_skew_s:g}s)")
+    if not signature.startswith(SIGNATURE_PREFIX):
+        raise SignatureError(f"bad {SIGNATURE_HEADER} header: expected '{SIGNATURE_PREFIX}<hex>'")
+    if not hmac.compare_digest(sign(secret, timestamp, body).encode(), signature.encode()):
+        raise SignatureError("bad signature: body, timestamp or secret do not match")
+    return node
+
+
+def verify_outcomes(
+    secret: bytes, headers: Mapping[str, str], body: bytes, now: float, max_skew_s: float = 300
+) -> OutcomeBatch:
+    """Check an outcome forward and return its batch, or raise ``SignatureError``."""
+    node = verify_signed(secret, headers, body, now, max_skew_s)
+    try:
+        batch = OutcomeBatch.model_validate_json(body)
+    except ValidationError as exc:
+        raise SignatureError(
+            f"malformed body: {exc.error_count()} error(s): {exc.errors()[0]['msg']}"
+        ) from None
+    if batch.node != node:
+        raise SignatureError(f"node mismatch: header says {node!r}, body says {batch.node!r}")
+    for record in batch.records:
+        if not str(record.get("job_id") or "").strip():
+            raise SignatureError("malformed body: an outcome record has no job_id")
+        if record.get("node") not in (None, node):
+            raise SignatureError(
+                f"node mismatch: outcome of job {record.get('job_id')} is from {record.get('node')!r}"
+            )
+    return batch

@@ -29,7 +29,21 @@ EpilogSlurmctld only, so they are null there), ``exit_status_raw``
 (``SLURM_JOB_EXIT_CODE``, wait(2) status), ``derived_exit_code``
 (``SLURM_JOB_DERIVED_EC``), ``comment``, ``declared_class`` + ``class_source`` (the
 ``fy:<class>`` comment, else a partition named like a class -- the job_submit.lua rule),
-``mapping_removed`` (GPU files removed), ``epilog_time``.
+``mapping_removed`` (GPU files removed), ``epilog_time``, ``last_checkpoint`` +
+``last_checkpoint_source`` (see below).
+
+Checkpoint convention (how a job tells the ledger how much of its work survives a crash): after each
+checkpoint the job writes the checkpoint's Unix time to ``<spool_dir>/ckpt/$SLURM_JOB_ID`` on its batch node::
+
+    date +%s > /var/spool/fleetyield/ckpt/$SLURM_JOB_ID
+
+The directory is node-local, mode 1733 (anyone may create a file, nobody may list or delete another's; made
+by the installer and re-made by this hook). The epilog reads that one small local file (never the job's
+submit directory: a shared file system could hang it past its 2 s deadline, and a root hook must not
+follow user paths), accepts it only if it is a regular file owned by the job's uid holding a number, and
+removes it. A job may instead put ``ckpt=<unix>`` in its comment (``scontrol update JobId=$SLURM_JOB_ID
+Comment="fy:<class> ckpt=<unix>"``): read when slurmd passes the current comment to the Epilog (Slurm 22.05
+passes none; the Prolog's copy is then from job start). The file wins when both exist.
 
 Exit status: always 0. A failing Epilog sets the node DOWN, which is harsher than the
 prolog's drain and also hits every other job still running on a shared node; nothing
@@ -43,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -115,6 +130,57 @@ def build_outcome(env: Mapping[str, str], state: Mapping[str, object], job_id: s
     }
 
 
+CKPT_DIR = "ckpt"
+MAX_CKPT_BYTES = 64
+
+
+def _ckpt_from_comment(comment: object) -> float | None:
+    if not isinstance(comment, str):
+        return None
+    for token in comment.replace(",", " ").replace(";", " ").split():
+        if token.lower().startswith("ckpt="):
+            try:
+                value = float(token[5:])
+            except ValueError:
+                return None
+            return value if value > 0 else None
+    return None
+
+
+def read_checkpoint(spool_dir: str, job_id: str, uid: int | None, log: lib.Logger) -> float | None:
+    """The job's last checkpoint time from ``<spool_dir>/ckpt/<job_id>`` (then removed), or None."""
+    directory = os.path.join(spool_dir, CKPT_DIR)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        os.chmod(directory, 0o1733)
+    except OSError:
+        pass
+    path = os.path.join(directory, job_id)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log("WARNING", f"checkpoint file {path} unreadable ({exc}); ignored")
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid not in (uid, 0)):
+            log("WARNING", f"checkpoint file {path} is not a regular file of uid {uid}; ignored")
+            return None
+        data = os.read(fd, MAX_CKPT_BYTES + 1)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    try:
+        value = float(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        log("WARNING", f"checkpoint file {path} does not hold a Unix time; ignored")
+        return None
+    return value if value > 0 and len(data) <= MAX_CKPT_BYTES else None
+
+
 def write_outcome(spool_dir: str, record: dict) -> str:
     """Spool ``record``; never overwrite an undelivered record. Returns the path."""
     directory = os.path.join(spool_dir, "outcomes")
@@ -156,6 +222,12 @@ def run(env: Mapping[str, str], log: lib.Logger) -> None:
     state = _read_job_state(state_path, log)
     record = build_outcome(env, state, job_id, node)
     record["mapping_removed"] = removed
+    ckpt = read_checkpoint(config.spool_dir, job_id, record.get("uid"), log)
+    source = "file" if ckpt is not None else None
+    if ckpt is None:
+        ckpt = _ckpt_from_comment(record.get("comment"))
+        source = "comment" if ckpt is not None else None
+    record["last_checkpoint"], record["last_checkpoint_source"] = ckpt, source
     try:
         path = write_outcome(config.spool_dir, record)
     except OSError as exc:

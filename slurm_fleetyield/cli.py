@@ -2,8 +2,14 @@
 
 Input: a config file (``--config``; default ``$FLEETYIELD_CONFIG`` or /etc/fleetyield/fleetyield.toml), or
 a running controller's API (``--api URL``). Output: the daemon (``run``), or tables / JSON (``status``,
-``nodes``, ``explain``, ``events``). The read commands read the store directly, so they work while the
-daemon is down; ``--api`` asks a running one instead (e.g. from another host).
+``nodes``, ``explain``, ``events``, ``ledger``, ``pending``). The read commands read the store directly, so
+they work while the daemon is down; ``--api`` asks a running one instead (e.g. from another host).
+
+The human gate: ``keygen NAME`` makes an admin key pair; ``pending`` lists open drain proposals;
+``approve ID --key K`` / ``deny ID --key K`` sign a decision and submit it to the controller's listener
+(``POST /v1/approvals`` on the push port), or write it with ``--out FILE`` for ``submit-approval FILE``
+elsewhere; ``audit verify`` checks the gate's hash-chained audit log. Exit status: 0 done, 1 refused
+(the listener's rejection code is printed), 2 usage or unreachable.
 """
 
 from __future__ import annotations
@@ -64,6 +70,15 @@ class StoreSource:
     def events(self, limit: int, node: str | None) -> list[dict[str, Any]]:
         return self.model.events(limit, node)
 
+    def ledger(self, by: str, since: float | None) -> dict[str, Any]:
+        from slurm_fleetyield.adapters.views import aggregate_ledger
+
+        return {"by": by, "since": since, "groups": aggregate_ledger(self.store.ledger(since=since), by)}
+
+    def calibration(self) -> dict[str, Any]:
+        view = self.model.result() or {}
+        return {"tick": view.get("tick"), **(view.get("calibration") or {})}
+
 
 class ApiSource:
     def __init__(self, url: str) -> None:
@@ -93,6 +108,13 @@ class ApiSource:
     def events(self, limit: int, node: str | None) -> list[dict[str, Any]]:
         query = {"limit": limit, **({"node": node} if node else {})}
         return self._get("/v1/events?" + urllib.parse.urlencode(query))
+
+    def ledger(self, by: str, since: float | None) -> dict[str, Any]:
+        query = {"by": by, **({"since": since} if since is not None else {})}
+        return self._get("/v1/ledger?" + urllib.parse.urlencode(query))
+
+    def calibration(self) -> dict[str, Any]:
+        return self._get("/v1/calibration")
 
 
 def _source(config_path: str | None, api: str | None) -> StoreSource | ApiSource:
@@ -184,13 +206,41 @@ def run(config_path: str, dry_run: bool, once: bool, log_level: str, log_format:
             sys.exit(1)
 
 
+def _calibration_text(doc: dict[str, Any]) -> str:
+    brier = doc.get("brier")
+    lines = [
+        f"calibration (tick {doc.get('tick')}): Brier "
+        f"{'-' if brier is None else f'{brier:.4f}'} over {doc.get('resolved', 0)} resolved predictions, "
+        f"{doc.get('open_predictions', 0)} open",
+        "P(FAIL) BIN          PREDICTED  OBSERVED  COUNT",
+    ]
+    for b in doc.get("bins") or []:
+        pm, of = b.get("predicted_mean"), b.get("observed_frequency")
+        lines.append(
+            f"[{b['lower']:.4f}, {b['upper']:.4f})  {'-' if pm is None else f'{pm:9.4f}'}  "
+            f"{'-' if of is None else f'{of:8.4f}'}  {b['count']:5d}"
+        )
+    multipliers = doc.get("multipliers") or {}
+    if multipliers:
+        lines.append("learned multipliers: " + ", ".join(f"{k}={v:.3g}" for k, v in multipliers.items()))
+    return "\n".join(lines)
+
+
 @main.command()
 @_config_option
 @_api_option
 @_json_option
-def status(config_path: str | None, api: str | None, as_json: bool) -> None:
+@click.option("--calibration", is_flag=True, help="The risk model's reliability table, Brier, multipliers.")
+def status(config_path: str | None, api: str | None, as_json: bool, calibration: bool) -> None:
     """Fleet summary and table: node, tier, risk, features, weight, Slurm state, reason."""
     source = _source(config_path, api)
+    if calibration:
+        doc = source.calibration()
+        if as_json:
+            _emit_json(doc)
+        else:
+            click.echo(_calibration_text(doc))
+        return
     doc, rows = source.status(), source.rows()
     if as_json:
         _emit_json({**doc, "nodes": rows})
@@ -254,6 +304,337 @@ def events(limit: int, node: str | None, config_path: str | None, api: str | Non
         return
     for r in rows:
         click.echo(f"{r['time']:.3f} tick={r['tick']} {r['kind']:<16} {r['node'] or '-':<12} {r['message']}")
+
+
+@main.command()
+@click.option(
+    "--by",
+    default="all",
+    show_default=True,
+    type=click.Choice(["all", "class", "node", "tier", "day", "cause"]),
+    help="Group settled jobs by workload class, node (split evenly), tier at start, UTC day or cause.",
+)
+@click.option("--since", type=float, help="Only jobs that ended at or after this Unix time.")
+@click.option("--since-hours", type=float, help="Only jobs that ended in the last N hours.")
+@_config_option
+@_api_option
+@_json_option
+def ledger(
+    by: str,
+    since: float | None,
+    since_hours: float | None,
+    config_path: str | None,
+    api: str | None,
+    as_json: bool,
+) -> None:
+    """Goodput ledger: useful, wasted and net (useful - wasted) GPU-hours, failures, premium misuse."""
+    import time as _time
+
+    if since_hours is not None:
+        since = _time.time() - since_hours * 3600.0
+    doc = _source(config_path, api).ledger(by, since)
+    if as_json:
+        _emit_json(doc)
+        return
+    headers = (
+        "GROUP",
+        "JOBS",
+        "FAILURES",
+        "USEFUL_GPU_H",
+        "WASTED_GPU_H",
+        "NET_GPU_H",
+        "PREMIUM_MISUSE_GPU_H",
+    )
+    keys = (
+        "group",
+        "jobs",
+        "failures",
+        "useful_gpu_h",
+        "wasted_gpu_h",
+        "net_goodput_gpu_h",
+        "premium_misuse_gpu_h",
+    )
+    body = [tuple(f"{g[k]:g}" if isinstance(g[k], float) else str(g[k]) for k in keys) for g in doc["groups"]]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for r in body:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    if not body:
+        click.echo("(no settled jobs)")
+
+
+# --------------------------------------------------------------------------------------------------------
+# The human gate
+# --------------------------------------------------------------------------------------------------------
+
+
+def _gate_cfg(config_path: str | None) -> config_mod.Config:
+    return _load(config_path or os.environ.get("FLEETYIELD_CONFIG", DEFAULT_CONFIG))
+
+
+def _proposals(
+    config_path: str | None, api: str | None, proposal_id: str | None = None
+) -> list[dict[str, Any]]:
+    if api:
+        src = ApiSource(api)
+        if proposal_id is not None:
+            return [src._get(f"/v1/proposals/{urllib.parse.quote(proposal_id, safe='')}")]
+        return src._get("/v1/proposals")["pending"]
+    from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
+
+    cfg = _gate_cfg(config_path)
+    try:
+        if proposal_id is not None:
+            return read_proposals(cfg.gate_dir, proposal_id=proposal_id)
+        return read_proposals(cfg.gate_dir, status="pending")
+    except ProposalsUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.argument("name")
+@click.option(
+    "--dir",
+    "out_dir",
+    default=os.path.join("~", ".fleetyield"),
+    show_default=True,
+    help="Where NAME.key (0600) and NAME.pub are written.",
+)
+@_json_option
+def keygen(name: str, out_dir: str, as_json: bool) -> None:
+    """Create an admin's Ed25519 key pair; append NAME.pub to the controller's authorized-keys file."""
+    from slurm_fleetyield.gate import GateError
+    from slurm_fleetyield.gate import keygen as make_keys
+
+    try:
+        private, public = make_keys(name, os.path.expanduser(out_dir))
+    except (GateError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    line = public.read_text().strip()
+    if as_json:
+        _emit_json({"private_key": str(private), "public_key": str(public), "authorized_keys_line": line})
+        return
+    click.echo(f"private key: {private} (keep it; mode 0600)")
+    click.echo(f"public key:  {public}")
+    click.echo("add this line to the controller's gate.authorized_keys file:")
+    click.echo(line)
+
+
+@main.command()
+@_config_option
+@_api_option
+@_json_option
+def pending(config_path: str | None, api: str | None, as_json: bool) -> None:
+    """Open drain proposals: node, GPUs, risk, affected jobs, expiry, evidence."""
+    import time as _time
+
+    rows = _proposals(config_path, api)
+    if as_json:
+        _emit_json(rows)
+        return
+    if not rows:
+        click.echo("no open proposals")
+        return
+    now = _time.time()
+    for p in rows:
+        left = p["expires_at"] - now
+        click.echo(
+            f"{p['id']}  node {p['node']}  gpus {p['gpus'] or 'all'}  risk {p['risk']:.3f}  "
+            f"jobs {p['affected_jobs'] or '-'}  expires in {max(0.0, left) / 3600:.1f} h"
+        )
+        for line in str(p["evidence"]).splitlines()[:40]:
+            click.echo(f"    {line}")
+        click.echo(
+            f"  approve: fleetyield approve {p['id']} --key ADMIN.key"
+            f"   deny: fleetyield deny {p['id']} --key ADMIN.key"
+        )
+
+
+def _submit_url(cfg: config_mod.Config | None, url: str | None) -> str:
+    if url:
+        return url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1/approvals") else "/v1/approvals")
+    if cfg is None:
+        raise click.UsageError("say where to submit: --submit URL (the controller's push listener)")
+    host = cfg.push.host if cfg.push.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    return f"http://{host}:{cfg.push.port}/v1/approvals"
+
+
+def submit_envelope(url: str, envelope: str) -> tuple[int, dict[str, Any]]:
+    """POST an envelope to the controller's listener; (HTTP status, JSON answer)."""
+    req = urllib.request.Request(
+        url, data=envelope.encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        body = err.read()
+        try:
+            return err.code, json.loads(body)
+        except ValueError:
+            return err.code, {"error": "http_error", "message": body.decode(errors="replace")[:500]}
+    except (urllib.error.URLError, OSError) as err:
+        raise click.ClickException(f"{url}: {getattr(err, 'reason', err)}") from None
+
+
+def _report_submission(status_code: int, doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _emit_json({"http_status": status_code, **doc})
+    elif status_code == 200:
+        click.echo(
+            f"{doc['proposal_id']} ({doc['node']}): {doc['status']} by {doc['admin']}, "
+            f"audit seq {doc['audit_seq']}"
+        )
+    else:
+        click.echo(f"refused ({status_code}): {doc.get('error')}: {doc.get('message', '')}", err=True)
+    if status_code != 200:
+        sys.exit(1)
+
+
+def _decide(
+    action: str,
+    proposal_id: str,
+    key: str,
+    note: str,
+    ttl: int,
+    out: str | None,
+    submit: str | None,
+    config_path: str | None,
+    api: str | None,
+    as_json: bool,
+) -> None:
+    from slurm_fleetyield.gate import GateError, sign_statement
+    from slurm_fleetyield.gate.proposal import PROPOSAL_ID_RE
+
+    if not PROPOSAL_ID_RE.fullmatch(proposal_id):
+        raise click.BadParameter(f"{proposal_id!r} is not a proposal id (p-<12 hex>)", param_hint="ID")
+    found = _proposals(config_path, api, proposal_id)
+    if not found:
+        raise click.ClickException(f"no proposal {proposal_id}")
+    proposal = found[0]
+    if proposal["status"] != "pending":
+        raise click.ClickException(f"proposal {proposal_id} is already {proposal['status']}")
+
+    class _Ref:
+        id = proposal["id"]
+        node = proposal["node"]
+
+    try:
+        envelope = sign_statement(key, _Ref(), action, ttl_s=ttl, note=note)
+    except (GateError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if out:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(envelope + "\n")
+        if as_json:
+            _emit_json({"envelope_file": out, "proposal_id": proposal_id, "action": action})
+        else:
+            click.echo(f"signed {action} of {proposal_id} ({proposal['node']}) written to {out}")
+        return
+    cfg = None if submit else _gate_cfg(config_path)
+    status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope)
+    _report_submission(status_code, doc, as_json)
+
+
+def _decision_command(action: str):  # type: ignore[no-untyped-def]
+    @click.argument("proposal_id", metavar="ID")
+    @click.option(
+        "--key", required=True, type=click.Path(dir_okay=False), help="Your private key (NAME.key)."
+    )
+    @click.option("--note", default="", help="Free text kept in the audit log (<= 500 chars).")
+    @click.option(
+        "--ttl",
+        default=900,
+        show_default=True,
+        type=click.IntRange(1, 86_400),
+        help="Seconds the signed decision stays valid.",
+    )
+    @click.option(
+        "--out", type=click.Path(dir_okay=False), help="Write the envelope here instead of submitting."
+    )
+    @click.option("--submit", "submit", help="Listener URL (default: from the config's [push] host/port).")
+    @_config_option
+    @_api_option
+    @_json_option
+    def command(
+        proposal_id: str,
+        key: str,
+        note: str,
+        ttl: int,
+        out: str | None,
+        submit: str | None,
+        config_path: str | None,
+        api: str | None,
+        as_json: bool,
+    ) -> None:
+        _decide(action, proposal_id, key, note, ttl, out, submit, config_path, api, as_json)
+
+    command.__doc__ = (
+        f"Sign '{action}' for proposal ID and submit it (or write it with --out). The proposal is read from "
+        "the gate (--config) or a running controller (--api)."
+    )
+    return command
+
+
+main.command("approve")(_decision_command("approve"))
+main.command("deny")(_decision_command("deny"))
+
+
+@main.command("submit-approval")
+@click.argument("envelope_file", type=click.File("r"))
+@click.option("--submit", "submit", help="Listener URL (default: from the config's [push] host/port).")
+@_config_option
+@_json_option
+def submit_approval(envelope_file: Any, submit: str | None, config_path: str | None, as_json: bool) -> None:
+    """Submit an envelope written by ``approve/deny --out`` to the controller's listener."""
+    envelope = envelope_file.read().strip()
+    cfg = None if submit else _gate_cfg(config_path)
+    status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope)
+    _report_submission(status_code, doc, as_json)
+
+
+@main.group()
+def audit() -> None:
+    """The gate's hash-chained audit log."""
+
+
+@audit.command("verify")
+@click.option("--jsonl", type=click.File("r"), help="Verify an exported JSONL file instead of the database.")
+@click.option(
+    "--head",
+    "head_path",
+    type=click.Path(dir_okay=False),
+    help="Head checkpoint (audit.head) to verify against.",
+)
+@_config_option
+@_json_option
+def audit_verify(jsonl: Any, head_path: str | None, config_path: str | None, as_json: bool) -> None:
+    """Check the audit chain (and its head checkpoint); exit 1 and print the first bad seq on any problem."""
+    from slurm_fleetyield.gate import GateError, Gatekeeper, read_head, verify_jsonl
+
+    try:
+        head = read_head(head_path) if head_path else None
+        if jsonl is not None:
+            report = verify_jsonl(jsonl, head)
+        else:
+            from pathlib import Path
+
+            cfg = _gate_cfg(config_path)
+            if not (Path(cfg.gate_dir) / "gate.db").exists():
+                raise click.ClickException(f"{cfg.gate_dir}: no gate database")
+            with Gatekeeper.open(cfg.gate_dir) as gk:
+                report = gk.audit.verify(head)
+    except GateError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        _emit_json(report.model_dump())
+    elif report.ok:
+        click.echo(f"ok: {report.entries} entries, head seq {report.last_seq} {report.last_hash}")
+    else:
+        click.echo(f"BAD at seq {report.first_bad_seq} ({report.code}): {report.problem}", err=True)
+    if not report.ok:
+        sys.exit(1)
 
 
 @main.command("validate-config")

@@ -9,6 +9,7 @@ cross-field rules run on the complete model. Any error is a ``ConfigError`` nami
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import tomllib
 from pathlib import Path
@@ -52,9 +53,10 @@ class SenseConfig(BaseModel):
 
     model_config = _STRICT
 
-    mode: Literal["agent"] = Field(
+    mode: Literal["agent", "prometheus"] = Field(
         "agent",
-        description="'agent': scrape each node's exporter (FleetYield agent or stock dcgm-exporter).",
+        description="'agent': scrape each node's exporter (FleetYield agent or stock dcgm-exporter). "
+        "'prometheus': query the Prometheus that scrapes them (see the prometheus table); same decisions.",
     )
     url_template: str = Field(
         "http://{node}:9400/metrics",
@@ -85,6 +87,73 @@ class SenseConfig(BaseModel):
         if not self.url_template.startswith(("http://", "https://")):
             raise ValueError(f"url_template must be an http(s) URL, got {self.url_template!r}")
         return self
+
+
+class PrometheusConfig(BaseModel):
+    """Sensing through Prometheus (``sense.mode = "prometheus"``; contrib/prometheus/README.md)."""
+
+    model_config = _STRICT
+
+    url: str = Field("http://127.0.0.1:9090", description="Prometheus base URL (the HTTP API's root).")
+    node_label: str = Field(
+        "Hostname",
+        description="Label naming a series' Slurm node: 'Hostname' (agent, dcgm-exporter releases), "
+        "'hostname' (dcgm-exporter main) or a target label set by relabeling, e.g. 'node'.",
+    )
+    selector: str = Field(
+        "",
+        description="Extra PromQL label matchers added to every query, e.g. 'job=\"fleetyield-agent\"' "
+        "(select only the GPU exporters' targets).",
+    )
+    extra_fields: list[str] = Field(
+        default_factory=list,
+        description="DCGM fields to read besides those the decision core uses (they only show in explain).",
+    )
+    timeout_s: float = Field(10.0, gt=0, le=300, description="Per-query timeout; a failure is UNKNOWN.")
+    nodes_per_query: int = Field(
+        5000, ge=1, description="Node names per regex matcher: queries = families x ceil(nodes / this)."
+    )
+    concurrency: int = Field(8, ge=1, le=256, description="Queries in flight at once.")
+    bearer_token_file: str | None = Field(
+        None, description="File holding a bearer token for a Prometheus behind authentication."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> PrometheusConfig:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be an http(s) URL, got {self.url!r}")
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.node_label):
+            raise ValueError(f"node_label must be a Prometheus label name, got {self.node_label!r}")
+        return self
+
+
+class AlertmanagerConfig(BaseModel):
+    """Alertmanager's webhook on the push listener (``POST /v1/alertmanager``; contrib/alertmanager/)."""
+
+    model_config = _STRICT
+
+    token_file: str | None = Field(
+        None,
+        description="File holding the bearer token Alertmanager sends (its "
+        "http_config.authorization.credentials_file). Set: the webhook is served on the push listener "
+        "(which then runs even without push.secret_file). Keep it mode 0600.",
+    )
+    node_labels: list[str] = Field(
+        default_factory=lambda: ["node", "Hostname", "hostname"],
+        min_length=1,
+        description="Alert labels naming the Slurm node, first present wins.",
+    )
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="Larger webhook requests are refused with 413.")
+    stale_after_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A firing alert whose endsAt is older than this is a replayed request: acknowledged, "
+        "not stored.",
+    )
+
+    @property
+    def active(self) -> bool:
+        return self.token_file is not None
 
 
 class PushConfig(BaseModel):
@@ -173,6 +242,104 @@ class LoopConfig(BaseModel):
         return self
 
 
+class GateConfig(BaseModel):
+    """The human gate: where proposals, nonces and the audit log live, and who may approve.
+
+    When a proposal opens and how long it stays open are the core's (core.gate: propose_on_red,
+    proposal_ttl_s, ...)."""
+
+    model_config = _STRICT
+
+    state_dir: str | None = Field(
+        None,
+        description="Directory of gate.db (proposals, used nonces, hash-chained audit log) and audit.head "
+        "(the audit chain's head checkpoint; ship it off the host to detect rewrites). Mode 0700. Unset: "
+        "'gate' beside the store's database (store.path).",
+    )
+    authorized_keys: str | None = Field(
+        None,
+        description="Admins' public keys, one 'fleetyield-ed25519 <base64> <name>' line each (fleetyield "
+        "keygen writes NAME.pub). Re-read at every approval, so removing a line revokes at once. Unset: no "
+        "approval is accepted (proposals are still recorded and expire).",
+    )
+    record_in_dry_run: bool = Field(
+        True,
+        description="In dry-run, still record proposals (and withdrawals) in the gate so admins can review "
+        "and rehearse approvals; an approval then changes nothing in Slurm (the drain is only logged).",
+    )
+
+
+class CanaryConfig(BaseModel):
+    """How rehabilitation canary jobs are submitted (sbatch -w NODE --constraint=fy_canary ...)."""
+
+    model_config = _STRICT
+
+    command: str = Field(
+        "fleetyield-agent check --state-dir {state_dir} --json",
+        description="What a canary job runs (sbatch --wrap); '{state_dir}' is replaced by state_dir. Exit 0 "
+        "is a pass; anything else (or TIMEOUT/NODE_FAIL) a failure.",
+    )
+    state_dir: str = Field(
+        "/var/lib/fleetyield-agent", description="The node agent's state directory on the compute nodes."
+    )
+    constraint: str = Field(
+        "fy_canary", description="Feature the canary requires (set only on canary nodes)."
+    )
+    time_limit_s: float | None = Field(
+        None,
+        gt=0,
+        description="Canary job time limit. Unset: the lifecycle's (core.lifecycle); rounded up to minutes.",
+    )
+    partition: str | None = Field(None, description="Partition for canary jobs (unset: Slurm's default).")
+    lookback_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Canary rounds submitted this long ago are still looked up in sacct/squeue (longer "
+        "than core.lifecycle.canary_timeout_s).",
+    )
+
+    @property
+    def rendered_command(self) -> str:
+        return self.command.replace("{state_dir}", self.state_dir)
+
+
+class ControlConfig(BaseModel):
+    """The controller -> agent control channel (signed GPU reset requests)."""
+
+    model_config = _STRICT
+
+    url_template: str = Field(
+        "http://{node}:9400", description="Agent base URL of a node; POST <url>/v1/control/reset."
+    )
+    secret_file: str | None = Field(
+        None, description="HMAC secret shared with the agents. Unset: push.secret_file (the same secret)."
+    )
+    timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="A reset request that takes longer is a failed remediation."
+    )
+
+    @model_validator(mode="after")
+    def _template(self) -> ControlConfig:
+        if "{node}" not in self.url_template or not self.url_template.startswith(("http://", "https://")):
+            raise ValueError(
+                f"url_template must be an http(s) URL containing '{{node}}', got {self.url_template!r}"
+            )
+        return self
+
+
+class OutcomesConfig(BaseModel):
+    """Job outcomes forwarded by the agents (the Epilog's records) and how they are completed."""
+
+    model_config = _STRICT
+
+    sacct_state: bool = Field(
+        True,
+        description="Ask sacct (one call per tick with new outcomes) for each job's final state and node "
+        "list; the Epilog cannot tell TIMEOUT from FAILED or see a requeue. Off, or when sacct does not know "
+        "the job: the state is derived from the exit code.",
+    )
+
+
 class Config(BaseModel):
     """Everything the controller reads at start-up."""
 
@@ -182,15 +349,33 @@ class Config(BaseModel):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="Slurm CLI access.")
     sense: SenseConfig = Field(default_factory=SenseConfig, description="GPU telemetry source.")
     push: PushConfig = Field(default_factory=PushConfig, description="Push listener for agents' events.")
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig, description="Prometheus, when sense.mode is 'prometheus'."
+    )
+    alertmanager: AlertmanagerConfig = Field(
+        default_factory=AlertmanagerConfig, description="Alertmanager webhook receiver."
+    )
     api: ApiConfig = Field(default_factory=ApiConfig, description="Read-only API.")
     store: StoreConfig = Field(default_factory=StoreConfig, description="SQLite store.")
     loop: LoopConfig = Field(default_factory=LoopConfig, description="Loop cadence and backoff.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="Human gate for pre-emptive drains.")
+    canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Rehabilitation canary jobs.")
+    control: ControlConfig = Field(default_factory=ControlConfig, description="Agent control channel.")
+    outcomes: OutcomesConfig = Field(default_factory=OutcomesConfig, description="Job outcome intake.")
+
+    @property
+    def gate_dir(self) -> str:
+        """``gate.state_dir``, or ``<directory of store.path>/gate``."""
+        if self.gate.state_dir:
+            return self.gate.state_dir
+        return str(Path(self.store.path).parent / "gate")
 
     @model_validator(mode="after")
     def _listeners(self) -> Config:
         wildcard = {"", "0.0.0.0", "::"}
         same_host = self.push.host == self.api.host or {self.push.host, self.api.host} & wildcard
-        if self.push.active and self.api.enabled and self.push.port == self.api.port != 0 and same_host:
+        listening = self.push.active or self.alertmanager.active
+        if listening and self.api.enabled and self.push.port == self.api.port != 0 and same_host:
             raise ValueError(
                 f"push.port and api.port are both {self.api.port} on overlapping addresses "
                 f"({self.push.host!r}, {self.api.host!r}): the listeners must differ"
@@ -227,20 +412,20 @@ def load(path: str | Path) -> Config:
     return from_mapping(data, str(path))
 
 
-def read_secret(path: str | Path) -> bytes:
+def read_secret(path: str | Path, field: str = "push.secret_file") -> bytes:
     """The push secret: file contents without surrounding whitespace. Empty, or readable by group/others
     (the agent refuses such a file too), is an error."""
     try:
         mode = Path(path).stat().st_mode
         if mode & 0o077:
             raise ConfigError(
-                str(path), [f"push.secret_file: mode {mode & 0o777:o} is group/world accessible (chmod 600)"]
+                str(path), [f"{field}: mode {mode & 0o777:o} is group/world accessible (chmod 600)"]
             )
         secret = Path(path).read_bytes().strip()
     except OSError as exc:
-        raise ConfigError(str(path), [f"push.secret_file: cannot read: {exc.strerror or exc}"]) from None
+        raise ConfigError(str(path), [f"{field}: cannot read: {exc.strerror or exc}"]) from None
     if not secret:
-        raise ConfigError(str(path), ["push.secret_file: the secret is empty"])
+        raise ConfigError(str(path), [f"{field}: the secret is empty"])
     return secret
 
 

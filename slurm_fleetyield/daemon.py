@@ -5,8 +5,11 @@ changes (through the Slurm port only), one committed store transaction per tick,
 the controller's metrics.
 
 One tick: read Slurm (nodes, jobs) -> scrape the GPU nodes Slurm lists -> take pending inbox events ->
-``tick`` -> apply the plan (``DryRunSlurm`` when dry-run) -> commit state + processed events + log rows +
-rendered result in one transaction -> publish to metrics. A Slurm read failure gives
+take the intake (``intake.py``: canary results from sacct/squeue, gate decisions from the Gatekeeper,
+job outcomes forwarded by the agents) and the previous tick's failed actions -> ``tick`` -> execute the
+plan (``executor.py``: Slurm, agent resets, gate proposals; ``DryRunSlurm`` when dry-run) -> commit state +
+processed events + intake marks + ledger rows + log rows + rendered result in one transaction -> publish
+to metrics. A Slurm read failure gives
 ``Observations(slurm_ok=False)``: the core returns no plan, nothing is applied and inbox events stay
 pending. Every tick runs inside a backoff throttle: an exception is logged, the next attempt waits
 ``backoff_initial_s`` growing to ``backoff_max_s``, and the first success resets it.
@@ -30,17 +33,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_fleetyield import intake as intake_mod
+from slurm_fleetyield.adapters.agent_control import AgentControl
 from slurm_fleetyield.adapters.metrics import ControllerStats, TickSnapshot, make_registry
-from slurm_fleetyield.adapters.slurm import DryRunSlurm, SlurmCli, SlurmCommandError
-from slurm_fleetyield.adapters.store import LogRow, Store
-from slurm_fleetyield.adapters.views import render_result
+from slurm_fleetyield.adapters.slurm import CanarySpec, DryRunSlurm, SlurmCli, SlurmCommandError
+from slurm_fleetyield.adapters.store import LogRow, Store, TickMarks
+from slurm_fleetyield.adapters.views import ledger_row, render_result
 from slurm_fleetyield.config import Config, read_secret
 from slurm_fleetyield.core.loop import TickResult, tick
-from slurm_fleetyield.core.model import NodeSample, Observations, SlurmNode
+from slurm_fleetyield.core.model import FailedAction, NodeSample, Observations, SlurmNode
 from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.executor import Executor, GateAccess
 from slurm_fleetyield.ports import ApplyReport, SensePort, SlurmPort
 
 log = logging.getLogger("fleetyield.daemon")
+PENDING_LOG_INTERVAL_S = 600.0
+"""Open proposals are logged (warning, with the approve command) at most this often."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -128,9 +136,22 @@ class Daemon:
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         dry_run: bool = False,
+        control: AgentControl | None = None,
+        gate: GateAccess | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
+        self.gate = gate
+        self.executor = Executor(
+            slurm,
+            store,
+            control=control,
+            gate=gate,
+            dry_run=dry_run,
+            record_proposals_in_dry_run=config.gate.record_in_dry_run,
+        )
+        self._failed_actions: tuple[FailedAction, ...] = ()
+        self._pending_logged_at = float("-inf")
         self.sense = sense
         self.store = store
         self.stats = stats or ControllerStats()
@@ -148,6 +169,7 @@ class Daemon:
         self._last_sample_time = float("-inf")
         self._live: dict[str, Any] = {"slurm_ok": None, "consecutive_failures": 0, "last_error": None}
         self._live_lock = threading.Lock()
+        self.stats.set_ledger(store.ledger_totals())
         if stored:
             log.info("resumed", extra={"fy": {"tick": self.tick_no, "saved_at": stored.time}})
 
@@ -183,14 +205,25 @@ class Daemon:
                 samples = self.sense.sample(targets, now)
                 self._last_samples, self._last_sample_time = samples, now
         pending = tuple(self.store.pending())
+        extra = self._intake(nodes, now) if slurm_ok else intake_mod.Intake()
         obs = Observations(
-            time=now, slurm=nodes, samples=samples, fatal_events=pending, jobs=jobs, slurm_ok=slurm_ok
+            time=now,
+            slurm=nodes,
+            samples=samples,
+            fatal_events=pending,
+            jobs=jobs,
+            slurm_ok=slurm_ok,
+            canary_results=tuple(extra.canary_results),
+            gate_decisions=tuple(extra.gate_decisions),
+            outcomes=tuple(extra.outcomes),
+            failed_actions=self._failed_actions if slurm_ok else (),
         )
         result = tick(self.state, obs, self.config.core, now, self.rng)
-        report = self.slurm.apply(result.plan) if slurm_ok and result.plan.actions else ApplyReport()
+        report = self.executor.apply(result.plan, now) if slurm_ok and result.plan.actions else ApplyReport()
         self.tick_no += 1
         duration = self.monotonic() - t0
         rows = [LogRow(e.time, e.kind, e.node, e.message, dict(e.data)) for e in result.events]
+        rows.extend(extra.rows)
         for r in report.results:
             kind = "dry_run" if self.dry_run else ("applied" if r.ok else "apply_failed")
             rows.append(
@@ -203,14 +236,29 @@ class Daemon:
                 )
             )
         view = None
+        marks = None
         if slurm_ok:
             view = render_result(
                 self.tick_no, now, result, report, samples, dry_run=self.dry_run, duration_s=duration
             )
+            marks = TickMarks(
+                outcome_keys=extra.outcome_keys,
+                attempts=extra.attempts,
+                ledger=[ledger_row(e) for e in result.ledger],
+                gate_marks=extra.gate_marks,
+                canary_seen=extra.canary_seen,
+            )
         processed = [e.event_id for e in pending] if slurm_ok else []
-        self.store.commit_tick(self.tick_no, now, result.state.to_dict(), processed, rows, view)
+        self.store.commit_tick(self.tick_no, now, result.state.to_dict(), processed, rows, view, marks)
         self.state = result.state
+        if slurm_ok:
+            self._failed_actions = tuple(
+                FailedAction(r.action.kind, _action_node(r.action), r.detail) for r in report.failed
+            )
+            self._publish_gate(now)
         scrape_errors = sum(1 for s in samples.values() if s.error) if not reused else 0
+        if slurm_ok and result.ledger:
+            self.stats.set_ledger(self.store.ledger_totals())
         if slurm_ok:
             self.stats.record_tick(
                 TickSnapshot(self.tick_no, now, duration, result, report, slurm_ok, scrape_errors)
@@ -237,6 +285,76 @@ class Daemon:
             },
         )
         return TickOutcome(self.tick_no, slurm_ok, result, report, samples, duration, reused)
+
+    # -- intake (what the core hears besides Slurm and the GPUs) ----------------------------------------
+
+    def _intake(self, nodes: Mapping[str, SlurmNode], now: float) -> intake_mod.Intake:
+        """Canary results, gate decisions, job outcomes: each builder contained (a failure is logged and
+        that builder contributes nothing this tick)."""
+        out = intake_mod.Intake()
+        users = getattr(self.slurm, "node_details", {}) or {}
+        builders: list[tuple[str, Callable[[], None]]] = [
+            (
+                "canaries",
+                lambda: intake_mod.canaries(self.slurm, self.store, now, self.config.canary.lookback_s, out),
+            ),
+            (
+                "outcomes",
+                lambda: intake_mod.outcomes(
+                    self.slurm, self.store, now, self.config.outcomes.sacct_state, out
+                ),
+            ),
+        ]
+        if self.gate is not None:
+            builders.append(
+                (
+                    "gate",
+                    lambda: intake_mod.gate(
+                        self.gate.get(),
+                        self.store,
+                        nodes,
+                        now,
+                        out,
+                        users=users,
+                        open_ids=frozenset(
+                            p.proposal_id for p in getattr(self.state, "proposals", {}).values()
+                        ),
+                    ),
+                )
+            )
+        for name, build in builders:
+            try:
+                build()
+            except Exception as exc:
+                log.exception("intake %s failed; nothing from it this tick", name)
+                out.rows.append(LogRow(now, "intake_failed", "", f"{name}: {exc!r}"))
+        return out
+
+    def _publish_gate(self, now: float) -> None:
+        """Count open proposals for the metrics; log them every PENDING_LOG_INTERVAL_S."""
+        if self.gate is None:
+            return
+        try:
+            pending = self.gate.get().pending()
+        except Exception:
+            log.exception("cannot read open proposals")
+            return
+        self.stats.set_gauge("proposals_pending", len(pending))
+        if pending and now - self._pending_logged_at >= PENDING_LOG_INTERVAL_S:
+            self._pending_logged_at = now
+            for p in pending:
+                log.warning(
+                    "drain proposal waiting for an admin",
+                    extra={
+                        "fy": {
+                            "proposal_id": p.id,
+                            "node": p.node,
+                            "risk": p.risk,
+                            "affected_jobs": list(p.affected_jobs),
+                            "expires_in_s": round(p.expires_at - now),
+                        }
+                    },
+                )
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -281,6 +399,11 @@ class Daemon:
         log.info("stopped", extra={"fy": {"tick": self.tick_no}})
 
 
+def _action_node(action: Any) -> str:
+    node = getattr(action, "node", None)
+    return node if isinstance(node, str) else ",".join(getattr(action, "nodes", ()))
+
+
 # --------------------------------------------------------------------------------------------------------
 # Wiring
 # --------------------------------------------------------------------------------------------------------
@@ -313,49 +436,113 @@ def build(
     """Wire the real adapters from ``config`` (ports may be injected, e.g. a recording Slurm runner)."""
     from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
     from slurm_fleetyield.adapters.ingest import IngestServer
-    from slurm_fleetyield.adapters.scrape import AgentScraper
 
     dry = config.slurm.dry_run if dry_run is None else dry_run
     store = Store(config.store.path, events_keep=config.store.events_keep)
     closers: list[Callable[[], None]] = []
     if slurm is None:
-        slurm = SlurmCli(config.slurm.bin_dir, config.slurm.command_timeout_s)
+        slurm = SlurmCli(
+            config.slurm.bin_dir,
+            config.slurm.command_timeout_s,
+            canary=CanarySpec(
+                command=config.canary.rendered_command,
+                constraint=config.canary.constraint,
+                time_limit_s=config.canary.time_limit_s,
+                partition=config.canary.partition,
+            ),
+        )
     if dry and not isinstance(slurm, DryRunSlurm):
         slurm = DryRunSlurm(slurm)  # type: ignore[arg-type]
     if sense is None:
-        scraper = AgentScraper(
-            config.sense.url_template,
-            config.sense.timeout_s,
-            config.sense.concurrency,
-            check_hostname=config.sense.check_hostname,
-        )
-        closers.append(scraper.close)
-        sense = scraper
+        sense, close_sense = build_sense(config)
+        closers.append(close_sense)
     stats = ControllerStats()
-    daemon = Daemon(config, slurm, sense, store, stats=stats, dry_run=dry)
+    control = None
+    control_secret = config.control.secret_file or config.push.secret_file
+    if control_secret:
+        field = "control.secret_file" if config.control.secret_file else "push.secret_file"
+        control = AgentControl(
+            config.control.url_template,
+            read_secret(control_secret, field),
+            timeout_s=config.control.timeout_s,
+        )
+    gate = GateAccess(config.gate_dir)
+    closers.append(gate.close)
+    daemon = Daemon(config, slurm, sense, store, stats=stats, dry_run=dry, control=control, gate=gate)
     servers: list[Any] = []
-    if config.push.active:
+    if config.push.active or config.alertmanager.active:
         ingest = IngestServer(
             config.push.host,
             config.push.port,
-            read_secret(config.push.secret_file or ""),
+            read_secret(config.push.secret_file or "") if config.push.active else None,
             store,
             daemon.wake,
             max_body_bytes=config.push.max_body_bytes,
             max_skew_s=config.push.max_skew_s,
             on_accept=lambda n: stats.add("push_accepted", n),
+            gate_dir=config.gate_dir,
+            authorized_keys=config.gate.authorized_keys,
+            alertmanager=build_alertmanager(config),
         )
         servers.append(ingest)
     if config.api.enabled:
         api = ApiServer(
             config.api.host,
             config.api.port,
-            StoreReadModel(store, daemon.live),
+            StoreReadModel(store, daemon.live, gate_dir=config.gate_dir),
             make_registry(stats),
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
         )
         servers.append(api)
     return Runtime(daemon, store, servers, closers)
+
+
+def build_sense(config: Config) -> tuple[SensePort, Callable[[], None]]:
+    """The sense adapter ``sense.mode`` names, and how to close it."""
+    if config.sense.mode == "prometheus":
+        from slurm_fleetyield.adapters.prometheus import PrometheusSense
+
+        p = config.prometheus
+        token = (
+            read_secret(p.bearer_token_file, "prometheus.bearer_token_file").decode()
+            if p.bearer_token_file
+            else None
+        )
+        prom = PrometheusSense(
+            p.url,
+            node_label=p.node_label,
+            selector=p.selector,
+            extra_fields=p.extra_fields,
+            timeout_s=p.timeout_s,
+            nodes_per_query=p.nodes_per_query,
+            concurrency=p.concurrency,
+            bearer_token=token,
+        )
+        return prom, prom.close
+    from slurm_fleetyield.adapters.scrape import AgentScraper
+
+    scraper = AgentScraper(
+        config.sense.url_template,
+        config.sense.timeout_s,
+        config.sense.concurrency,
+        check_hostname=config.sense.check_hostname,
+    )
+    return scraper, scraper.close
+
+
+def build_alertmanager(config: Config) -> Any:
+    """Alertmanager's webhook receiver when ``alertmanager.token_file`` is set, else None."""
+    am = config.alertmanager
+    if am.token_file is None:
+        return None
+    from slurm_fleetyield.adapters.alertmanager import AlertmanagerWebhook, read_token
+
+    return AlertmanagerWebhook(
+        read_token(am.token_file),
+        node_labels=am.node_labels,
+        max_body_bytes=am.max_body_bytes,
+        stale_after_s=am.stale_after_s,
+    )
 
 
 def serve(runtime: Runtime, *, once: bool = False) -> TickOutcome | None:

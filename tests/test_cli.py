@@ -147,3 +147,46 @@ def test_run_once_dry_run_with_unreachable_slurm(tmp_path):
 def test_example_config_command():
     code, out = invoke("example-config")
     assert code == 0 and "[sense]" in out and 'url_template = "http://{node}:9400/metrics"' in out
+
+
+def _with_ledger(cfg: Path) -> None:
+    from slurm_fleetyield.adapters.store import TickMarks
+
+    db = cfg.read_text().split('"')[1]
+    store = Store(db)
+    row = {
+        "job_id": 9,
+        "start": NOW - 7200,
+        "end": NOW - 3600,
+        "workload": "pretrain",
+        "nodes": ["gpu-01"],
+        "gpus": 8,
+        "state": "NODE_FAIL",
+        "useful_gpu_s": 8 * 1800.0,
+        "wasted_gpu_s": 8 * 1800.0,
+        "premium_misuse_gpu_s": 0.0,
+        "failure": True,
+        "tier_at_start": "green",
+        "cause": "hardware",
+    }
+    state = store.load_state()
+    store.commit_tick(6, NOW, state.state, marks=TickMarks(ledger=[row]))
+    store.close()
+
+
+def test_ledger_by_class_and_json(cfg):
+    _with_ledger(cfg)
+    code, out = invoke("ledger", "--config", str(cfg), "--by", "class")
+    assert code == 0, out
+    assert out.splitlines()[0].split()[:4] == ["GROUP", "JOBS", "FAILURES", "USEFUL_GPU_H"]
+    assert out.splitlines()[1].split() == ["pretrain", "1", "1", "4", "4", "0", "0"]
+    code, out = invoke("ledger", "--config", str(cfg), "--json", "--since", str(NOW))
+    assert code == 0 and json.loads(out)["groups"] == []
+
+
+def test_status_calibration(cfg):
+    code, out = invoke("status", "--config", str(cfg), "--calibration", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["tick"] == 5 and "bins" in doc and "multipliers" in doc
+    code, out = invoke("status", "--config", str(cfg), "--calibration")
+    assert code == 0 and out.startswith("calibration (tick 5): Brier")

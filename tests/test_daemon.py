@@ -369,3 +369,144 @@ def test_cli_run_once_and_sigterm(tmp_path):
             proc.kill()
         _, err = proc.communicate()
     assert '"msg": "stopped"' in err and "slurm unreadable" in err
+
+
+# --------------------------------------------------------------------------------------------------------
+# The human gate, job outcomes and the ledger through the daemon
+# --------------------------------------------------------------------------------------------------------
+
+
+def gate_config(tmp: Path, agent_port: int, auth: Path):
+    """Thresholds so low that a healthy node is 'red': the tick proposes a drain on its first look."""
+    return from_mapping(
+        {
+            "store": {"path": str(tmp / "fy.db")},
+            "sense": {"url_template": f"http://127.0.0.1:{agent_port}/metrics?node={{node}}", "timeout_s": 5},
+            "loop": {"interval_s": 30, "seed": 1},
+            "api": {"enabled": False},
+            "gate": {"state_dir": str(tmp / "gate"), "authorized_keys": str(auth)},
+            "outcomes": {"sacct_state": False},
+            "core": {"risk": {"yellow_threshold": 1e-9, "red_threshold": 2e-9}},
+        }
+    )
+
+
+def gate_daemon(tmp: Path, cmds: FakeCommands, agent_port: int, auth: Path) -> Daemon:
+    from slurm_fleetyield.executor import GateAccess
+
+    cfg = gate_config(tmp, agent_port, auth)
+    scraper = AgentScraper(cfg.sense.url_template, cfg.sense.timeout_s, 8)
+    return Daemon(
+        cfg, SlurmCli(runner=cmds), scraper, Store(cfg.store.path), gate=GateAccess(cfg.gate_dir)
+    )
+
+
+@pytest.fixture
+def admin(tmp_path):
+    from slurm_fleetyield.gate import keygen
+
+    key, pub = keygen("alice", tmp_path / "keys")
+    auth = tmp_path / "authorized_keys"
+    auth.write_text(pub.read_text())
+    auth.chmod(0o644)
+    return key, auth
+
+
+def test_proposal_approval_drains_once_and_survives_restart(tmp_path, agent, admin):
+    from slurm_fleetyield.gate import Gatekeeper, sign_statement
+
+    key, auth = admin
+    cmds = FakeCommands()
+    cmds.nodes["gpu-01"] = node_line("gpu-01")
+    daemon = gate_daemon(tmp_path, cmds, agent.port, auth)
+    out = daemon.tick_once()
+    proposals = [a for a in out.result.plan.actions if a.kind == "propose_drain"]
+    assert len(proposals) == 1 and not [c for c in cmds.writes() if "State=DRAIN" in c]
+    pid = proposals[0].proposal_id
+    with Gatekeeper.open(tmp_path / "gate") as gk:
+        assert [p.id for p in gk.pending()] == [pid]  # recorded with the core's id and deadline
+        assert gk.get(pid).expires_at == proposals[0].expires_at
+    # the admin approves through the real listener
+    ingest = IngestServer(
+        "127.0.0.1",
+        0,
+        SECRET,
+        daemon.store,
+        daemon.wake,
+        gate_dir=str(tmp_path / "gate"),
+        authorized_keys=str(auth),
+    )
+
+    class Ref:
+        id, node = pid, "gpu-01"
+
+    status, doc = ingest.handle_approval(sign_statement(key, Ref(), "approve").encode())
+    assert status == 200 and doc["status"] == "approved"
+    ingest._httpd.server_close()
+    out = daemon.tick_once()
+    assert [a.cause for a in out.result.plan.actions if a.kind == "drain"] == ["approved"]
+    drains = [c for c in cmds.writes() if "State=DRAIN" in c]
+    assert len(drains) == 1 and drains[0][2] == "NodeName=gpu-01" and f"#{pid}" in drains[0][4]
+    # Slurm now shows the approved drain: the approval is marked executed, no second drain
+    reason = drains[0][4].removeprefix("Reason=")
+    cmds.nodes["gpu-01"] = node_line("gpu-01", "IDLE+DRAIN", reason=reason)
+    daemon.tick_once()
+    assert pid in daemon.store.gate_marked("executed")
+    daemon.store.close()
+    daemon.gate.close()
+    # kill -9 and restart: the approval, the proposal and the mark are all still there; no double drain
+    restarted = gate_daemon(tmp_path, cmds, agent.port, auth)
+    restarted.tick_once()
+    restarted.tick_once()
+    # one drain for the approval; the lifecycle then only rewrites its own reason (remediation rung)
+    assert len([c for c in cmds.writes() if "State=DRAIN" in c and f"#{pid}" in c[4]]) == 1
+    print("\n".join(" ".join(c) for c in cmds.calls if c[1] in ("update", "reboot") or c[0] == "sbatch"))
+    with Gatekeeper.open(tmp_path / "gate") as gk:
+        assert gk.get(pid).status.value == "approved" and gk.verify_audit().ok
+    restarted.store.close()
+    restarted.gate.close()
+
+
+def test_admin_drain_naming_a_proposal_settles_it(tmp_path, agent, admin):
+    from slurm_fleetyield.gate import Gatekeeper
+
+    _, auth = admin
+    cmds = FakeCommands()
+    cmds.nodes["gpu-01"] = node_line("gpu-01")
+    daemon = gate_daemon(tmp_path, cmds, agent.port, auth)
+    out = daemon.tick_once()
+    pid = next(a.proposal_id for a in out.result.plan.actions if a.kind == "propose_drain")
+    cmds.nodes["gpu-01"] = node_line("gpu-01", "IDLE+DRAIN", reason=f"bad fan, see #{pid}")
+    daemon.tick_once()
+    with Gatekeeper.open(tmp_path / "gate") as gk:
+        p = gk.get(pid)
+        assert p.status.value == "settled_by_admin" and p.settled_by == "slurm:root"
+    assert not [c for c in cmds.writes() if "State=DRAIN" in c]
+    daemon.store.close()
+    daemon.gate.close()
+
+
+def test_outcomes_are_delivered_once_and_land_in_the_ledger(tmp_path, agent):
+    cmds = FakeCommands()
+    cmds.nodes["gpu-01"] = node_line("gpu-01")
+    daemon = make_daemon(tmp_path, cmds, agent.port)
+    daemon.config = daemon.config.model_copy(
+        update={"outcomes": daemon.config.outcomes.model_copy(update={"sacct_state": False})}
+    )
+    now = time.time()
+    base = {"user": "alice", "gpus": [0, 1], "declared_class": "batch", "exit_code": 0, "exit_signal": 0}
+    daemon.store.put_outcomes(
+        "gpu-01", [{**base, "job_id": "41", "node": "gpu-01", "start_time": now - 600, "end_time": now - 5}]
+    )
+    out = daemon.tick_once()
+    assert out.result.ledger and out.result.ledger[0].job_id == 41
+    # a late record of the same attempt from another node: merged, not delivered again
+    daemon.store.put_outcomes(
+        "gpu-02", [{**base, "job_id": "41", "node": "gpu-02", "start_time": now - 598, "end_time": now - 4}]
+    )
+    out = daemon.tick_once()
+    assert not out.result.ledger and daemon.store.pending_outcomes() == []
+    rows = daemon.store.ledger()
+    assert [r["job_id"] for r in rows] == [41] and rows[0]["workload"] == "batch"
+    assert daemon.stats.read_extra()[1]["jobs"] == 1
+    daemon.store.close()

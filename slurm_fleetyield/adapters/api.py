@@ -10,6 +10,11 @@ Input: a ``ReadModel`` (the last rendered tick result and the event log, normall
     GET /v1/nodes/{node}/explain   {"node", "text", "explain"}
     GET /v1/nodes/{node}/gate      {"allow": bool, "reason": str}: deny only quarantined/retired-by-us
     GET /v1/events?limit=&node=    the event log, newest first
+    GET /v1/proposals?recent_s=    drain proposals: pending ones and those settled in the last recent_s
+                                   (default a day), each with evidence, affected jobs, expiry, status
+    GET /v1/proposals/{id}         one proposal (what ``fleetyield approve`` signs)
+    GET /v1/ledger?by=&since=      goodput ledger aggregated by class|node|tier|day|cause|all (GPU-hours)
+    GET /v1/calibration            reliability bins, Brier score, learned multipliers of the last tick
     GET /metrics                   fleetyield_* metrics (text exposition)
 
 Any other method is 405: nothing here changes anything.
@@ -29,8 +34,9 @@ from typing import Any, Protocol
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
 from slurm_fleetyield.adapters.store import Store
-from slurm_fleetyield.adapters.views import gate, node_rows
+from slurm_fleetyield.adapters.views import aggregate_ledger, gate, node_rows
 
 log = logging.getLogger(__name__)
 MAX_EVENTS = 10_000
@@ -44,12 +50,27 @@ class ReadModel(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
+class GateReadModel(Protocol):
+    def proposals(self, recent_s: float, proposal_id: str | None = None) -> list[dict[str, Any]]: ...
+
+    def ledger(self, by: str, since: float | None) -> dict[str, Any]: ...
+
+
 class StoreReadModel:
     """Reads the store; the parsed last result is cached per tick (it can be megabytes at fleet scale)."""
 
-    def __init__(self, store: Store, live: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        live: Callable[[], dict[str, Any]] | None = None,
+        *,
+        gate_dir: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
         self._live = live
+        self._gate_dir = gate_dir
+        self._clock = clock
         self._cached: tuple[int, Mapping[str, Any]] | None = None
         self._lock = threading.Lock()
 
@@ -68,9 +89,20 @@ class StoreReadModel:
     def events(self, limit: int, node: str | None = None) -> list[dict[str, Any]]:
         return self._store.events(limit=limit, node=node)
 
+    def proposals(self, recent_s: float, proposal_id: str | None = None) -> list[dict[str, Any]]:
+        if self._gate_dir is None:
+            raise ProposalsUnavailable("no gate configured")
+        if proposal_id is not None:
+            return read_proposals(self._gate_dir, proposal_id=proposal_id)
+        return read_proposals(self._gate_dir, settled_since=self._clock() - recent_s)
+
+    def ledger(self, by: str, since: float | None) -> dict[str, Any]:
+        rows = self._store.ledger(since=since)
+        return {"by": by, "since": since, "groups": aggregate_ledger(rows, by)}
+
     def status(self) -> dict[str, Any]:
         view = self.result()
-        doc: dict[str, Any] = {"inbox": self._store.inbox_counts()}
+        doc: dict[str, Any] = {"inbox": self._store.inbox_counts(), "outcomes": self._store.outcome_counts()}
         if view is not None:
             doc.update(
                 {k: view[k] for k in ("tick", "time", "duration_s", "dry_run", "summary", "plan", "apply")}
@@ -127,6 +159,34 @@ class ApiServer:
             return 200, self.model.status()
         if parts == ["nodes"]:
             return 200, node_rows(self.model.result())
+        if parts == ["calibration"]:
+            view = self.model.result() or {}
+            return 200, {"tick": view.get("tick"), **(view.get("calibration") or {})}
+        if parts[:1] == ["proposals"] and len(parts) <= 2:
+            gate_model = self.model if hasattr(self.model, "proposals") else None
+            if gate_model is None:
+                return 404, {"error": "no gate"}
+            try:
+                recent_s = float(query.get("recent_s", ["86400"])[0])
+                found = gate_model.proposals(recent_s, parts[1] if len(parts) == 2 else None)  # type: ignore[attr-defined]
+            except ValueError:
+                return 400, {"error": f"recent_s must be a number, got {query['recent_s'][0]!r}"}
+            except ProposalsUnavailable as exc:
+                return 503, {"error": str(exc)}
+            if len(parts) == 2:
+                return (200, found[0]) if found else (404, {"error": f"no proposal {parts[1]!r}"})
+            return 200, {
+                "pending": [p for p in found if p["status"] == "pending"],
+                "recent": [p for p in found if p["status"] != "pending"],
+            }
+        if parts == ["ledger"]:
+            if not hasattr(self.model, "ledger"):
+                return 404, {"error": "no ledger"}
+            try:
+                since = float(query["since"][0]) if "since" in query else None
+                return 200, self.model.ledger(query.get("by", ["all"])[0], since)  # type: ignore[attr-defined]
+            except ValueError as exc:
+                return 400, {"error": str(exc)}
         if parts == ["events"]:
             try:
                 limit = int(query.get("limit", ["100"])[0])

@@ -1,4 +1,9 @@
-"""The authenticated push listener: agents POST fatal events to ``/v1/agent/events``.
+"""The authenticated push listener: agents POST fatal events and job outcomes, admins POST approvals.
+
+Paths: ``POST /v1/agent/events`` (fatal events, HMAC-signed by the agent), ``POST /v1/agent/outcomes`` (the
+Epilog's job-outcome records the agent forwards, same signature), ``POST /v1/approvals`` (an admin's
+signed approve/deny envelope: self-authenticating with Ed25519, so no HMAC; ``Gatekeeper.submit`` checks it
+against the authorized-keys file, re-read at every request so a revoked key stops working at once).
 
 Input: signed HTTP requests (``node_agent.protocol``: HMAC-SHA256 over timestamp and body, shared secret).
 Output: fatal events written durably to the store's inbox BEFORE the reply, then the daemon is woken so a
@@ -8,6 +13,14 @@ Replies: 202 accepted (with counts; a repeated event_id is accepted again as a d
 are safe), 400 malformed (the signature is good but the body is not a valid batch), 401 unauthenticated
 (missing/stale/bad signature), 404/405 elsewhere, 411 without Content-Length, 413 too large. A rejected
 request changes nothing. Non-fatal events are acknowledged and logged, not queued: the inbox feeds drains.
+Outcomes: 202 only once every record is durable in the store (idempotent per record: a resent file is a
+duplicate), so the agent deletes its spool file only when nothing can be lost.
+
+Approvals: 200 ``{"proposal_id", "status", "admin", "audit_seq"}`` when the decision took effect; otherwise
+the gate's rejection code in ``{"error": <code>, "message": ...}`` with 400 (malformed, bad_lifetime), 403
+(unknown_key, bad_signature), 404 (unknown_proposal), 409 (wrong_proposal, wrong_node, replayed,
+already_settled, proposal_expired, expired, issued_in_future); 503 when the gate is not configured or its
+audit log refuses to append. Every refusal is itself in the audit log (``Gatekeeper.submit``).
 """
 
 from __future__ import annotations
@@ -23,17 +36,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from node_agent.protocol import (
     EVENTS_PATH,
     NODE_HEADER,
+    OUTCOMES_PATH,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     AgentEvent,
     SignatureError,
     sign,
     verify,
+    verify_outcomes,
 )
+from slurm_fleetyield.adapters.alertmanager import WEBHOOK_PATH, AlertmanagerWebhook
 from slurm_fleetyield.adapters.store import LogRow, Store
 from slurm_fleetyield.core.model import FatalEvent
 
 log = logging.getLogger(__name__)
+APPROVALS_PATH = "/v1/approvals"
+_REJECT_STATUS = {
+    "malformed": 400,
+    "bad_lifetime": 400,
+    "unknown_key": 403,
+    "bad_signature": 403,
+    "unknown_proposal": 404,
+}
 
 
 def to_fatal_event(event: AgentEvent) -> FatalEvent:
@@ -57,7 +81,7 @@ class IngestServer:
         self,
         host: str,
         port: int,
-        secret: bytes,
+        secret: bytes | None,
         store: Store,
         wake: threading.Event,
         *,
@@ -65,8 +89,14 @@ class IngestServer:
         max_skew_s: float = 300.0,
         clock: Callable[[], float] = time.time,
         on_accept: Callable[[int], None] | None = None,
+        gate_dir: str | None = None,
+        authorized_keys: str | None = None,
+        alertmanager: AlertmanagerWebhook | None = None,
     ) -> None:
-        self.secret = secret
+        self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
+        self.alertmanager = alertmanager
+        self.gate_dir = gate_dir
+        self.authorized_keys = authorized_keys
         self.on_accept = on_accept
         self.store = store
         self.wake = wake
@@ -121,6 +151,84 @@ class IngestServer:
                 self.on_accept(new)
         return 202, {"accepted": new, "duplicates": dup, "ignored_nonfatal": len(others)}
 
+    def handle_outcomes(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
+        """Verify, store every record durably, then answer: the agent deletes its files on 2xx only."""
+        now = self.clock()
+        try:
+            batch = verify_outcomes(self.secret, headers, body, now, max_skew_s=self.max_skew_s)
+        except SignatureError as exc:
+            status = 400 if self._signature_valid(headers, body) else 401
+            return status, {"error": str(exc)}
+        new, dup = (
+            self.store.put_outcomes(batch.node, batch.records, received_at=now) if batch.records else (0, 0)
+        )
+        if new:
+            log.info("outcomes stored", extra={"fy": {"node": batch.node, "new": new, "duplicates": dup}})
+        return 202, {"accepted": new, "duplicates": dup}
+
+    def handle_approval(self, body: bytes) -> tuple[int, dict]:
+        """Run ``Gatekeeper.submit`` on an envelope; the reply names the decision or the rejection code."""
+        from slurm_fleetyield.gate import ApprovalRejected, GateError, Gatekeeper, load_authorized_keys
+
+        if not self.gate_dir or not self.authorized_keys:
+            return 503, {"error": "gate_not_configured", "message": "gate.state_dir/authorized_keys unset"}
+        now = self.clock()
+        try:
+            keys = load_authorized_keys(self.authorized_keys)
+        except GateError as exc:
+            log.error("authorized keys unusable: %s", exc)
+            return 503, {"error": "authorized_keys_unusable", "message": str(exc)}
+        try:
+            with Gatekeeper.open(self.gate_dir) as gk:
+                applied = gk.submit(body, keys, now)
+        except ApprovalRejected as rej:
+            log.warning(
+                "approval rejected",
+                extra={"fy": {"reason": rej.reason.value, "message": rej.message[:300]}},
+            )
+            return _REJECT_STATUS.get(rej.reason.value, 409), {
+                "error": rej.reason.value,
+                "message": rej.message,
+            }
+        except GateError as exc:  # e.g. AuditIntegrityError: the gate fails closed
+            log.error("gate refused to record a decision: %s", exc)
+            return 503, {"error": "gate_error", "message": str(exc)}
+        p = applied.proposal
+        log.info(
+            "proposal decided",
+            extra={
+                "fy": {
+                    "proposal_id": p.id,
+                    "node": p.node,
+                    "status": p.status.value,
+                    "admin": applied.decision.admin,
+                    "audit_seq": applied.audit_seq,
+                }
+            },
+        )
+        self.wake.set()
+        return 200, {
+            "proposal_id": p.id,
+            "node": p.node,
+            "status": p.status.value,
+            "admin": applied.decision.admin,
+            "audit_seq": applied.audit_seq,
+        }
+
+    def handle_alertmanager(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
+        """Alertmanager's webhook (adapters/alertmanager.py decides): store the events, then wake."""
+        assert self.alertmanager is not None
+        now = self.clock()
+        status, doc, events = self.alertmanager.handle(headers, body, now)
+        if events:
+            new, dup = self.store.put_events(list(events), received_at=now)
+            doc = {**doc, "accepted": new, "duplicates": dup}
+            if new:
+                self.wake.set()
+                if self.on_accept is not None:
+                    self.on_accept(new)
+        return status, doc
+
     def _signature_valid(self, headers: dict[str, str], body: bytes) -> bool:
         """Whether the HMAC itself checks out (then a verify() failure is about the body: 400, not 401)."""
         lowered = {k.lower(): v for k, v in headers.items()}
@@ -159,7 +267,14 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
                 )
 
         def do_POST(self) -> None:
-            if self.path.split("?", 1)[0] != EVENTS_PATH:
+            path = self.path.split("?", 1)[0]
+            if path == WEBHOOK_PATH and server.alertmanager is not None:
+                self._alertmanager(server.alertmanager)
+                return
+            if path in (EVENTS_PATH, OUTCOMES_PATH) and server.secret is None:
+                self._reply(404, {"error": "agent push is not enabled here (no push.secret_file)"})
+                return
+            if path not in (EVENTS_PATH, OUTCOMES_PATH, APPROVALS_PATH):
                 self._reply(404, {"error": f"no such path {self.path!r}"})
                 return
             length_header = self.headers.get("Content-Length")
@@ -176,16 +291,48 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
                 return
             body = self.rfile.read(length)
             try:
-                status, doc = server.handle(dict(self.headers.items()), body)
+                if path == APPROVALS_PATH:
+                    status, doc = server.handle_approval(body)
+                elif path == OUTCOMES_PATH:
+                    status, doc = server.handle_outcomes(dict(self.headers.items()), body)
+                else:
+                    status, doc = server.handle(dict(self.headers.items()), body)
             except Exception as exc:  # the store is down: the agent must retry, so no 2xx
                 log.exception("push could not be stored")
-                status, doc = 503, {"error": f"cannot store events: {exc}"}
-            if status == 202:
+                status, doc = 503, {"error": f"cannot store: {exc}"}
+            if status == 202 and path == EVENTS_PATH:
                 server.accepted += doc["accepted"]
             self._reply(status, doc)
 
+        def _alertmanager(self, receiver: AlertmanagerWebhook) -> None:
+            # The token first: an unauthenticated sender learns nothing else (not even the size limit).
+            if not receiver.authorized(dict(self.headers.items())):
+                self._reply(401, {"error": "missing or wrong bearer token"})
+                return
+            length_header = self.headers.get("Content-Length")
+            if length_header is None:
+                self._reply(411, {"error": "Content-Length required"})
+                return
+            try:
+                length = int(length_header)
+            except ValueError:
+                self._reply(400, {"error": f"bad Content-Length {length_header!r}"})
+                return
+            if length < 0 or length > receiver.max_body_bytes:
+                self._reply(413, {"error": f"body of {length} bytes exceeds {receiver.max_body_bytes}"})
+                return
+            body = self.rfile.read(length)
+            try:
+                status, doc = server.handle_alertmanager(dict(self.headers.items()), body)
+            except Exception as exc:  # our store failed: Alertmanager retries 5xx, so never a 2xx here
+                log.exception("alertmanager webhook could not be stored")
+                status, doc = 503, {"error": f"cannot store events: {exc}"}
+            if status == 200:
+                server.accepted += doc.get("accepted", 0)
+            self._reply(status, doc)
+
         def _not_allowed(self) -> None:
-            self._reply(405, {"error": "only POST /v1/agent/events"})
+            self._reply(405, {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals"})
 
         do_GET = do_PUT = do_DELETE = do_PATCH = _not_allowed
 

@@ -8,6 +8,7 @@ Nothing in the core sets a gauge: metrics are a view of the tick's result, like 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ class ControllerStats:
         self._lock = threading.Lock()
         self.last: TickSnapshot | None = None
         self.counts: Counter[str] = Counter()
+        self.gauges: dict[str, float] = {}
+        self.ledger: dict[str, float] = {}
 
     def record_tick(self, snap: TickSnapshot) -> None:
         kinds = Counter(r.action.kind for r in snap.report.results if r.ok)
@@ -62,9 +65,22 @@ class ControllerStats:
         with self._lock:
             self.counts[name] += n
 
+    def set_gauge(self, name: str, value: float) -> None:
+        with self._lock:
+            self.gauges[name] = value
+
+    def set_ledger(self, totals: dict[str, float]) -> None:
+        """Ledger table totals (the store's sums), refreshed by the daemon when a tick settles jobs."""
+        with self._lock:
+            self.ledger = dict(totals)
+
     def read(self) -> tuple[TickSnapshot | None, dict[str, int]]:
         with self._lock:
             return self.last, dict(self.counts)
+
+    def read_extra(self) -> tuple[dict[str, float], dict[str, float]]:
+        with self._lock:
+            return dict(self.gauges), dict(self.ledger)
 
 
 class ControllerCollector:
@@ -102,6 +118,36 @@ class ControllerCollector:
             ),
         ):
             yield CounterMetricFamily(name, doc, value=counts.get(key, 0))
+        gauges, ledger = self._stats.read_extra()
+        if "proposals_pending" in gauges:
+            yield GaugeMetricFamily(
+                "fleetyield_proposals_pending",
+                "Drain proposals waiting for an admin's signed decision.",
+                value=gauges["proposals_pending"],
+            )
+        if ledger:
+            useful, wasted = ledger.get("useful_gpu_s", 0.0), ledger.get("wasted_gpu_s", 0.0)
+            for name, value, doc in (
+                ("fleetyield_ledger_useful_gpu_seconds", useful, "GPU-seconds of settled jobs that counted."),
+                ("fleetyield_ledger_wasted_gpu_seconds", wasted, "GPU-seconds lost to hardware failures."),
+                (
+                    "fleetyield_ledger_premium_misuse_gpu_seconds",
+                    ledger.get("premium_misuse_gpu_s", 0.0),
+                    "GPU-seconds of non-premium work on premium GPUs while premium work waited.",
+                ),
+                ("fleetyield_ledger_jobs", ledger.get("jobs", 0), "Job attempts settled in the ledger."),
+                (
+                    "fleetyield_ledger_failures",
+                    ledger.get("failures", 0),
+                    "Settled job attempts that failed.",
+                ),
+            ):
+                yield CounterMetricFamily(name, doc, value=value)
+            yield GaugeMetricFamily(
+                "fleetyield_net_goodput_gpu_seconds",
+                "Net goodput of all settled jobs: useful minus wasted GPU-seconds.",
+                value=useful - wasted,
+            )
         if last is None:
             return
         yield GaugeMetricFamily(
@@ -119,6 +165,22 @@ class ControllerCollector:
             value=last.scrape_errors,
         )
         result = last.result
+        calibration = getattr(result, "calibration", None)
+        if calibration is not None and calibration.resolved and not math.isnan(calibration.brier):
+            yield GaugeMetricFamily(
+                "fleetyield_calibration_brier",
+                "Brier score of the risk model's resolved predictions (lower is better).",
+                value=calibration.brier,
+            )
+        stages = Counter(
+            str(getattr(m.stage, "value", m.stage)) for m in getattr(result.state, "lifecycle", {}).values()
+        )
+        by_stage = GaugeMetricFamily(
+            "fleetyield_nodes_lifecycle", "Nodes per rehabilitation stage (not in service).", labels=["stage"]
+        )
+        for stage, n in sorted(stages.items()):
+            by_stage.add_metric([stage], n)
+        yield by_stage
         tiers = Counter(d.tier for d in result.nodes.values())
         by_tier = GaugeMetricFamily("fleetyield_nodes", "Nodes per tier in the last tick.", labels=["tier"])
         for tier in Tier:

@@ -15,14 +15,26 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import JobView, SlurmNode, WorkloadClass
-from slurm_fleetyield.core.plan import Action, DrainNode, Plan, ResumeNode, UpdateNodes
+from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass
+from slurm_fleetyield.core.plan import (
+    Action,
+    CancelCanaries,
+    DrainNode,
+    Plan,
+    PowerCycle,
+    RebootNode,
+    ResumeNode,
+    SubmitCanary,
+    UpdateNodes,
+)
 from slurm_fleetyield.ports import ActionResult, ApplyReport
 
 log = logging.getLogger(__name__)
@@ -32,6 +44,14 @@ JSON_NODES_SINCE = (24, 11)
 
 WORKLOAD_COMMENT_PREFIX = "fy:"
 """Jobs declare their workload class in their comment: ``--comment=fy:decode``."""
+
+NOT_SLURM_KINDS = frozenset({"reset_gpu", "propose_drain", "withdraw_proposal"})
+"""Plan actions ``apply`` skips: the daemon's executor hands them to the node agent and the gate."""
+
+CANARY_JOB_PREFIX = "fy_canary_"
+"""Canary jobs are named ``fy_canary_<token>`` (``SubmitCanary.job_name``); the token names the round."""
+
+SACCT_CANARY_FORMAT = "JobID,JobName,State,ExitCode,End,NodeList"
 
 _HOSTLIST_SEPARATOR = "fyhostlistsep"
 """A sentinel host name (no digits, so Slurm never merges it into a range) between batched hostlists."""
@@ -392,6 +412,133 @@ def parse_requeue_flags(text: str) -> dict[int, bool]:
     return flags
 
 
+def _sacct_time(text: str) -> float | None:
+    """sacct's ``End``: ``2026-01-12T10:00:00`` (the caller's local time), epoch digits, or Unknown/None."""
+    text = text.strip()
+    if not text or text in _NULL or text == "Unknown":
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _sacct_exit(text: str) -> int | None:
+    """``ExitCode`` ``<code>:<signal>`` -> code (a signal makes it 128+signal, as a shell would report)."""
+    code, _, sig = text.strip().partition(":")
+    try:
+        c, s = int(code), int(sig or 0)
+    except ValueError:
+        return None
+    return 128 + s if s and not c else c
+
+
+def parse_sacct_canaries(text: str, tokens: Mapping[str, str]) -> list[CanaryResult]:
+    """``sacct -X -n -P -o JobID,JobName,State,ExitCode,End,NodeList`` lines of canary jobs.
+
+    ``tokens`` maps a round's token to its node: a line whose name is not a known round is skipped. The
+    state's first word is kept (``CANCELLED by 0`` -> CANCELLED); array/het suffixes leave the id's digits.
+    """
+    out: list[CanaryResult] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) < 6:
+            raise ValueError(f"unexpected sacct line {line[:120]!r}")
+        job_id, name, state, exit_code, end, nodelist = parts[:6]
+        token = name.removeprefix(CANARY_JOB_PREFIX)
+        digits = re.match(r"\d+", job_id.strip())
+        if not name.startswith(CANARY_JOB_PREFIX) or token not in tokens or not digits:
+            continue
+        node = nodelist.strip() if nodelist.strip() not in _NULL | {"None assigned"} else tokens[token]
+        out.append(
+            CanaryResult(
+                node=node,
+                job_id=int(digits.group()),
+                token=token,
+                state=(state.split() or [""])[0].upper(),
+                exit_code=_sacct_exit(exit_code),
+                end_time=_sacct_time(end),
+            )
+        )
+    return out
+
+
+SACCT_JOB_FORMAT = "JobID,State,ExitCode,Start,End,NodeList"
+TERMINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "CANCELLED",
+        "OUT_OF_MEMORY",
+        "REQUEUED",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobAttempt:
+    """One attempt of a job as sacct records it (``-D``: a requeued job has one line per attempt)."""
+
+    job_id: int
+    state: str
+    exit_code: int | None
+    start: float | None
+    end: float | None
+    nodelist: str
+
+
+def parse_sacct_jobs(text: str) -> dict[int, list[JobAttempt]]:
+    """``sacct -X -D -n -P -o JobID,State,ExitCode,Start,End,NodeList`` -> job id -> attempts."""
+    out: dict[int, list[JobAttempt]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) < 6:
+            raise ValueError(f"unexpected sacct line {line[:120]!r}")
+        digits = re.match(r"\d+", parts[0].strip())
+        if not digits:
+            continue
+        job_id = int(digits.group())
+        nodelist = parts[5].strip()
+        out.setdefault(job_id, []).append(
+            JobAttempt(
+                job_id=job_id,
+                state=(parts[1].split() or [""])[0].upper(),
+                exit_code=_sacct_exit(parts[2]),
+                start=_sacct_time(parts[3]),
+                end=_sacct_time(parts[4]),
+                nodelist="" if nodelist in _NULL or nodelist == "None assigned" else nodelist,
+            )
+        )
+    return out
+
+
+def _time_limit(seconds: float) -> str:
+    """Slurm ``--time`` in whole minutes (Slurm's resolution), at least one."""
+    return str(max(1, math.ceil(seconds / 60.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySpec:
+    """How a canary job is submitted (``[canary]`` in the config)."""
+
+    command: str = "fleetyield-agent check --state-dir /var/lib/fleetyield-agent --json"
+    constraint: str = "fy_canary"
+    time_limit_s: float | None = None  # None: the action's time_limit_s (core lifecycle params)
+    partition: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+
 # --------------------------------------------------------------------------------------------------------
 # The adapter
 # --------------------------------------------------------------------------------------------------------
@@ -406,7 +553,9 @@ class SlurmCli:
         timeout_s: float = 30.0,
         runner: Runner = run_command,
         version: tuple[int, int, int] | None = None,
+        canary: CanarySpec | None = None,
     ) -> None:
+        self.canary = canary or CanarySpec()
         self._bin_dir = bin_dir
         self._timeout_s = timeout_s
         self._runner = runner
@@ -563,13 +712,96 @@ class SlurmCli:
             return commands
         if isinstance(action, ResumeNode):
             return [(scontrol, "update", f"NodeName={action.node}", "State=RESUME")]
+        if isinstance(action, RebootNode):
+            # No ASAP and no nextstate: the node is already drained by us; a plain reboot keeps DRAIN and our
+            # reason across the reboot (core/rehab_actions.py says why).
+            command = [scontrol, "reboot"]
+            if action.next_state:
+                command.append(f"nextstate={action.next_state}")
+            return [(*command, f"Reason={action.reason}", action.node)]
+        if isinstance(action, SubmitCanary):
+            spec = self.canary
+            limit = spec.time_limit_s if spec.time_limit_s is not None else action.time_limit_s
+            sbatch = (
+                self._bin("sbatch"),
+                "--parsable",
+                "-w",
+                action.node,
+                f"--constraint={spec.constraint}",
+                "--exclusive",
+                f"--time={_time_limit(limit)}",
+                f"--job-name={action.job_name}",
+                "--comment=fy:canary",
+                "--output=/dev/null",
+                *((f"--partition={spec.partition}",) if spec.partition else ()),
+                *spec.extra_args,
+                "--wrap",
+                spec.command,
+            )
+            return [sbatch] * action.count
+        if isinstance(action, CancelCanaries):
+            return [(self._bin("scancel"), f"--name={action.job_name}")]
+        if isinstance(action, PowerCycle):
+            raise SlurmCommandError(
+                ("redfish", "PowerCycle", action.node),
+                None,
+                "power cycle needs the Redfish adapter (not built)",
+            )
         raise TypeError(f"unknown action {action!r}")
 
+    # -- accounting -----------------------------------------------------------------------------------
+
+    def read_job_attempts(self, job_ids: Sequence[int]) -> dict[int, list[JobAttempt]]:
+        """Every recorded attempt of the given jobs (one sacct call); needs slurmdbd."""
+        if not job_ids:
+            return {}
+        ids = ",".join(str(j) for j in sorted(set(job_ids)))
+        command = ("sacct", "-X", "-D", "-n", "-P", "-a", "-j", ids, "-o", SACCT_JOB_FORMAT)
+        try:
+            return parse_sacct_jobs(self._run(*command))
+        except ValueError as exc:
+            raise SlurmCommandError(command, 0, f"unparsable output: {exc}") from None
+
+    # -- canaries -------------------------------------------------------------------------------------
+
+    def read_canaries(self, tokens: Mapping[str, str], since: float) -> list[CanaryResult]:
+        """Canary jobs of the given rounds (token -> node) since ``since``: sacct, then squeue for the ones
+        accounting does not show yet (or at all, without slurmdbd: then only pending/running are seen)."""
+        if not tokens:
+            return []
+        names = ",".join(f"{CANARY_JOB_PREFIX}{t}" for t in sorted(tokens))
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        results: list[CanaryResult] = []
+        command = ("sacct", "-X", "-n", "-P", "-a", f"--name={names}", "-S", start, "-o", SACCT_CANARY_FORMAT)
+        try:
+            results = parse_sacct_canaries(self._run(*command), tokens)
+        except SlurmCommandError as exc:
+            log.info("sacct unavailable for canaries (%s); squeue only", exc)
+        except ValueError as exc:
+            raise SlurmCommandError(command, 0, f"unparsable output: {exc}") from None
+        seen = {r.job_id for r in results}
+        command = ("squeue", "-h", "-n", names, "-o", "%A|%j|%T|%N")
+        for line in self._run(*command).splitlines():
+            parts = line.split("|")
+            if len(parts) < 4 or not parts[0].strip().isdigit():
+                continue
+            job_id, token = int(parts[0]), parts[1].removeprefix(CANARY_JOB_PREFIX)
+            if job_id in seen or token not in tokens:
+                continue
+            node = parts[3].strip() if parts[3].strip() not in _NULL else tokens[token]
+            results.append(CanaryResult(node, job_id, token, parts[2].strip().upper()))
+        return results
+
     def apply(self, plan: Plan) -> ApplyReport:
-        """Execute every action in order. A failing action is recorded and the next one still runs."""
+        """Execute every action in order. A failing action is recorded and the next one still runs.
+
+        Actions of ``NOT_SLURM_KINDS`` are skipped (no result): the daemon's executor runs them (GPU resets
+        through the agent, proposals through the gate)."""
         start_calls = self.calls
         results: list[ActionResult] = []
         for action in plan.actions:
+            if action.kind in NOT_SLURM_KINDS:
+                continue
             executed: tuple[str, ...] = ()
             try:
                 hostlist = None
@@ -601,8 +833,27 @@ class DryRunSlurm:
     def apply(self, plan: Plan) -> ApplyReport:
         results = []
         for action in plan.actions:
-            commands = self.inner.commands_for(action)
+            if action.kind in NOT_SLURM_KINDS:
+                continue
+            try:
+                commands = self.inner.commands_for(action)
+            except SlurmCommandError as exc:
+                results.append(ActionResult(action, False, exc.command, f"dry-run: {exc.stderr}"))
+                continue
             for command in commands:
                 self._log.info("dry-run: would run %s", " ".join(command))
             results.append(ActionResult(action, True, commands[-1], "dry-run: not executed"))
         return ApplyReport(tuple(results), calls=0)
+
+    def read_canaries(self, tokens: Mapping[str, str], since: float) -> list[CanaryResult]:
+        return self.inner.read_canaries(tokens, since)
+
+    def read_job_attempts(self, job_ids: Sequence[int]) -> dict[int, list[JobAttempt]]:
+        return self.inner.read_job_attempts(job_ids)
+
+    def expand_hostlists(self, expressions: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        return self.inner.expand_hostlists(expressions)
+
+    @property
+    def node_details(self) -> dict[str, NodeDetail]:
+        return self.inner.node_details

@@ -6,7 +6,16 @@ read models the CLI and API serve (``last_result``, ``events``).
 
 Tables: ``state`` (one row: ControllerState JSON + tick number), ``last_result`` (one row: node decisions,
 risks and explanations as JSON), ``events`` (append-only log, pruned to ``events_keep`` rows), ``inbox``
-(fatal events: id PK, payload, received_at, processed_at).
+(fatal events: id PK, payload, received_at, processed_at). Since schema 2 also: ``outcomes`` (the Epilog's
+job-outcome records as agents forwarded them: key PK, processed_at), ``attempts`` (job attempts delivered
+to the core, so a late record of another node of the same attempt is not delivered twice), ``ledger``
+(one row per settled job attempt, append-only), ``gate_marks`` (what the shell did with a gate decision:
+``executed`` = Slurm shows the approved drain, ``delivered`` = a denial was handed to the core), and
+``canary_rounds`` / ``canary_seen`` (canary job names submitted, results handed to the core).
+
+Exactly once. Everything the core is handed from these tables (outcomes, denials, canary results) is marked
+in ``commit_tick``'s transaction together with the state that consumed it: a kill -9 before the commit
+hands it again to a core restarted from the previous state; after it, never again.
 
 Crash safety. ``commit_tick`` writes state + processed marks + log rows in ONE transaction, so a kill -9 at
 any point leaves either the previous tick or this one, never a mix. A crash between applying a plan to
@@ -35,7 +44,11 @@ from typing import Any
 
 from slurm_fleetyield.core.model import FatalEvent
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+KNOWN_SCHEMAS = (0, 1, 2)  # 1 -> 2 only adds tables (CREATE IF NOT EXISTS)
+ATTEMPT_SLOP_S = 300.0
+"""Records of one job whose start times differ by less than this are one attempt (each node's Prolog has
+its own clock; a requeued attempt starts after the previous one ended, minutes later at least)."""
 INBOX_KEEP_S = 7 * 86400.0
 """Processed inbox rows are kept this long so a late retry of the same event_id is still a duplicate."""
 
@@ -70,7 +83,78 @@ CREATE TABLE IF NOT EXISTS inbox (
     processed_at REAL
 );
 CREATE INDEX IF NOT EXISTS inbox_by_state ON inbox (processed_at, received_at);
+CREATE TABLE IF NOT EXISTS outcomes (
+    key TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    record TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    processed_at REAL
+);
+CREATE INDEX IF NOT EXISTS outcomes_by_state ON outcomes (processed_at, received_at);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL,
+    start REAL NOT NULL,
+    delivered_at REAL NOT NULL,
+    PRIMARY KEY (job_id, start)
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    job_id INTEGER NOT NULL,
+    start REAL NOT NULL,
+    end REAL NOT NULL,
+    workload TEXT,
+    nodes TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    useful_gpu_s REAL NOT NULL,
+    wasted_gpu_s REAL NOT NULL,
+    premium_misuse_gpu_s REAL NOT NULL,
+    failure INTEGER NOT NULL,
+    tier_at_start TEXT NOT NULL,
+    cause TEXT NOT NULL,
+    tick INTEGER,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (job_id, start)
+);
+CREATE INDEX IF NOT EXISTS ledger_by_end ON ledger (end);
+CREATE TABLE IF NOT EXISTS gate_marks (
+    proposal_id TEXT NOT NULL,
+    mark TEXT NOT NULL,
+    node TEXT NOT NULL DEFAULT '',
+    time REAL NOT NULL,
+    tick INTEGER,
+    PRIMARY KEY (proposal_id, mark)
+);
+CREATE TABLE IF NOT EXISTS canary_rounds (
+    token TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    jobs INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS canary_seen (
+    job_id TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    node TEXT NOT NULL,
+    state TEXT NOT NULL,
+    seen_at REAL NOT NULL
+);
 """
+
+LEDGER_COLUMNS = (
+    "job_id",
+    "start",
+    "end",
+    "workload",
+    "nodes",
+    "gpus",
+    "state",
+    "useful_gpu_s",
+    "wasted_gpu_s",
+    "premium_misuse_gpu_s",
+    "failure",
+    "tier_at_start",
+    "cause",
+)
 
 
 class StoreError(RuntimeError):
@@ -89,10 +173,50 @@ class LogRow:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredOutcome:
+    """One forwarded Epilog record (the raw dict) with its store key."""
+
+    key: str
+    job_id: str
+    node: str
+    record: dict[str, Any]
+    received_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TickMarks:
+    """What a tick consumed or produced besides its state, committed in the same transaction."""
+
+    outcome_keys: Sequence[str] = ()  # forwarded records handed to the core (or merged into an attempt)
+    attempts: Sequence[tuple[str, float]] = ()  # (job_id, start) attempts delivered as JobOutcome
+    ledger: Sequence[Mapping[str, Any]] = ()  # LedgerEntry rows (LEDGER_COLUMNS)
+    gate_marks: Sequence[tuple[str, str, str]] = ()  # (proposal_id, mark, node)
+    canary_seen: Sequence[tuple[str, str, str, str]] = ()  # (job_id, token, node, state)
+
+
+def outcome_key(node: str, record: Mapping[str, Any]) -> str:
+    """Idempotency key of a forwarded record: the same file sent twice is one row; the record of a requeued
+    attempt (another start) or of another node of the job is another row."""
+    start = record.get("start_time")
+    end = record.get("slurm_end_time") or record.get("end_time") or record.get("epilog_time")
+    return f"{record.get('job_id')}|{node}|{start!r}|{end!r}"
+
+
+@dataclass(frozen=True, slots=True)
 class StoredState:
     tick: int
     time: float
     state: dict[str, Any]
+
+
+def _ledger_value(column: str, value: Any) -> Any:
+    if column == "nodes":
+        return json.dumps(list(value))
+    if column == "failure":
+        return int(bool(value))
+    if column == "workload":
+        return None if value is None else str(value)
+    return value
 
 
 def event_to_json(event: FatalEvent) -> str:
@@ -129,7 +253,7 @@ class Store:
         conn = self._conn()
         if not readonly:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in KNOWN_SCHEMAS:
                 raise StoreError(f"{self.path}: schema version {version}, this build knows {SCHEMA_VERSION}")
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -226,8 +350,9 @@ class Store:
         processed_event_ids: Sequence[str] = (),
         log_rows: Sequence[LogRow] = (),
         last_result: Mapping[str, Any] | None = None,
+        marks: TickMarks | None = None,
     ) -> None:
-        """State + processed marks + log rows (+ the rendered result) in one transaction."""
+        """State + processed marks + log rows (+ the rendered result, + ``marks``) in one transaction."""
         state_json = json.dumps(state, separators=(",", ":"), allow_nan=False)
         result_json = (
             None if last_result is None else json.dumps(last_result, separators=(",", ":"), allow_nan=False)
@@ -239,6 +364,8 @@ class Store:
                 (tick, now, state_json),
             )
             self._mark_processed(conn, processed_event_ids, now)
+            if marks is not None:
+                self._apply_marks(conn, marks, tick, now)
             self._append(conn, log_rows, tick)
             if result_json is not None:
                 conn.execute(
@@ -254,6 +381,31 @@ class Store:
             )
 
     @staticmethod
+    def _apply_marks(conn: sqlite3.Connection, marks: TickMarks, tick: int, now: float) -> None:
+        conn.executemany(
+            "UPDATE outcomes SET processed_at = ? WHERE key = ? AND processed_at IS NULL",
+            [(now, k) for k in marks.outcome_keys],
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO attempts (job_id, start, delivered_at) VALUES (?, ?, ?)",
+            [(j, s, now) for j, s in marks.attempts],
+        )
+        cols = ", ".join(LEDGER_COLUMNS)
+        conn.executemany(
+            f"INSERT OR IGNORE INTO ledger ({cols}, tick, recorded_at) "
+            f"VALUES ({', '.join('?' * len(LEDGER_COLUMNS))}, ?, ?)",
+            [(*(_ledger_value(c, row[c]) for c in LEDGER_COLUMNS), tick, now) for row in marks.ledger],
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO gate_marks (proposal_id, mark, node, time, tick) VALUES (?, ?, ?, ?, ?)",
+            [(p, m, n, now, tick) for p, m, n in marks.gate_marks],
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO canary_seen (job_id, token, node, state, seen_at) VALUES (?, ?, ?, ?, ?)",
+            [(j, t, n, st, now) for j, t, n, st in marks.canary_seen],
+        )
+
+    @staticmethod
     def _append(conn: sqlite3.Connection, rows: Sequence[LogRow], tick: int | None) -> None:
         conn.executemany(
             "INSERT INTO events (time, tick, node, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
@@ -262,6 +414,145 @@ class Store:
                 for r in rows
             ],
         )
+
+    # -- job outcomes (forwarded by agents) ------------------------------------------------------------
+
+    def put_outcomes(
+        self, node: str, records: Sequence[Mapping[str, Any]], received_at: float | None = None
+    ) -> tuple[int, int]:
+        """Store forwarded Epilog records durably, idempotent by ``outcome_key``. Returns (new, dups)."""
+        received_at = self._clock() if received_at is None else received_at
+        new = 0
+        with self._write() as conn:
+            for record in records:
+                rec = {**record, "node": record.get("node") or node}
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO outcomes (key, job_id, node, record, received_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (
+                        outcome_key(node, rec),
+                        str(rec["job_id"]),
+                        node,
+                        json.dumps(rec, sort_keys=True, default=str),
+                        received_at,
+                    ),
+                )
+                new += cur.rowcount
+        return new, len(records) - new
+
+    def pending_outcomes(self, limit: int = 10_000) -> list[StoredOutcome]:
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT key, job_id, node, record, received_at FROM outcomes WHERE processed_at IS NULL "
+                "ORDER BY received_at, key LIMIT ?",
+                (limit,),
+            )
+            .fetchall()
+        )
+        return [StoredOutcome(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
+    def delivered_attempt(self, job_id: str, start: float) -> bool:
+        """Whether an attempt of ``job_id`` starting within ``ATTEMPT_SLOP_S`` of ``start`` was delivered."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT 1 FROM attempts WHERE job_id = ? AND start BETWEEN ? AND ? LIMIT 1",
+                (job_id, start - ATTEMPT_SLOP_S, start + ATTEMPT_SLOP_S),
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def outcome_counts(self) -> dict[str, int]:
+        pending, processed = (
+            self._conn()
+            .execute(
+                "SELECT COUNT(*) FILTER (WHERE processed_at IS NULL), "
+                "COUNT(*) FILTER (WHERE processed_at IS NOT NULL) FROM outcomes"
+            )
+            .fetchone()
+        )
+        return {"pending": pending, "processed": processed}
+
+    # -- ledger ---------------------------------------------------------------------------------------
+
+    def ledger(self, since: float | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Settled job attempts (newest end first), ended at or after ``since``."""
+        sql = f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger"
+        args: list[Any] = []
+        if since is not None:
+            sql += " WHERE end >= ?"
+            args.append(since)
+        sql += " ORDER BY end DESC, job_id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        out = []
+        for row in self._conn().execute(sql, args):
+            doc = dict(zip(LEDGER_COLUMNS, row, strict=True))
+            doc["nodes"] = json.loads(doc["nodes"])
+            doc["failure"] = bool(doc["failure"])
+            out.append(doc)
+        return out
+
+    def ledger_totals(self) -> dict[str, float]:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT COUNT(*), COALESCE(SUM(useful_gpu_s), 0), COALESCE(SUM(wasted_gpu_s), 0), "
+                "COALESCE(SUM(premium_misuse_gpu_s), 0), COALESCE(SUM(failure), 0) FROM ledger"
+            )
+            .fetchone()
+        )
+        return {
+            "jobs": row[0],
+            "useful_gpu_s": row[1],
+            "wasted_gpu_s": row[2],
+            "premium_misuse_gpu_s": row[3],
+            "failures": row[4],
+        }
+
+    # -- gate marks and canaries ----------------------------------------------------------------------
+
+    def gate_marked(self, mark: str) -> set[str]:
+        rows = self._conn().execute("SELECT proposal_id FROM gate_marks WHERE mark = ?", (mark,)).fetchall()
+        return {r[0] for r in rows}
+
+    def record_canary_round(self, token: str, node: str, now: float) -> None:
+        """Intent log, written BEFORE sbatch: a crash right after submitting still lets the next tick find
+        the round's jobs by name."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO canary_rounds (token, node, submitted_at) VALUES (?, ?, ?)",
+                (token, node, now),
+            )
+
+    def note_canary_jobs(self, token: str, jobs: int) -> None:
+        with self._write() as conn:
+            conn.execute("UPDATE canary_rounds SET jobs = jobs + ? WHERE token = ?", (jobs, token))
+
+    def canary_rounds(self, since: float) -> dict[str, str]:
+        """token -> node of rounds submitted at or after ``since``."""
+        rows = (
+            self._conn()
+            .execute("SELECT token, node FROM canary_rounds WHERE submitted_at >= ?", (since,))
+            .fetchall()
+        )
+        return {r[0]: r[1] for r in rows}
+
+    def canary_seen(self, job_ids: Sequence[str]) -> set[str]:
+        if not job_ids:
+            return set()
+        conn = self._conn()
+        seen: set[str] = set()
+        for i in range(0, len(job_ids), 500):
+            chunk = list(job_ids[i : i + 500])
+            rows = conn.execute(
+                f"SELECT job_id FROM canary_seen WHERE job_id IN ({', '.join('?' * len(chunk))})", chunk
+            ).fetchall()
+            seen.update(r[0] for r in rows)
+        return seen
 
     def append_log(self, rows: Sequence[LogRow]) -> None:
         """Log rows outside a tick (e.g. the push listener's rejections)."""

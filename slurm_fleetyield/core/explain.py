@@ -2,7 +2,8 @@
 
 Input: a node name and a ``TickResult``. Output: ``explain_dict`` a JSON-able dict (NaN written as None);
 ``explain`` the same as multi-line text: tier, health, risk, reason, Slurm state, features and weight, the
-envelope, then every GPU with its probability and each enabled signal's value and log-odds contribution.
+envelope, the lifecycle stage, an open drain proposal, the lemon flag and the learned multipliers, then every
+GPU with its probability and each enabled signal's value and log-odds contribution.
 """
 
 from __future__ import annotations
@@ -51,6 +52,36 @@ def explain_dict(node: str, result: TickResult) -> dict[str, Any]:
                 "notes": list(e.notes),
             },
         )
+    st = result.state
+    lc = st.lifecycle.get(node)
+    out["lifecycle"] = (
+        {"stage": "in_service"}
+        if lc is None
+        else {
+            "stage": lc.stage.value,
+            "since": lc.since,
+            "cause": lc.cause.text if lc.cause else None,
+            "attempts": [f"{a.remediation.value}: {a.outcome}" for a in lc.attempts],
+            "canary_passes": lc.canary_passes,
+            "until": lc.until,
+            "failures": len(lc.failures),
+            "reason": lc.reason,
+        }
+    )
+    prop = st.proposals.get(node)
+    out["proposal"] = (
+        None
+        if prop is None
+        else {
+            "id": prop.proposal_id,
+            "risk": prop.risk,
+            "created_at": prop.created_at,
+            "expires_at": prop.expires_at,
+            "approved_by": prop.approved_by or None,
+        }
+    )
+    out["lemon"] = d is not None and "fy_lemon" in d.fy_features
+    out["learned_multipliers"] = dict(st.learn.multipliers)
     gpus = []
     if r is not None:
         out.setdefault("health", r.health.value)
@@ -112,6 +143,29 @@ def explain(node: str, result: TickResult) -> str:
             f"nvlink_full {e['nvlink_full']}, hbm_full {e['hbm_full']}, known {e['known']}"
         )
         lines.extend(f"  note: {n}" for n in e["notes"])
+    lc = x["lifecycle"]
+    if lc["stage"] != "in_service":
+        tried = f", attempts {', '.join(lc['attempts'])}" if lc["attempts"] else ""
+        lines.append(
+            f"lifecycle: {lc['stage']} since {lc['since']:.0f} (cause {lc['cause'] or '?'}{tried}; "
+            f"failures in window {lc['failures']})"
+        )
+    else:
+        lines.append("lifecycle: in service")
+    if x["proposal"]:
+        p = x["proposal"]
+        approved = f", approved by {p['approved_by']} (drain pending)" if p["approved_by"] else ""
+        lines.append(
+            f"drain proposal: {p['id']} open (risk {p['risk']:.3f}, expires {p['expires_at']:.0f}){approved}"
+        )
+    if x["lemon"]:
+        lines.append(
+            "lemon: repeated fatal failures - no fy_ok_train/fy_ok_finetune/fy_ok_decode "
+            "(off gangs and premium-class work), fy_ok_batch kept when healthy"
+        )
+    if x["learned_multipliers"]:
+        ms = ", ".join(f"{k} x{v:.2f}" for k, v in sorted(x["learned_multipliers"].items()))
+        lines.append(f"learned hazard multipliers: {ms}")
     if x.get("sample_age_s") is not None:
         lines.append(f"sample age: {x['sample_age_s']:.0f}s")
     for g in x["gpus"]:

@@ -165,6 +165,14 @@ class LifecycleParams(BaseModel):
         description="Per remediation kind, seconds until an unconfirmed remediation counts as failed. "
         "Kinds not given keep their defaults (gpu_reset 300, reboot 900, power_cycle 1200).",
     )
+    reboot_settle_s: float = Field(
+        120.0,
+        ge=0,
+        description="The tick derives REMEDIATION_OK after a reboot or power cycle only from a sample taken "
+        "at "
+        "least this long after the command: for a moment after `scontrol reboot` the node still answers "
+        "scrapes from before the reboot. A GPU reset needs no such wait (any sample after it is new).",
+    )
     power_cycle_enabled: bool = Field(
         False,
         description="Use the power_cycle rungs of the ladders (needs the Redfish adapter). Off: those rungs "

@@ -1,27 +1,51 @@
 """The tick: the one place where the order of the stages is written.
 
 Input: the previous ``ControllerState``, this tick's ``Observations``, ``Params``, the clock ``now`` and an
-``rng`` (the stages are deterministic today; the generator is threaded through for the lifecycle's randomized
-canary selection, next issue). Output: a ``TickResult``: the next state, the ``Plan`` of Slurm actions, one
-``NodeDecision`` per node, the per-node risk and log events. The daemon and the simulator both call ``tick``.
+``rng`` (proposal ids are drawn from it, so a simulation is deterministic). Output: a ``TickResult``: the next
+state, the ``Plan`` of actions, one ``NodeDecision`` per node, the per-node risk, log events, the jobs settled
+this tick (``ledger``) and the risk model's track record (``calibration``). The daemon and the simulator both
+call ``tick``.
 
-Order: sense -> fatal evidence -> risk -> profile -> quarantine -> price -> route -> plan -> remember.
-Quarantine decides its drains (and holds) before pricing because the price of a node depends on whether it
-is being drained this tick; the plan then lists the feature updates first and the drains after them.
+Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
+route -> gate (proposals) -> plan -> remember -> settle -> learn.
+Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
+event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
+of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
+``explain`` text. Plan order: feature updates, drains, lifecycle actions (reboot, reset, resume, canaries),
+proposals: a resumed node already carries its canary-only features, a reboot follows its drain.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
-from slurm_fleetyield.core import memory, price, profile, quarantine, risk, route, sense
-from slurm_fleetyield.core.model import LogEvent, NodeDecision, NodeRisk, Observations
+from slurm_fleetyield.core import (
+    gate,
+    learn,
+    memory,
+    price,
+    profile,
+    quarantine,
+    rehab,
+    risk,
+    route,
+    sense,
+    settle,
+)
+from slurm_fleetyield.core.model import (
+    Calibration,
+    LedgerEntry,
+    LogEvent,
+    NodeDecision,
+    NodeRisk,
+    Observations,
+)
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import Plan
+from slurm_fleetyield.core.plan import DrainNode, Plan
 from slurm_fleetyield.core.signals import channel_layout
-from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.state import ControllerState, LearnMemory, SettleMemory
 
 __all__ = ["LogEvent", "NodeDecision", "TickResult", "tick"]
 
@@ -38,6 +62,8 @@ class TickResult:
     previous: ControllerState | None = None
     params: Params | None = None
     now: float = float("nan")
+    ledger: tuple[LedgerEntry, ...] = ()  # jobs settled this tick (core/settle.py)
+    calibration: Calibration = field(default_factory=Calibration)  # the risk model's record (core/learn.py)
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -58,18 +84,80 @@ def tick(
     state: ControllerState, obs: Observations, params: Params, now: float, rng: random.Random
 ) -> TickResult:
     if not obs.slurm_ok:  # Slurm could not be read: acting on a stale view of it is worse than waiting
-        return TickResult(
-            state, Plan(), {}, {}, (LogEvent(now, "", "slurm_unreadable", "no plan this tick"),)
-        )
+        return TickResult(state, Plan(), {}, {}, (LogEvent(now, "", "slurm_unreadable", "no plan"),))
     layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
     sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now)
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = risk.assess(sensed, fatal, state, params, now)
     envelopes = profile.profile(sensed, obs, state, params.profile)
-    drains = quarantine.decide(fatal, obs, state, params.quarantine, now)
-    priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now)
+    drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.exempt_from_cap(state))
+    decided = gate.decide(obs, state, risks, params, now)
+    rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
+    priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     decisions, updates = route.route(obs, priced, envelopes)
-    plan = Plan((*updates, *drains.drains), drains.holds)
-    new_state = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now)
-    events = (*sensed.events, *drains.events, *priced.events)
-    return TickResult(new_state, plan, decisions, risks, events, sensed, state, params, now)
+    explain_node = _explainer(state, decisions, risks, sensed, params, now)
+    proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
+    actions = (*updates, *_merge_drains(drains.drains, rh.drains), *rh.actions, *proposed.actions)
+    plan = Plan(actions, (*drains.holds, *rh.holds))
+    remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
+    ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
+    learned, calibration = learn.learn(
+        state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now
+    )
+    new_state = _next_state(remembered, rh, proposed, decided, settled, learned)
+    events = (*sensed.events, *drains.events, *decided.events, *rh.events, *priced.events, *proposed.events)
+    return TickResult(
+        new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calibration
+    )
+
+
+def _next_state(
+    remembered: ControllerState,
+    rh: rehab.Rehab,
+    proposed: gate.Proposed,
+    decided: gate.Decided,
+    settled: SettleMemory,
+    learned: LearnMemory,
+) -> ControllerState:
+    return replace(
+        remembered,
+        lifecycle=rh.lifecycle,
+        lifecycle_drained=rh.seen_drained,
+        proposals=proposed.proposals,
+        denials=decided.denials,
+        settle=settled,
+        learn=learned,
+    )
+
+
+def _explainer(
+    state: ControllerState,
+    decisions: Mapping[str, NodeDecision],
+    risks: Mapping[str, NodeRisk],
+    sensed: sense.Sensed,
+    params: Params,
+    now: float,
+) -> Callable[[str], str]:
+    """``explain`` of a node as this tick sees it (the evidence of a drain proposal)."""
+
+    def explain_node(node: str) -> str:
+        from slurm_fleetyield.core.explain import explain  # explain reads a TickResult: imported late
+
+        return explain(node, TickResult(state, Plan(), decisions, risks, (), sensed, state, params, now))
+
+    return explain_node
+
+
+def _merge_drains(fatal: tuple[DrainNode, ...], lifecycle: tuple[DrainNode, ...]) -> tuple[DrainNode, ...]:
+    """One drain per node: the lifecycle's reason (e.g. RETIRED) over quarantine's, quarantine's requeues."""
+    if not lifecycle:
+        return fatal
+    later = {d.node: d for d in lifecycle}
+    out = [replace(d, reason=later[d.node].reason, cause=later.pop(d.node).cause) if d.node in later else d
+           for d in fatal]  # fmt: skip
+    seen = {d.node for d in out}
+    for d in lifecycle:
+        if d.node not in seen and d.node in later:
+            out.append(d)
+            seen.add(d.node)
+    return tuple(out)

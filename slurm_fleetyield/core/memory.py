@@ -17,6 +17,7 @@ from slurm_fleetyield.core.model import NodeDecision, Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal
+from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState, NodeMemory
 
@@ -30,13 +31,20 @@ def remember(
     drains: Drains,
     params: Params,
     now: float,
+    rehab: Rehab | None = None,
 ) -> ControllerState:
+    """``rehab``: the lifecycle's drains of this tick (approved ones count against the rate window). The
+    lifecycle, gate, settle and learn parts of the state are set by the loop from their own stages."""
+    extra_drains = rehab.drains if rehab is not None else ()
+    new_drains = rehab.new_drains if rehab is not None else 0
     del fatal  # what was acted on is in drains.processed; the rest is reconsidered next tick
     oldest = now - params.risk.fatal_history_days * 86_400.0
     new_fatal: dict[str, list[tuple[float, str]]] = {}
     for f in drains.processed:
         new_fatal.setdefault(f.node, []).append((f.time, f.uuid or ""))
     drained_now = {d.node: d for d in drains.drains}
+    for d in extra_drains:
+        drained_now.setdefault(d.node, d)
     first_fatal = {f.node: f for f in reversed(drains.processed)}
     nodes: dict[str, NodeMemory] = {}
     for name in sorted(set(decisions) | set(sensed.nodes)):
@@ -83,7 +91,7 @@ def remember(
     ]
     processed.extend(f.key for f in drains.processed)
     drain_times = tuple(t for t in state.drain_times if t > now - qp.window_s) + tuple(
-        now for _ in drains.drains
+        now for _ in range(len(drains.drains) + new_drains)
     )
     return ControllerState(
         nodes=nodes,

@@ -181,18 +181,6 @@ class FatalEvent:
     source: str = "agent-push"
 
 
-@dataclass(frozen=True, slots=True)
-class Observations:
-    """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O."""
-
-    time: float
-    slurm: Mapping[str, SlurmNode]
-    samples: Mapping[str, NodeSample]
-    fatal_events: tuple[FatalEvent, ...] = ()
-    jobs: tuple[JobView, ...] = ()
-    slurm_ok: bool = True  # False: Slurm could not be read; the tick must not act on Slurm state
-
-
 # --------------------------------------------------------------------------------------------------------
 # Explanations (every decision carries its reason and evidence)
 # --------------------------------------------------------------------------------------------------------
@@ -284,3 +272,130 @@ class LogEvent:
     kind: str
     message: str
     data: Mapping[str, object] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Feedback from the shell (inputs of gate, lifecycle, settle): all optional fields of ``Observations``
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryResult:
+    """A canary job (named ``fy_canary_<token>``) as sacct/squeue report it.
+
+    ``state``: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, CANCELLED, PENDING or RUNNING. Only the
+    result of the node's current round (``token``) counts; COMPLETED with exit code 0 (or None) is a pass,
+    FAILED/TIMEOUT/NODE_FAIL/OUT_OF_MEMORY a failure; CANCELLED, PENDING and RUNNING are ignored.
+    """
+
+    node: str
+    job_id: int
+    token: str
+    state: str
+    exit_code: int | None = None
+    end_time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """An admin decision on a drain proposal, verified by the shell (Gatekeeper signature check).
+
+    ``action``: ``approve`` or ``deny``. Approvals are re-sent every tick until Slurm shows the node drained
+    by us for that proposal (the core treats a repeat as a no-op); denials are sent once.
+    """
+
+    proposal_id: str
+    node: str
+    action: str  # approve | deny
+    admin: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """A finished (or requeued) job, delivered once by the shell; the core ignores a job id it settled."""
+
+    job_id: int
+    node_list: tuple[str, ...]
+    gpus: int  # GPUs of the whole job
+    workload: WorkloadClass | None
+    start: float
+    end: float
+    state: str  # COMPLETED, FAILED, NODE_FAIL, TIMEOUT, CANCELLED, OUT_OF_MEMORY, REQUEUED, PREEMPTED
+    exit_code: int | None = None
+    last_checkpoint: float | None = None  # time of the job's last checkpoint (None: never checkpointed)
+    user: str = ""
+    premium: bool | None = None  # ran on premium GPUs (None: the core derives it from the node's envelope)
+
+
+@dataclass(frozen=True, slots=True)
+class FailedAction:
+    """An action of the previous plan that failed to apply. ``kind``: the action's ``kind`` (reboot, ...)."""
+
+    kind: str
+    node: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O."""
+
+    time: float
+    slurm: Mapping[str, SlurmNode]
+    samples: Mapping[str, NodeSample]
+    fatal_events: tuple[FatalEvent, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+    slurm_ok: bool = True  # False: Slurm could not be read; the tick must not act on Slurm state
+    canary_results: tuple[CanaryResult, ...] = ()
+    gate_decisions: tuple[GateDecision, ...] = ()
+    outcomes: tuple[JobOutcome, ...] = ()
+    failed_actions: tuple[FailedAction, ...] = ()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Settle and learn (outputs of a tick besides the plan)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One settled job (core/settle.py). Net goodput = useful - wasted; the shell aggregates."""
+
+    job_id: int
+    workload: WorkloadClass | None
+    nodes: tuple[str, ...]
+    gpus: int
+    start: float
+    end: float
+    state: str
+    useful_gpu_s: float  # completed work, or progress up to the last checkpoint
+    wasted_gpu_s: float  # progress lost to hardware (since the last checkpoint; whole run without one)
+    premium_misuse_gpu_s: float  # non-premium-needing work on premium GPUs while premium-needing work waited
+    failure: bool
+    tier_at_start: str  # tier of the job's first node when it started ("unknown" if not known)
+    cause: str  # completed | hardware | node_fail | drain | job | timeout | cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class ReliabilityBin:
+    """One bin of the reliability table: predictions whose probability fell in [lower, upper)."""
+
+    lower: float
+    upper: float
+    predicted_mean: float  # nan when empty
+    observed_frequency: float  # nan when empty
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """How well the risk model's predictions came true (core/learn.py)."""
+
+    bins: tuple[ReliabilityBin, ...] = ()
+    brier: float = float("nan")  # mean squared error of resolved predictions (nan: none resolved)
+    resolved: int = 0
+    multipliers: Mapping[str, float] = field(
+        default_factory=dict
+    )  # signal bucket ("base", signal) -> hazard x
+    open_predictions: int = 0

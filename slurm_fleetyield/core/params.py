@@ -15,6 +15,7 @@ from itertools import pairwise
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from slurm_fleetyield.core.lifecycle import LifecycleParams
 from slurm_fleetyield.core.signals import SIGNAL_NAMES, SIGNALS_BY_NAME
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
@@ -328,6 +329,133 @@ class PriceParams(BaseModel):
         return v
 
 
+class GateParams(BaseModel):
+    """Drain proposals: when a degrading node is put to a human, and when the question is taken back."""
+
+    model_config = _FROZEN
+
+    propose_on_red: bool = Field(
+        True,
+        description="Open a drain proposal when a node's risk reaches risk.red_threshold without fatal "
+        "evidence. Off: red nodes are only priced last (no proposal, nothing is drained).",
+    )
+    proposal_ttl_s: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="A proposal nobody decided expires after this (the shell marks it expired); a node still "
+        "red then gets a new one. A day: every shift sees it once.",
+    )
+    min_risk_to_keep_open: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="An open proposal is withdrawn once the node's risk stays below this for "
+        "withdraw_after_s. None: risk.yellow_threshold (hysteresis: proposed at red, withdrawn below "
+        "yellow).",
+    )
+    withdraw_after_s: float = Field(
+        3600.0,
+        ge=0,
+        description="How long risk must stay below min_risk_to_keep_open before the proposal is withdrawn "
+        "(an hour: one quiet scrape window must not cancel a question a human may be reading).",
+    )
+    deny_cooldown_s: float = Field(
+        7 * 86_400.0,
+        ge=0,
+        description="After a denial the node is not proposed again for this long, unless its risk rises by "
+        "deny_risk_margin over the risk at the denial (the admin judged that evidence, not worse evidence).",
+    )
+    deny_risk_margin: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="Risk increase (absolute) over the denied proposal that re-proposes early.",
+    )
+
+
+class SettleParams(BaseModel):
+    """Ledger accounting of finished jobs (core/settle.py)."""
+
+    model_config = _FROZEN
+
+    premium_needing_classes: tuple[str, ...] = Field(
+        ("pretrain", "finetune"),
+        description="Workload classes that need premium GPUs. Other work on premium GPUs while one of these "
+        "was pending is premium misuse.",
+    )
+    fatal_slack_s: float = Field(
+        120.0,
+        ge=0,
+        description="A fatal event on a job's node up to this long after the job's end still explains its "
+        "failure (the job dies first, the agent's push arrives seconds later).",
+    )
+    pending_memory_s: float = Field(
+        14 * 86_400.0,
+        gt=0,
+        description="How far back the record of premium-needing-work-pending intervals reaches (longer than "
+        "any job that can still be settled).",
+    )
+    max_pending_intervals: int = Field(4096, gt=0, description="Bound of that record (oldest dropped).")
+    max_settled_ids: int = Field(
+        100_000, gt=0, description="Bound of the remembered settled job ids (idempotency)."
+    )
+
+    @field_validator("premium_needing_classes")
+    @classmethod
+    def _classes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from slurm_fleetyield.core.model import WorkloadClass
+
+        known = {c.value for c in WorkloadClass}
+        for c in v:
+            if c not in known:
+                raise ValueError(
+                    f"unknown workload class {c!r} in premium_needing_classes; known: {sorted(known)}"
+                )
+        return v
+
+
+class LearnParams(BaseModel):
+    """Recalibration of the risk model from resolved predictions, and lemon detection (core/learn.py)."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        True, description="Apply learned multipliers to the risk model (predictions are tracked either way)."
+    )
+    prior_strength: float = Field(
+        5.0,
+        gt=0,
+        description="Gamma prior of each multiplier, in expected events: multiplier = (prior + observed) / "
+        "(prior + expected). Five: a signal needs several events' worth of evidence before it moves far "
+        "from 1 (a 1.6%-per-week node base rate takes ~300 node-weeks per expected event).",
+    )
+    bins: int = Field(10, ge=2, le=100, description="Bins of the reliability table (log-spaced, 1e-4 .. 1).")
+    min_multiplier: float = Field(0.1, gt=0, description="Learned multipliers are bounded to this ...")
+    max_multiplier: float = Field(20.0, gt=0, description="... and this (one bad week cannot zero a signal).")
+    lemon_failures: int = Field(
+        2,
+        ge=1,
+        description="Fatal failures within lemon_window_s that flag a node as a lemon (Meta RSC: ~1.2% of "
+        "nodes; Titan: 18.5% of fatal events hit a GPU that had failed before).",
+    )
+    lemon_window_s: float = Field(30 * 86_400.0, gt=0, description="Window of lemon_failures (seconds).")
+    lemon_dedup_s: float = Field(
+        3600.0,
+        ge=0,
+        description="Fatal evidence closer than this to the previous one is the same failure (a push and "
+        "the next scrape of the same XID).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LearnParams:
+        if not self.min_multiplier <= 1.0 <= self.max_multiplier:
+            raise ValueError(
+                f"min_multiplier={self.min_multiplier!r} <= 1 <= "
+                f"max_multiplier={self.max_multiplier!r} required"
+            )
+        return self
+
+
 class Params(BaseModel):
     """All decision-core parameters, grouped per stage."""
 
@@ -338,3 +466,17 @@ class Params(BaseModel):
     profile: ProfileParams = Field(default_factory=ProfileParams, description="Envelope features.")
     price: PriceParams = Field(default_factory=PriceParams, description="Node weights.")
     quarantine: QuarantineParams = Field(default_factory=QuarantineParams, description="Drains and caps.")
+    lifecycle: LifecycleParams = Field(default_factory=LifecycleParams, description="Rehabilitation.")
+    gate: GateParams = Field(default_factory=GateParams, description="Drain proposals.")
+    settle: SettleParams = Field(default_factory=SettleParams, description="Job ledger.")
+    learn: LearnParams = Field(default_factory=LearnParams, description="Recalibration and lemons.")
+
+    @model_validator(mode="after")
+    def _gate_vs_risk(self) -> Params:
+        keep = self.gate.min_risk_to_keep_open
+        if keep is not None and keep >= self.risk.red_threshold:
+            raise ValueError(
+                f"gate.min_risk_to_keep_open={keep!r} must be below risk.red_threshold="
+                f"{self.risk.red_threshold!r}: a proposal would be withdrawn while the node is still red"
+            )
+        return self

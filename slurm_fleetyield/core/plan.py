@@ -34,7 +34,7 @@ class DrainNode:
     node: str
     reason: str
     requeue_jobs: tuple[int, ...] = ()
-    cause: str = "fatal"  # fatal | approved | retire
+    cause: str = "fatal"  # fatal | approved | rehab | retire | needs_human
 
     @property
     def kind(self) -> str:
@@ -53,7 +53,132 @@ class ResumeNode:
         return "resume"
 
 
-Action = UpdateNodes | DrainNode | ResumeNode
+@dataclass(frozen=True, slots=True)
+class ResetGpu:
+    """Ask the node's agent to reset GPUs (the fake backend clears faults its scenario says a reset fixes).
+
+    Not idempotent like the actions above (see core/rehab_actions.py): emitted once, on the transition."""
+
+    node: str
+    gpus: tuple[int, ...]  # () = every GPU of the node (the faulty one is unknown)
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "reset_gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class RebootNode:
+    """Reboot a node Slurm shows drained by us; the drain and our reason survive the reboot."""
+
+    node: str
+    reason: str
+    next_state: str | None = None  # None: keep DRAIN (see core/rehab_actions.py before changing it)
+
+    @property
+    def kind(self) -> str:
+        return "reboot"
+
+
+@dataclass(frozen=True, slots=True)
+class PowerCycle:
+    """Power cycle through the BMC (Redfish). Emitted only when ``power_cycle_enabled``."""
+
+    node: str
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "power_cycle"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitCanary:
+    """Submit ``count`` short canary jobs pinned to ``node``; ``token`` names this canary round.
+
+    Outcomes come back as ``CanaryResult``s carrying the token, read from the jobs' name
+    (``fy_canary_<token>``): a result of an older round never counts, even after a controller restart.
+    """
+
+    node: str
+    count: int
+    token: str
+    time_limit_s: float
+
+    @property
+    def job_name(self) -> str:
+        return f"fy_canary_{self.token}"
+
+    @property
+    def kind(self) -> str:
+        return "submit_canary"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCanaries:
+    """Cancel the canary jobs of an abandoned round (the node failed, or left our hands)."""
+
+    node: str
+    token: str
+
+    @property
+    def job_name(self) -> str:
+        return f"fy_canary_{self.token}"
+
+    @property
+    def kind(self) -> str:
+        return "cancel_canary"
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeDrain:
+    """Ask a human to approve draining a degrading node (the shell stores a ``gate.proposal.Proposal``).
+
+    Emitted once, on the tick the proposal opens; the node keeps running its jobs until an approve
+    ``GateDecision`` comes back. ``evidence`` is the ``explain`` text of the node at proposal time."""
+
+    proposal_id: str  # p-<12 hex>
+    node: str
+    gpus: tuple[int, ...]  # indices of the degrading GPUs
+    risk: float
+    evidence: str
+    affected_jobs: tuple[int, ...]
+    expires_at: float
+
+    @property
+    def kind(self) -> str:
+        return "propose_drain"
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawProposal:
+    """Close an open proposal without a decision. ``reason`` starts with one of: ``risk_fell:``,
+    ``quarantined:`` (a fatal fault drained it), ``settled_by_admin:`` (an admin drain naming it),
+    ``drained:`` (drained by someone else, not naming it), ``gone:`` (node unknown to Slurm)."""
+
+    proposal_id: str
+    node: str
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "withdraw_proposal"
+
+
+Action = (
+    UpdateNodes
+    | DrainNode
+    | ResumeNode
+    | ResetGpu
+    | RebootNode
+    | PowerCycle
+    | SubmitCanary
+    | CancelCanaries
+    | ProposeDrain
+    | WithdrawProposal
+)
+"""Everything a plan may hold, in plan order: updates, drains, lifecycle actions, proposals."""
 
 
 @dataclass(frozen=True, slots=True)

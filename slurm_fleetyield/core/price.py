@@ -6,13 +6,17 @@ re-assert the last known features instead of computing new ones (UNKNOWN and hel
 
 Tiers, first matching rule wins:
 1. drained by someone else (reason not ``fleetyield:``): left alone, not managed (no update, drain or resume);
-2. drained by this tick's plan, or already drained by us: QUARANTINED (lifecycle resumes it, next issue);
+   (except Slurm's own reasons around a reboot of a node we are remediating: QUARANTINED, not managed);
+2. drained by this tick's plan, or already drained by us: the lifecycle stage's tier (``tier_for``:
+   QUARANTINED, RETIRED ...), QUARANTINED when the lifecycle has no episode for it;
 3. fatal evidence whose drain is held by a safety rule: keeps its last known tier and features (a storm of
    fatal events is more likely a bad exporter or driver than hardware: do not strip the fleet of features);
-4. no fresh data: UNKNOWN, keeping the last known tier's features and weight; nothing destructive;
-5. risk >= red_threshold: RED (a drain proposal is logged once on entry; the node keeps running its jobs);
-6. lifecycle tiers (CANARY, PROBATION) set by the lifecycle stage stay as they are (issue 4 hook);
+4. in a lifecycle stage (canary, probation ...): the stage's tier, fresh data or not (no stage before
+   probation carries an ``fy_ok_*`` feature, so this can never admit normal work);
+5. no fresh data: UNKNOWN, keeping the last known tier's features and weight; nothing destructive;
+6. risk >= red_threshold: RED (core/gate.py proposes a drain; the node keeps running its jobs);
 7. risk >= yellow_threshold: YELLOW; else GREEN.
+A lemon (core/learn.py) keeps its tier; route withholds gang and premium-class features from it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurm_fleetyield.core.learn import is_lemon
+from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage, tier_for
 from slurm_fleetyield.core.model import Envelope, Health, LogEvent, NodeRisk, Observations, Tier, fast_init
 from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.plan import DrainNode
 from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState, NodeMemory
@@ -58,12 +65,14 @@ class PricedNode:
     risk: float = float("nan")
     keep_fy: tuple[str, ...] | None = None  # re-assert these fy_ features instead of deriving new ones
     feature_tier: Tier | None = None  # tier whose features route derives (None: same as tier)
+    lemon: bool = False  # repeated fatal failures (core/learn.py): no gang / premium-class features
 
 
 @dataclass(frozen=True, slots=True)
 class Priced:
     nodes: Mapping[str, PricedNode]
     events: tuple[LogEvent, ...] = ()
+    red: tuple[str, ...] = ()  # nodes priced RED this tick (the gate's candidates)
 
 
 def weight_of(tier: Tier, premium: bool, params: Params) -> int:
@@ -82,11 +91,20 @@ def price(
     state: ControllerState,
     params: Params,
     now: float,
+    lifecycle: Mapping[str, LifecycleMemory] | None = None,
+    extra_drains: tuple[DrainNode, ...] = (),
 ) -> Priced:
+    """``lifecycle``: this tick's lifecycle memories (default: the state's); ``extra_drains``: the
+    lifecycle's and the gate's drains of this tick (quarantine's are in ``drains``)."""
     red, yellow = params.risk.red_threshold, params.risk.yellow_threshold
     drain_reason = {d.node: d.reason for d in drains.drains}
+    for d in extra_drains:
+        drain_reason.setdefault(d.node, d.reason)
+    lifecycle = state.lifecycle if lifecycle is None else lifecycle
+    lp = params.learn
     out: dict[str, PricedNode] = {}
     events: list[LogEvent] = []
+    reds: list[str] = []
     for name, slurm in obs.slurm.items():
         risk = risks.get(name)
         env = envelopes.get(name, Envelope())
@@ -95,6 +113,21 @@ def price(
         premium = env.premium
         p = risk.probability if risk else float("nan")
         health = risk.health if risk else Health.UNKNOWN
+        lc = lifecycle.get(name) if lifecycle else None
+        stage = lc.stage if lc is not None else Stage.IN_SERVICE
+        lemon = memory is not None and bool(memory.fatal_history) and is_lemon(memory, now, lp)
+        if lemon:
+            evidence = (
+                *evidence,
+                f"lemon: >= {lp.lemon_failures} fatal failures in {lp.lemon_window_s / 86400:g} days",
+            )
+        if slurm.drained_by_other and stage is Stage.REMEDIATING:
+            # Slurm's own reason around our reboot (rehab turned any other reason into ADMIN_DRAINED)
+            out[name] = PricedNode(
+                name, tier_for(stage, Tier.QUARANTINED), slurm.weight,
+                f"{lc.reason} (Slurm: {slurm.reason})", evidence, False, health, p,
+            )  # fmt: skip
+            continue
         if slurm.drained_by_other:
             out[name] = PricedNode(
                 name,
@@ -108,33 +141,33 @@ def price(
             )
             continue
         if name in drain_reason:
-            tier, reason = Tier.QUARANTINED, drain_reason[name]
+            tier = tier_for(stage, Tier.QUARANTINED)
+            reason = (
+                lc.reason
+                if lc is not None and lc.reason and stage is not Stage.IN_SERVICE
+                else drain_reason[name]
+            )
         elif slurm.drained_by_us:
-            tier, reason = Tier.QUARANTINED, slurm.reason
+            tier = tier_for(stage, Tier.QUARANTINED)
+            reason = (
+                lc.reason if lc is not None and lc.reason and stage is not Stage.IN_SERVICE else slurm.reason
+            )
         elif name in drains.held:
             hold = drains.held[name]
             reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}"
             keep_tier = memory.tier if memory else Tier.UNKNOWN
             out[name] = _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p)
             continue
+        elif stage is not Stage.IN_SERVICE:
+            tier = tier_for(stage, Tier.QUARANTINED)
+            reason = f"{stage.value} (lifecycle): {lc.reason}" if lc is not None else stage.value
         elif risk is None or risk.health is Health.UNKNOWN:
             why = risk.reason if risk else "unknown: not sampled"
             out[name] = _keep(name, Tier.UNKNOWN, memory, premium, why, evidence, params, health, p)
             continue
         elif p >= red:
             tier, reason = Tier.RED, f"{risk.reason} (>= red {red:g})"
-            if not memory or memory.tier is not Tier.RED:
-                events.append(
-                    LogEvent(
-                        now,
-                        name,
-                        "drain_proposal",
-                        f"drain proposal would be made: {risk.reason}",
-                        {"risk": p, "red_threshold": red},
-                    )
-                )
-        elif memory and memory.tier in (Tier.CANARY, Tier.PROBATION):
-            tier, reason = memory.tier, f"{memory.tier.value} (lifecycle): {memory.reason}"
+            reds.append(name)
         elif p >= yellow:
             tier, reason = Tier.YELLOW, f"{risk.reason} (>= yellow {yellow:g})"
         else:
@@ -149,10 +182,12 @@ def price(
                     {"from": memory.tier.value, "to": tier.value, "risk": p},
                 )
             )
+        if lemon:
+            reason = f"{reason}; lemon"
         out[name] = PricedNode(
-            name, tier, weight_of(tier, premium, params), reason, evidence, True, health, p
+            name, tier, weight_of(tier, premium, params), reason, evidence, True, health, p, None, None, lemon
         )
-    return Priced(out, tuple(events))
+    return Priced(out, tuple(events), tuple(sorted(reds)))
 
 
 def _keep(

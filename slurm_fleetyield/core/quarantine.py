@@ -81,6 +81,24 @@ class Drains:
     held: Mapping[str, Hold] = field(default_factory=dict)  # node -> the hold withholding its drain
     processed: tuple[Fatal, ...] = ()  # findings acted on (drained, or moot): remembered, never redone
     events: tuple[LogEvent, ...] = ()
+    cap: DrainBudget | None = None  # what is left of the caps after these drains (approved drains use it)
+
+
+@dataclass
+class DrainBudget:
+    """The drain caps as a budget shared by every new drain of a tick (fatal first, then approved)."""
+
+    cap_nodes: int
+    drained: int  # nodes drained by us (minus exempt RETIRED/NEEDS_HUMAN ones) plus this tick's new drains
+    in_window: int  # drains in the rate window plus this tick's new drains
+    qp: QuarantineParams
+
+    def blocked(self, slurm: SlurmNode) -> tuple[str, str]:
+        return _blocked(slurm, self.drained, self.cap_nodes, self.in_window, self.qp)
+
+    def take(self) -> None:
+        self.drained += 1
+        self.in_window += 1
 
 
 def find_fatal(
@@ -126,14 +144,23 @@ def find_fatal(
 
 
 def decide(
-    fatal: tuple[Fatal, ...], obs: Observations, state: ControllerState, qp: QuarantineParams, now: float
+    fatal: tuple[Fatal, ...],
+    obs: Observations,
+    state: ControllerState,
+    qp: QuarantineParams,
+    now: float,
+    exempt: frozenset[str] = frozenset(),
 ) -> Drains:
+    """``exempt``: nodes drained by us that do not count against the cap (RETIRED / NEEDS_HUMAN: parked for
+    a human, they must not stop the quarantine of a new dead GPU)."""
     by_node: dict[str, list[Fatal]] = {}
     for f in fatal:
         by_node.setdefault(f.node, []).append(f)
     fleet = len(obs.slurm)
     cap_nodes = max(qp.drain_cap_min_nodes, math.floor(qp.drain_cap_fraction * fleet))
     drained_by_us = sum(1 for n in obs.slurm.values() if n.drained_by_us)
+    if exempt:
+        drained_by_us -= sum(1 for n in exempt if (s := obs.slurm.get(n)) is not None and s.drained_by_us)
     recent = sum(1 for t in state.drain_times if t > now - qp.window_s)
     drains: list[DrainNode] = []
     holds: dict[str, Hold] = {}
@@ -176,6 +203,7 @@ def decide(
         holds,
         tuple(processed),
         tuple(events),
+        DrainBudget(cap_nodes, drained_by_us + len(drains), recent + len(drains), qp),
     )
 
 

@@ -27,86 +27,27 @@ itself, as the CANARY entry, after the agent is fresh again. (To verify on the d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+# The classes live in core/plan.py (``Plan.actions`` holds them next to drains and updates); this module is
+# their documented home and keeps the names the lifecycle imports.
+from slurm_fleetyield.core.plan import (
+    CancelCanaries,
+    DrainNode,
+    PowerCycle,
+    RebootNode,
+    ResetGpu,
+    ResumeNode,
+    SubmitCanary,
+)
 
-from slurm_fleetyield.core.plan import DrainNode, ResumeNode
-
-
-@dataclass(frozen=True, slots=True)
-class ResetGpu:
-    """Ask the node's agent to reset GPUs (the fake backend clears faults its scenario says a reset fixes)."""
-
-    node: str
-    gpus: tuple[int, ...]  # () = every GPU of the node (the faulty one is unknown)
-    reason: str
-
-    @property
-    def kind(self) -> str:
-        return "reset_gpu"
-
-
-@dataclass(frozen=True, slots=True)
-class RebootNode:
-    """Reboot a node Slurm shows drained by us; the drain and our reason survive the reboot."""
-
-    node: str
-    reason: str
-    next_state: str | None = None  # None: keep DRAIN (see the module doc before changing it)
-
-    @property
-    def kind(self) -> str:
-        return "reboot"
-
-
-@dataclass(frozen=True, slots=True)
-class PowerCycle:
-    """Power cycle through the BMC (Redfish). Emitted only when ``power_cycle_enabled``."""
-
-    node: str
-    reason: str
-
-    @property
-    def kind(self) -> str:
-        return "power_cycle"
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitCanary:
-    """Submit ``count`` short canary jobs pinned to ``node``; ``token`` names this canary round.
-
-    Outcomes come back as CANARY_PASSED / CANARY_FAILED events carrying the token, read from the jobs' name
-    (``fy_canary_<token>``): a result of an older round never counts, even after a controller restart.
-    """
-
-    node: str
-    count: int
-    token: str
-    time_limit_s: float
-
-    @property
-    def job_name(self) -> str:
-        return f"fy_canary_{self.token}"
-
-    @property
-    def kind(self) -> str:
-        return "submit_canary"
-
-
-@dataclass(frozen=True, slots=True)
-class CancelCanaries:
-    """Cancel the canary jobs of an abandoned round (the node failed, or left our hands)."""
-
-    node: str
-    token: str
-
-    @property
-    def job_name(self) -> str:
-        return f"fy_canary_{self.token}"
-
-    @property
-    def kind(self) -> str:
-        return "cancel_canary"
-
+__all__ = [
+    "CancelCanaries",
+    "LifecycleAction",
+    "PowerCycle",
+    "RebootNode",
+    "RehabAction",
+    "ResetGpu",
+    "SubmitCanary",
+]
 
 RehabAction = ResetGpu | RebootNode | PowerCycle | SubmitCanary | CancelCanaries
 LifecycleAction = RehabAction | DrainNode | ResumeNode

@@ -8,7 +8,10 @@ Model (logistic, additive in log-odds, so each term is readable on its own):
     logit(p_gpu) = logit(base) + sum(contribution of each enabled signal)
     base         = 1 - exp(-gpu_fatal_per_day x horizon_days)          (Llama 3 rate, see core/params.py)
     p_node       = 1 - prod(1 - p_gpu)
-A GPU with fatal evidence this tick has p = 1 and health BAD. GPU health: BAD at or above red_threshold,
+Learned multipliers (core/learn.py, empirical Bayes from resolved predictions) scale a GPU's hazard by the
+multiplier of its bucket: the base rate for GPUs no signal moved, the dominant signal otherwise
+(p' = 1 - (1 - p)^m); without evidence they are all 1. A GPU with fatal evidence this tick has p = 1 and
+health BAD. GPU health: BAD at or above red_threshold,
 WARN at or above yellow_threshold, else OK. A node without fresh data has health UNKNOWN and probability NaN
 (unknown, never 0): unless a pushed fatal event names it, which makes it BAD with p = 1.
 """
@@ -142,6 +145,9 @@ def assess(
     rp = params.risk
     scorer = Scorer(compile_signals(params, sensed.layout), params, sensed.layout)
     base = rp.base_probability
+    mult = state.learn.multipliers if params.learn.enabled else {}
+    if mult:  # learned hazard multipliers (core/learn.py): the quiet GPUs' base, and per dominant signal
+        base = _adjust(base, mult.get("base", 1.0))
     yellow, red = rp.yellow_threshold, rp.red_threshold
     score = scorer.score
     exp = math.exp
@@ -173,6 +179,8 @@ def assess(
                 gr = GpuRisk(name, r.index, r.uuid, r.model, Health.BAD, 1.0, contributions, xids)
             else:
                 gp = 1.0 / (1.0 + exp(-z)) if contributions else base
+                if mult and contributions:
+                    gp = _adjust(gp, mult.get(max(contributions, key=_weight).signal, 1.0))
                 health = BAD if gp >= red else WARN if gp >= yellow else OK
                 gr = GpuRisk(name, r.index, r.uuid, r.model, health, gp, contributions)
             survive *= 1.0 - gr.probability
@@ -189,6 +197,17 @@ def assess(
             reason = _summary(gpus, p, base)
         out[name] = NodeRisk(name, health, p, tuple(gpus), reason, node.stale_s)
     return out
+
+
+def _weight(c: Contribution) -> float:
+    return c.weight
+
+
+def _adjust(p: float, m: float) -> float:
+    """Scale the hazard behind ``p`` by ``m`` (same as ``core.learn.adjust``): 1 - (1 - p)^m."""
+    if m == 1.0 or p <= 0.0 or p >= 1.0:
+        return p
+    return -math.expm1(m * math.log1p(-p))
 
 
 def _gpu_risk(

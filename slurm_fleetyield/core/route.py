@@ -21,6 +21,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 | fy_ok_finetune     | tier green and fy_hbm_full                                                         |
 | fy_ok_decode       | tier green, fy_nonpremium and fy_hbm_full (decode never on premium GPUs)           |
 | fy_canary          | tier canary (only rehabilitation probes)                                           |
+| fy_lemon           | repeated fatal failures (core/learn.py): no fy_ok_train / fy_ok_finetune /          |
+|                    | fy_ok_decode (off gangs and premium-class work); fy_ok_batch kept when healthy     |
 
 Jobs opt in with constraints, e.g. ``sbatch --constraint=fy_ok_train``. Red, quarantined and unknown nodes
 carry no ``fy_ok_*`` feature. A node without fresh data keeps the features it last had.
@@ -42,8 +44,8 @@ from slurm_fleetyield.core.price import Priced
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 
 
-def fy_features(tier: Tier, env: Envelope) -> tuple[str, ...]:
-    """The fy_ features of a node in ``tier`` with envelope ``env``, sorted."""
+def fy_features(tier: Tier, env: Envelope, lemon: bool = False) -> tuple[str, ...]:
+    """The fy_ features of a node in ``tier`` with envelope ``env`` (``lemon``: see learn), sorted."""
     f = [f"{FY_PREFIX}tier_{tier.value}", f"{FY_PREFIX}premium" if env.premium else f"{FY_PREFIX}nonpremium"]
     if env.nvlink_full:
         f.append(f"{FY_PREFIX}nvlink_full")
@@ -51,7 +53,9 @@ def fy_features(tier: Tier, env: Envelope) -> tuple[str, ...]:
         f.append(f"{FY_PREFIX}hbm_full")
     if tier in OK_BATCH_TIERS:
         f.append(f"{FY_PREFIX}ok_batch")
-    if tier is Tier.GREEN:
+    if lemon:
+        f.append(f"{FY_PREFIX}lemon")
+    if tier is Tier.GREEN and not lemon:
         if env.nvlink_full or not env.nvlink:
             f.append(f"{FY_PREFIX}ok_train")
         if env.hbm_full:
@@ -68,7 +72,9 @@ def route(
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     decisions: dict[str, NodeDecision] = {}
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
-    cache: dict[tuple[Tier, bool, bool, bool], tuple[str, ...]] = {}  # most nodes share a handful of these
+    cache: dict[
+        tuple[Tier, bool, bool, bool, bool], tuple[str, ...]
+    ] = {}  # most nodes share a handful of these
     for name in sorted(obs.slurm):
         slurm = obs.slurm[name]
         pn = priced.nodes[name]
@@ -77,10 +83,10 @@ def route(
             fy = pn.keep_fy
         else:
             tier = pn.feature_tier or pn.tier
-            key = (tier, env.premium, env.nvlink_full, env.hbm_full)
+            key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon)
             fy = cache.get(key)
             if fy is None:
-                fy = cache[key] = fy_features(tier, env)
+                fy = cache[key] = fy_features(tier, env, pn.lemon)
         admin = slurm.admin_features
         features = (*admin, *fy)
         managed = pn.managed and _slurm_known(slurm)

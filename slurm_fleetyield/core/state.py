@@ -4,7 +4,13 @@ Input: the previous ``ControllerState`` (or ``ControllerState.empty()``). Output
 stages and returned in ``TickResult.state``. The store persists it every tick via ``to_dict()`` (JSON-safe,
 round-trip exact, versioned) and restores it with ``from_dict()``. Everything here is bounded: GPU history is
 trimmed to the longest trend window, fatal history to ``fatal_history_days``, drain times to the rate window,
-processed event ids to ``max_processed_event_ids``.
+processed event ids to ``max_processed_event_ids``; lifecycle memories, open proposals, denials and open
+predictions are at most one per node; settled job ids and pending intervals have their own bounds.
+
+Version 2 added ``lifecycle``, ``lifecycle_drained``, ``proposals``, ``denials``, ``settle`` and ``learn``.
+A version-1 state still loads: a node it remembers as quarantined by us (drained by us, tier quarantined)
+becomes a QUARANTINED lifecycle memory whose cause is its last fatal XID, so it enters remediation instead of
+staying drained forever.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from slurm_fleetyield.core.lifecycle import Cause, LifecycleMemory, Stage
 from slurm_fleetyield.core.model import Tier, fast_init
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 Counters = tuple[float | None, ...]  # one value per channel of ``ControllerState.layout``; None: not exported
 
@@ -57,6 +65,76 @@ class GpuHistory:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenProposal:
+    """A drain proposal the gate made and no one has decided yet (one per node at most)."""
+
+    proposal_id: str
+    node: str
+    risk: float  # at proposal time
+    created_at: float
+    expires_at: float
+    gpus: tuple[int, ...] = ()
+    below_since: float | None = None  # risk under min_risk_to_keep_open since (withdrawal hysteresis)
+    approved_by: str = ""  # approved, drain not yet executed (held by a cap): retried every tick
+    approved_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """An admin said no: not proposed again before ``time + cooldown`` unless risk > ``risk + margin``."""
+
+    proposal_id: str
+    time: float
+    risk: float
+
+
+@dataclass(frozen=True, slots=True)
+class SettleMemory:
+    """What settle needs across ticks: job ids already settled (oldest first, bounded) and the intervals
+    during which premium-needing work was pending (``(start, end)``; the last one is open when ``end`` is
+    None)."""
+
+    settled: tuple[int, ...] = ()
+    pending: tuple[tuple[float, float | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One open prediction: P(fatal within ``horizon_s``) = ``p`` made at ``made_at`` for ``node``.
+
+    ``parts`` splits the UN-adjusted (raw model) expected events by signal bucket (``base`` or the dominant
+    signal of a GPU); ``gpu_buckets`` names the bucket of each GPU that had signals (others: ``base``), so an
+    event on a known GPU is attributed to its bucket."""
+
+    node: str
+    made_at: float
+    horizon_s: float
+    p: float
+    parts: tuple[tuple[str, float], ...] = ()
+    gpu_buckets: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def due(self) -> float:
+        return self.made_at + self.horizon_s
+
+
+@dataclass(frozen=True, slots=True)
+class LearnMemory:
+    """Open predictions (one per node), the reliability table's sums and the Poisson-Gamma evidence."""
+
+    predictions: Mapping[str, Prediction] = field(default_factory=dict)
+    next_due: float | None = None  # earliest due of the open predictions (skip the scan before it)
+    bin_count: tuple[int, ...] = ()
+    bin_p: tuple[float, ...] = ()  # sum of predicted p per bin
+    bin_y: tuple[float, ...] = ()  # number of events per bin
+    brier_sum: float = 0.0
+    resolved: int = 0
+    observed: Mapping[str, float] = field(default_factory=dict)  # bucket -> events (fractional if shared)
+    expected: Mapping[str, float] = field(default_factory=dict)  # bucket -> raw expected events
+    multipliers: Mapping[str, float] = field(default_factory=dict)  # bucket -> learned hazard multiplier
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerState:
     nodes: Mapping[str, NodeMemory] = field(default_factory=dict)
     history: Mapping[str, Mapping[str, GpuHistory]] = field(default_factory=dict)  # node -> GPU uuid -> ...
@@ -65,6 +143,12 @@ class ControllerState:
     processed_events: tuple[str, ...] = ()  # fatal event ids already acted on, oldest first (bounded)
     last_tick: float | None = None
     version: int = STATE_VERSION
+    lifecycle: Mapping[str, LifecycleMemory] = field(default_factory=dict)  # only non-forgettable memories
+    lifecycle_drained: frozenset[str] = frozenset()  # lifecycle nodes Slurm showed drained by us last tick
+    proposals: Mapping[str, OpenProposal] = field(default_factory=dict)  # node -> its open proposal
+    denials: Mapping[str, Denial] = field(default_factory=dict)  # node -> last denial (within cooldown)
+    settle: SettleMemory = field(default_factory=SettleMemory)
+    learn: LearnMemory = field(default_factory=LearnMemory)
 
     @staticmethod
     def empty() -> ControllerState:
@@ -85,17 +169,34 @@ class ControllerState:
                 node: {uuid: _history_to_dict(h) for uuid, h in sorted(gpus.items())}
                 for node, gpus in sorted(self.history.items())
             },
+            "lifecycle": {n: m.to_dict() for n, m in sorted(self.lifecycle.items())},
+            "lifecycle_drained": sorted(self.lifecycle_drained),
+            "proposals": {n: _proposal_to_dict(p) for n, p in sorted(self.proposals.items())},
+            "denials": {n: [d.proposal_id, d.time, d.risk] for n, d in sorted(self.denials.items())},
+            "settle": {
+                "settled": list(self.settle.settled),
+                "pending": [[a, b] for a, b in self.settle.pending],
+            },
+            "learn": _learn_to_dict(self.learn),
         }
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> ControllerState:
         version = data.get("version")
-        if version != STATE_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ValueError(
-                f"controller state version {version!r} is not supported (expected {STATE_VERSION})"
+                f"controller state version {version!r} is not supported (expected one of {READABLE_VERSIONS})"
             )
+        nodes = {name: _memory_from_dict(m) for name, m in data.get("nodes", {}).items()}
+        if version == 1:
+            lifecycle = _adopt_v1(nodes)
+            drained = frozenset(lifecycle)
+        else:
+            lifecycle = {n: LifecycleMemory.from_dict(m) for n, m in data.get("lifecycle", {}).items()}
+            drained = frozenset(data.get("lifecycle_drained", ()))
+        st = data.get("settle") or {}
         return ControllerState(
-            nodes={name: _memory_from_dict(m) for name, m in data.get("nodes", {}).items()},
+            nodes=nodes,
             history={
                 node: {uuid: _history_from_dict(h) for uuid, h in gpus.items()}
                 for node, gpus in data.get("history", {}).items()
@@ -104,7 +205,16 @@ class ControllerState:
             drain_times=tuple(float(t) for t in data.get("drain_times", ())),
             processed_events=tuple(data.get("processed_events", ())),
             last_tick=data.get("last_tick"),
-            version=version,
+            version=STATE_VERSION,
+            lifecycle=lifecycle,
+            lifecycle_drained=drained,
+            proposals={n: _proposal_from_dict(p) for n, p in data.get("proposals", {}).items()},
+            denials={n: Denial(i, float(t), float(r)) for n, (i, t, r) in data.get("denials", {}).items()},
+            settle=SettleMemory(
+                tuple(int(j) for j in st.get("settled", ())),
+                tuple((float(a), None if b is None else float(b)) for a, b in st.get("pending", ())),
+            ),
+            learn=_learn_from_dict(data.get("learn") or {}),
         )
 
     def __eq__(self, other: object) -> bool:  # mappings compare by content, whatever their concrete type
@@ -162,6 +272,89 @@ def _history_from_dict(d: Mapping[str, Any]) -> GpuHistory:
         last_adj=tuple(d["last_adj"]),
         times=tuple(d["times"]),
         points=tuple(tuple(p) for p in d["points"]),
+    )
+
+
+def _adopt_v1(nodes: Mapping[str, NodeMemory]) -> dict[str, LifecycleMemory]:
+    """Version 1 had no lifecycle: a node it quarantined waits in QUARANTINED for remediation."""
+    out = {}
+    for name, m in nodes.items():
+        if m.drained_by_us and m.tier is Tier.QUARANTINED:
+            kind = "xid" if m.last_xid is not None else "default"
+            cause = Cause(kind, m.last_xid, m.last_gpu, "adopted from state v1")
+            out[name] = LifecycleMemory(name, Stage.QUARANTINED, m.since, cause, reason=m.reason)
+    return out
+
+
+def _proposal_to_dict(p: OpenProposal) -> dict[str, Any]:
+    return {
+        "id": p.proposal_id,
+        "node": p.node,
+        "risk": p.risk,
+        "created_at": p.created_at,
+        "expires_at": p.expires_at,
+        "gpus": list(p.gpus),
+        "below_since": p.below_since,
+        "approved_by": p.approved_by,
+        "approved_at": p.approved_at,
+    }
+
+
+def _proposal_from_dict(d: Mapping[str, Any]) -> OpenProposal:
+    return OpenProposal(
+        d["id"],
+        d["node"],
+        float(d["risk"]),
+        float(d["created_at"]),
+        float(d["expires_at"]),
+        tuple(int(g) for g in d.get("gpus", ())),
+        d.get("below_since"),
+        d.get("approved_by", ""),
+        d.get("approved_at"),
+    )
+
+
+def _learn_to_dict(m: LearnMemory) -> dict[str, Any]:
+    return {
+        "predictions": {
+            n: [p.made_at, p.horizon_s, p.p, [list(x) for x in p.parts], [list(x) for x in p.gpu_buckets]]
+            for n, p in sorted(m.predictions.items())
+        },
+        "next_due": m.next_due,
+        "bin_count": list(m.bin_count),
+        "bin_p": list(m.bin_p),
+        "bin_y": list(m.bin_y),
+        "brier_sum": m.brier_sum,
+        "resolved": m.resolved,
+        "observed": dict(sorted(m.observed.items())),
+        "expected": dict(sorted(m.expected.items())),
+        "multipliers": dict(sorted(m.multipliers.items())),
+    }
+
+
+def _learn_from_dict(d: Mapping[str, Any]) -> LearnMemory:
+    preds = {
+        n: Prediction(
+            n,
+            float(t),
+            float(h),
+            float(p),
+            tuple((b, float(e)) for b, e in parts),
+            tuple((int(i), b) for i, b in gb),
+        )
+        for n, (t, h, p, parts, gb) in d.get("predictions", {}).items()
+    }
+    return LearnMemory(
+        preds,
+        d.get("next_due"),
+        tuple(int(c) for c in d.get("bin_count", ())),
+        tuple(float(x) for x in d.get("bin_p", ())),
+        tuple(float(x) for x in d.get("bin_y", ())),
+        float(d.get("brier_sum", 0.0)),
+        int(d.get("resolved", 0)),
+        {k: float(v) for k, v in d.get("observed", {}).items()},
+        {k: float(v) for k, v in d.get("expected", {}).items()},
+        {k: float(v) for k, v in d.get("multipliers", {}).items()},
     )
 
 

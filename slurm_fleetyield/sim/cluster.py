@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import JobView, SlurmNode, WorkloadClass
-from slurm_fleetyield.core.plan import DrainNode, Plan, ResumeNode, UpdateNodes
+from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass
+from slurm_fleetyield.core.plan import CancelCanaries, DrainNode, Plan, ResumeNode, SubmitCanary, UpdateNodes
 from slurm_fleetyield.ports import ActionResult, ApplyReport
 
 
@@ -80,6 +80,8 @@ class SimSlurm:
         self._cand: dict[frozenset[str], list[SimNode]] = {}
         self.calls = 0
         self.out = 0  # nodes drained or down (no new work)
+        self.canaries: dict[str, tuple[str, int]] = {}  # node -> (token, count) of the submitted round
+        self._canary_job = 900_000_000
 
     # ---- SlurmPort -------------------------------------------------------------------------------------
 
@@ -129,8 +131,29 @@ class SimSlurm:
                 results.append(
                     ActionResult(a, True, ("scontrol", "update", f"NodeName={a.node}", "State=RESUME"))
                 )
+            elif isinstance(a, SubmitCanary):
+                self.canaries[a.node] = (a.token, a.count)
+                results.append(ActionResult(a, True, ("sbatch", f"--job-name={a.job_name}")))
+            elif isinstance(a, CancelCanaries):
+                self.canaries.pop(a.node, None)
+                results.append(ActionResult(a, True, ("scancel", f"--name={a.job_name}")))
+            # reboots, GPU resets, power cycles: the simulated node keeps its drain and comes back at once
         self.calls += len(results)
         return ApplyReport(tuple(results), len(results))
+
+    def canary_results(self) -> tuple[CanaryResult, ...]:
+        """Canary rounds on resumed, responding nodes complete (the simulated check passes: a GPU the fault
+        model still hides keeps the node from being resumed in the first place)."""
+        out = []
+        for node, (token, count) in sorted(self.canaries.items()):
+            n = self.nodes[node]
+            if n.drain or n.down:
+                continue
+            for _ in range(count):
+                self._canary_job += 1
+                out.append(CanaryResult(node, self._canary_job, token, "COMPLETED", 0))
+            del self.canaries[node]
+        return tuple(out)
 
     # ---- node state ------------------------------------------------------------------------------------
 

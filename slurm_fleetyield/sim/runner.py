@@ -201,7 +201,15 @@ def controller_step(
     plan has actions). ``tests/sim/test_equivalence.py`` checks this against ``slurm_fleetyield.daemon``."""
     nodes = slurm.read_nodes()
     jobs = tuple(slurm.read_jobs())
-    obs = Observations(time=now, slurm=nodes, samples=samples, fatal_events=tuple(pending), jobs=jobs)
+    canaries = slurm.canary_results() if hasattr(slurm, "canary_results") else ()
+    obs = Observations(
+        time=now,
+        slurm=nodes,
+        samples=samples,
+        fatal_events=tuple(pending),
+        jobs=jobs,
+        canary_results=canaries,
+    )
     result = tick(state, obs, params, now, rng)
     if result.plan.actions:
         slurm.apply(result.plan)
@@ -527,7 +535,12 @@ class Simulation:
                 self.hidden.discard((node, g))
                 self._dirty_gpu((node, g))
         self.slurm.set_down(node, False)
-        if n.drain and (n.reason.startswith("nhc:") or "XID" in n.reason or "GPU missing" in n.reason):
+        if n.drain and (
+            n.reason.startswith("nhc:")
+            or "XID" in n.reason
+            or "GPU missing" in n.reason
+            or "needs a human" in n.reason  # FleetYield's lifecycle parked it for exactly this repair
+        ):
             self.slurm.resume(node)  # the admin resumes a node drained for a fault that is now repaired
         self._want_sched()
 

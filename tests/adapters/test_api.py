@@ -130,3 +130,43 @@ def test_healthz_before_first_tick(tmp_path):
     assert server.route("/v1/nodes/x/gate", {})[1]["allow"] is True
     server._httpd.server_close()
     store.close()
+
+
+def test_proposals_ledger_calibration(tmp_path, tick_parts, now):
+    from slurm_fleetyield.gate import Gatekeeper, Proposal
+
+    result, report, samples = tick_parts
+    store = Store(tmp_path / "fy.db")
+    store.commit_tick(
+        3,
+        now,
+        result.state.to_dict(),
+        (),
+        [],
+        render_result(3, now, result, report, samples, dry_run=False, duration_s=0.1),
+    )
+    gate_dir = tmp_path / "gate"
+    with Gatekeeper.open(gate_dir) as gk:
+        gk.propose(
+            Proposal.new(
+                id="p-00000000000a", node="gpu-01", gpus=(1,), risk=0.9, evidence="e", now=now, ttl_s=60
+            )
+        )
+        gk.propose(
+            Proposal.new(
+                id="p-00000000000b", node="gpu-02", gpus=(), risk=0.9, evidence="e", now=now - 10, ttl_s=5
+            )
+        )
+        gk.expire(now)
+    server = ApiServer("127.0.0.1", 0, StoreReadModel(store, gate_dir=str(gate_dir), clock=lambda: now + 1))
+    status, doc = server.route("/v1/proposals", {})
+    assert status == 200 and [p["id"] for p in doc["pending"]] == ["p-00000000000a"]
+    assert [p["status"] for p in doc["recent"]] == ["expired"]
+    assert server.route("/v1/proposals/p-00000000000a", {})[1]["gpus"] == [1]
+    assert server.route("/v1/proposals/p-0000000000ff", {})[0] == 404
+    assert server.route("/v1/ledger", {"by": ["node"]}) == (200, {"by": "node", "since": None, "groups": []})
+    assert server.route("/v1/ledger", {"by": ["user"]})[0] == 400
+    status, doc = server.route("/v1/calibration", {})
+    assert status == 200 and doc["tick"] == 3 and "brier" in doc
+    server._httpd.server_close()
+    store.close()

@@ -44,3 +44,23 @@ def test_metrics_over_the_last_tick(tick_parts):
     assert set(risks) == set(result.nodes)
     gpus = [k for (n, k) in values if n == "fleetyield_gpu_risk"]
     assert len(gpus) == sum(len(r.gpus) for r in result.risks.values()) and gpus
+
+
+def test_gate_ledger_and_lifecycle_metrics(tick_parts):
+    result, report, _ = tick_parts
+    stats = ControllerStats()
+    stats.record_tick(TickSnapshot(7, 1000.0, 0.25, result, report, True, 0))
+    stats.set_gauge("proposals_pending", 2)
+    stats.set_ledger(
+        {"jobs": 3, "useful_gpu_s": 100.0, "wasted_gpu_s": 30.0, "premium_misuse_gpu_s": 5.0, "failures": 1}
+    )
+    values = scrape(stats)
+    assert values[("fleetyield_proposals_pending", ())] == 2
+    assert values[("fleetyield_ledger_useful_gpu_seconds_total", ())] == 100.0
+    assert values[("fleetyield_ledger_wasted_gpu_seconds_total", ())] == 30.0
+    assert values[("fleetyield_net_goodput_gpu_seconds", ())] == 70.0
+    stages = {dict(k)["stage"]: v for (n, k), v in values.items() if n == "fleetyield_nodes_lifecycle"}
+    assert stages == {
+        str(m.stage.value): float(sum(1 for x in result.state.lifecycle.values() if x.stage == m.stage))
+        for m in result.state.lifecycle.values()
+    }

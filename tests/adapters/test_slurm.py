@@ -347,3 +347,90 @@ def test_run_command_timeout_and_missing_binary(tmp_path):
         run_command(["sleep", "5"], 0.05)
     assert err.value.returncode is None and "timed out" in err.value.stderr
     assert run_command(["echo", "hi"], 5.0).stdout == "hi\n"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Rehabilitation actions and accounting
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_rehab_commands():
+    from slurm_fleetyield.adapters.slurm import CanarySpec
+    from slurm_fleetyield.core.plan import CancelCanaries, PowerCycle, RebootNode, SubmitCanary
+
+    cli = SlurmCli(version=(22, 5, 8), canary=CanarySpec(command="fleetyield-agent check --json"))
+    reason = "fleetyield: xid 79 on gpu 3; remediation 1/2 (reboot)"
+    assert cli.commands_for(RebootNode("gpu-01", reason)) == [
+        ("scontrol", "reboot", f"Reason={reason}", "gpu-01")
+    ]
+    sbatch = cli.commands_for(SubmitCanary("gpu-01", 2, "abc123", 301.0))
+    assert len(sbatch) == 2 and sbatch[0] == (
+        "sbatch",
+        "--parsable",
+        "-w",
+        "gpu-01",
+        "--constraint=fy_canary",
+        "--exclusive",
+        "--time=6",
+        "--job-name=fy_canary_abc123",
+        "--comment=fy:canary",
+        "--output=/dev/null",
+        "--wrap",
+        "fleetyield-agent check --json",
+    )
+    assert cli.commands_for(CancelCanaries("gpu-01", "abc123")) == [("scancel", "--name=fy_canary_abc123")]
+    with pytest.raises(SlurmCommandError, match="Redfish"):
+        cli.commands_for(PowerCycle("gpu-01", reason))
+
+
+def test_apply_runs_canary_count_times_and_reports_power_cycle_as_failed():
+    from slurm_fleetyield.core.plan import PowerCycle, SubmitCanary
+
+    rec = Recorder({("sbatch",): CommandResult(0, "77\n", "")})
+    cli = SlurmCli(runner=rec, version=(22, 5, 8))
+    report = cli.apply(Plan((SubmitCanary("gpu-01", 3, "t1", 600.0), PowerCycle("gpu-02", "x"))))
+    assert [c[0] for c in rec.calls] == ["sbatch"] * 3 and report.calls == 3
+    assert [r.ok for r in report.results] == [True, False] and "Redfish" in report.results[1].detail
+
+
+def test_sacct_canaries_and_squeue_fallback():
+    from slurm_fleetyield.adapters.slurm import parse_sacct_canaries
+
+    text = (
+        "501|fy_canary_t1|COMPLETED|0:0|2026-01-12T10:00:00|gpu-01\n"
+        "502|fy_canary_t1|FAILED|1:0|2026-01-12T10:00:05|gpu-01\n"
+        "503|fy_canary_t1|CANCELLED by 0|0:15|2026-01-12T10:00:06|None assigned\n"
+        "504|fy_canary_old|COMPLETED|0:0|2026-01-12T09:00:00|gpu-01\n"
+        "505|fy_canary_t1|RUNNING|0:0|Unknown|gpu-01\n"
+    )
+    got = parse_sacct_canaries(text, {"t1": "gpu-01"})
+    assert [(r.job_id, r.state, r.exit_code) for r in got] == [
+        (501, "COMPLETED", 0),
+        (502, "FAILED", 1),
+        (503, "CANCELLED", 143),
+        (505, "RUNNING", 0),
+    ]
+    assert got[2].node == "gpu-01" and got[0].end_time is not None and got[3].end_time is None
+    rec = Recorder(
+        {
+            ("sacct",): CommandResult(1, "", "sacct: error: Problem talking to the database"),
+            ("squeue",): CommandResult(0, "601|fy_canary_t2|PENDING|\n", ""),
+        }
+    )
+    cli = SlurmCli(runner=rec, version=(22, 5, 8))
+    got = cli.read_canaries({"t2": "gpu-02"}, 0.0)
+    assert [(r.job_id, r.node, r.state) for r in got] == [(601, "gpu-02", "PENDING")]
+    assert rec.calls[0][:5] == ("sacct", "-X", "-n", "-P", "-a") and "--name=fy_canary_t2" in rec.calls[0]
+
+
+def test_sacct_job_attempts():
+    from slurm_fleetyield.adapters.slurm import parse_sacct_jobs
+
+    text = (
+        "88|REQUEUED|0:0|2026-01-12T08:00:00|2026-01-12T09:00:00|gpu-[01-02]\n"
+        "88|NODE_FAIL|0:0|2026-01-12T09:05:00|2026-01-12T09:30:00|gpu-[01-02]\n"
+        "89|TIMEOUT|0:1|2026-01-12T08:00:00|2026-01-12T10:00:00|gpu-03\n"
+    )
+    got = parse_sacct_jobs(text)
+    assert [a.state for a in got[88]] == ["REQUEUED", "NODE_FAIL"] and got[88][0].nodelist == "gpu-[01-02]"
+    assert got[89][0].exit_code == 129

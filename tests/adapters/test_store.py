@@ -134,3 +134,59 @@ def test_readonly_open(tmp_path):
     assert ro.last_result() == {"tick": 3}
     with pytest.raises(sqlite3.OperationalError):
         ro.append_log([LogRow(1.0, "x")])
+
+
+_MARKS_CHILD = r"""
+import sys
+from slurm_fleetyield.adapters.store import Store, TickMarks
+store = Store(sys.argv[1])
+for i in range(1, 100000):
+    store.put_outcomes("gpu-01", [{"job_id": str(i), "start_time": float(i), "end_time": i + 1.0}])
+    row = {"job_id": i, "start": float(i), "end": i + 1.0, "workload": "batch", "nodes": ["gpu-01"],
+           "gpus": 8,
+           "state": "COMPLETED", "useful_gpu_s": 8.0, "wasted_gpu_s": 0.0, "premium_misuse_gpu_s": 0.0,
+           "failure": False, "tier_at_start": "green", "cause": "completed"}
+    marks = TickMarks(outcome_keys=[k.key for k in store.pending_outcomes()], attempts=[(str(i), float(i))],
+                      ledger=[row], gate_marks=[(f"p-{i:012x}", "executed", "gpu-01")])
+    store.commit_tick(i, float(i), {"tick": i}, marks=marks)
+    print(i, flush=True)
+"""
+
+
+def test_kill_9_never_loses_a_committed_ledger_row_or_mark(tmp_path):
+    path = tmp_path / "fy.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MARKS_CHILD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        last = 0
+        while last < 40 and time.monotonic() < deadline:
+            last = int(child.stdout.readline())
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(10)
+        child.stdout.close()
+    assert last >= 40
+    store = Store(path)
+    assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    tick = store.load_state().tick
+    assert tick >= last
+    ledger = store.ledger()
+    assert sorted(r["job_id"] for r in ledger) == list(range(1, tick + 1))  # every committed row, once
+    assert len(store.gate_marked("executed")) == tick
+    # an outcome stored after the last commit is still pending (delivered on the next tick), none twice
+    assert [o.job_id for o in store.pending_outcomes()] in ([], [str(tick + 1)])
+    assert store.delivered_attempt(str(tick), float(tick)) and not store.delivered_attempt(
+        str(tick + 1), tick + 1.0
+    )
+
+
+def test_outcomes_idempotent_and_ledger_totals(tmp_path):
+    store = Store(tmp_path / "fy.db")
+    rec = {"job_id": "5", "start_time": 10.0, "end_time": 20.0}
+    assert store.put_outcomes("gpu-01", [rec, rec]) == (1, 1)
+    assert store.put_outcomes("gpu-02", [rec]) == (1, 0)  # another node's record of the job
+    assert store.outcome_counts() == {"pending": 2, "processed": 0}
+    assert store.ledger_totals()["jobs"] == 0
+    store.close()

@@ -19,8 +19,12 @@ def test_tick_twice_on_same_observations_second_plan_empty():
     r = Runner(f)
     first = r.tick()
     assert not first.plan.empty
-    second = r.tick(advance=False)  # same clock, same samples, Slurm already updated
-    assert second.plan.empty and second.plan.holds == ()
+    # same clock, same samples, Slurm already updated: the only news is that gpu005 is now drained and
+    # empty, which starts its remediation (lifecycle: DRAINED -> reason re-asserted + reboot)
+    second = r.tick(advance=False)
+    assert [(a.kind, a.node) for a in second.plan.actions] == [("drain", "gpu005"), ("reboot", "gpu005")]
+    third = r.tick(advance=False)
+    assert third.plan.empty and third.plan.holds == ()
 
 
 def test_every_decision_has_reason():

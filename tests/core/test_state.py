@@ -60,3 +60,50 @@ def test_processed_ids_bounded():
     r = Runner(f, p)
     r.tick()
     assert len(r.state.processed_events) == 5
+
+
+def test_round_trip_with_lifecycle_proposals_settle_and_learn():
+    import random as _random
+    from dataclasses import replace as _replace
+
+    from slurm_fleetyield.core.loop import tick as _tick
+    from slurm_fleetyield.core.model import JobOutcome, JobView, WorkloadClass
+
+    f = Fleet(10)
+    r = Runner(f)
+    r.tick()
+    f.set("gpu001", 3, s.REMAP_PENDING, 1)
+    f.set("gpu001", 3, s.ROWS_CORR, 14)
+    f.push("gpu004", 79, 1, r.now)
+    f.jobs = [JobView(7, "PENDING", (), True, WorkloadClass.PRETRAIN, 8)]
+    r.tick()
+    r.tick()  # gpu004 drained and empty: remediating
+    obs = _replace(
+        f.observe(r.now + 30),
+        outcomes=(JobOutcome(5, ("gpu002",), 8, WorkloadClass.BATCH, r.now - 100, r.now, "COMPLETED"),),
+    )
+    st = _tick(r.state, obs, r.params, r.now + 30, _random.Random(1)).state
+    assert st.lifecycle and st.proposals and st.settle.settled and st.settle.pending and st.learn.predictions
+    text = json.dumps(st.to_dict(), allow_nan=False)
+    back = ControllerState.from_dict(json.loads(text))
+    assert back == st and back.lifecycle == st.lifecycle and back.proposals == st.proposals
+    assert back.learn == st.learn and back.settle == st.settle
+
+
+def test_version_1_state_upgrades_and_adopts_quarantined_nodes():
+    f = Fleet(5)
+    r = Runner(f)
+    r.tick()
+    f.push("gpu003", 48, 2, r.now)
+    r.tick()
+    r.tick()
+    v1 = r.state.to_dict()
+    for k in ("lifecycle", "lifecycle_drained", "proposals", "denials", "settle", "learn"):
+        del v1[k]
+    v1["version"] = 1
+    back = ControllerState.from_dict(json.loads(json.dumps(v1)))
+    assert back.version == 2
+    lc = back.lifecycle["gpu003"]
+    assert lc.stage.value == "quarantined" and lc.cause is not None and lc.cause.xid == 48
+    assert set(back.lifecycle) == {"gpu003"} and back.lifecycle_drained == {"gpu003"}
+    assert ControllerState.from_dict(back.to_dict()) == back

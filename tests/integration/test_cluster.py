@@ -40,6 +40,7 @@ def test_snippet_is_marked_and_in_repo_slurm_conf() -> None:
     assert "Prolog=/opt/fleetyield/bin/fleetyield-prolog" in lines
     assert "Epilog=/opt/fleetyield/bin/fleetyield-epilog" in lines
     assert "PrologFlags=Alloc,DeferBatch" in lines
+    assert "JobSubmitPlugins=lua" in lines
     conf = SLURM_CONF.read_text()
     assert snippet in conf, "slurm/slurm.conf must contain slurm/fleetyield-snippet.conf verbatim"
     assert conf.count("# --- BEGIN FleetYield ---") == 1

@@ -1,0 +1,381 @@
+"""Benchmark: one full controller tick against a real slurmctld holding 10,000 nodes.
+
+Input: the docker cluster image (``fleetyield/slurm:22.05``, built by ``make up`` / ``up.sh --build-only``).
+Output: a table on stdout: per tick the wall time split into read (``scontrol show node`` + ``squeue``),
+sense, decide (``tick``), apply (``scontrol update``), render and commit, and the number of Slurm calls
+next to the number of distinct (features, weight) groups; plus slurmctld's RSS. ``--json FILE`` writes the
+raw figures.
+
+How: a separate container (same image, name ``fybench-ctld``, no network shared with the test cluster)
+runs slurmctld with a generated slurm.conf of ``--nodes`` ``State=CLOUD`` nodes (half ``h100,nvlink``
+8x H100, half ``l40s`` 8x L40S; no slurmd anywhere, ``PrivateData=cloud`` so they are listed), and the
+controller's own code from the image runs INSIDE that container: the real ``Daemon.tick_once`` with the
+real ``SlurmCli`` adapter and a SQLite store, and a synthetic sense port (80k GPUs for 10k nodes: healthy
+except 1% remap pending, 1% with an uncorrectable remapped row, 0.4% remap failure, 0.2% not answering),
+so the feature-write path sees realistic distinct groups. Three ticks:
+
+1. cold: Slurm holds only the admin features, every node gets labelled;
+2. steady: nothing changed, nothing to write (the common tick);
+3. after ``scontrol reconfigure``: Slurm reset features and weights to slurm.conf, all re-asserted.
+
+The container is removed at the end (``--keep`` keeps it for a look).
+
+    .venv/bin/python bench/bench_reconcile.py [--nodes 10000] [--image fleetyield/slurm:22.05] \
+        [--json out.json] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONTAINER = "fybench-ctld"
+GOAL_CALLS = "calls grow with distinct (features, weight) groups, not with nodes"
+
+SLURM_CONF = """\
+ClusterName=fybench
+SlurmctldHost={host}
+SlurmUser=slurm
+AuthType=auth/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmctldPidFile=/run/slurmctld.pid
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+GresTypes=gpu
+MpiDefault=none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SlurmctldDebug=error
+ReturnToService=2
+# Power-saved cloud nodes are hidden from scontrol/sinfo unless listed as private data "cloud".
+PrivateData=cloud
+SuspendTime=INFINITE
+TreeWidth=65533
+NodeName=h[{h_first:05d}-{h_last:05d}] {hw} Gres=gpu:h100:8 Feature=h100,nvlink Weight=10 State=CLOUD
+NodeName=l[{l_first:05d}-{l_last:05d}] {hw} Gres=gpu:l40s:8 Feature=l40s Weight=1 State=CLOUD
+PartitionName=gpu Nodes=ALL Default=YES State=UP
+"""
+
+HW = "CPUs=16 RealMemory=65536"
+
+SETUP = r"""
+set -euo pipefail
+dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+install -d -o munge -g munge /run/munge && runuser -u munge -- /usr/sbin/munged --force
+rm -f /etc/slurm/gres.conf
+install -d -o slurm -g slurm /var/spool/slurmctld
+(slurmctld -D >/tmp/slurmctld.log 2>&1 &)
+for _ in $(seq 300); do scontrol ping 2>/dev/null | grep -q 'is UP' && break; sleep 0.1; done
+scontrol ping | grep -q 'is UP'
+"""
+
+
+# ------------------------------------------------------------------------------------------------------
+# Host side: start the container, run the inner part in it, print, tear down
+# ------------------------------------------------------------------------------------------------------
+
+
+def docker_bin() -> str:
+    for cand in (shutil.which("docker"), "/usr/bin/docker"):
+        if cand and subprocess.run([cand, "info"], capture_output=True).returncode == 0:
+            return cand
+    sys.exit("no working docker client")
+
+
+def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), check=check, text=True, capture_output=True, **kw)
+
+
+def host_main(args: argparse.Namespace) -> int:
+    docker = docker_bin()
+    if run(docker, "image", "inspect", args.image, check=False).returncode != 0:
+        sys.exit(f"image {args.image} not found: build it with `make up` (or up.sh --build-only)")
+    run(docker, "rm", "-f", CONTAINER, check=False)
+    half = args.nodes // 2
+    conf = SLURM_CONF.format(
+        host=CONTAINER, hw=HW, h_first=1, h_last=half, l_first=1, l_last=args.nodes - half
+    )
+    t0 = time.monotonic()
+    try:
+        run(
+            docker,
+            "run",
+            "-d",
+            "--name",
+            CONTAINER,
+            "--hostname",
+            CONTAINER,
+            args.image,
+            "shell",
+            "-c",
+            "sleep infinity",
+        )
+        subprocess.run(
+            [docker, "exec", "-i", CONTAINER, "bash", "-c", "cat >/etc/slurm/slurm.conf"],
+            input=conf,
+            text=True,
+            check=True,
+        )
+        run(docker, "exec", CONTAINER, "bash", "-c", SETUP)
+        started = time.monotonic() - t0
+        run(docker, "cp", __file__, f"{CONTAINER}:/tmp/bench_reconcile.py")
+        proc = subprocess.run(
+            [
+                docker,
+                "exec",
+                CONTAINER,
+                "/opt/fleetyield/bin/python",
+                "/tmp/bench_reconcile.py",
+                "--inner",
+                "--nodes",
+                str(args.nodes),
+            ],
+            text=True,
+            capture_output=True,
+        )
+        if proc.returncode != 0:
+            print(proc.stdout, proc.stderr, sep="\n", file=sys.stderr)
+            return 1
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        doc["container_start_s"] = started
+        doc["slurmctld_rss_mb_end"] = _rss_mb(docker)
+    finally:
+        if not args.keep:
+            run(docker, "rm", "-f", CONTAINER, check=False)
+    report(doc)
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+def _rss_mb(docker: str) -> float:
+    out = run(docker, "exec", CONTAINER, "ps", "-o", "rss=", "-C", "slurmctld", check=False).stdout.split()
+    return int(out[0]) / 1024 if out else float("nan")
+
+
+def report(doc: dict) -> None:
+    n = doc["nodes"]
+    print(
+        f"\nreconcile against a real slurmctld (Slurm {doc['slurm_version']}): {n:,} nodes "
+        f"({n * 8:,} GPUs), {doc['samples']:,} nodes sampled; "
+        f"slurmctld RSS {doc['slurmctld_rss_mb_start']:.0f} MB "
+        f"at start, {doc['slurmctld_rss_mb_end']:.0f} MB at the end"
+    )
+    cols = (
+        "tick",
+        "total s",
+        "read s",
+        "sense s",
+        "decide s",
+        "apply s",
+        "render s",
+        "commit s",
+        "calls",
+        "reads",
+        "writes",
+        "groups",
+        "drains",
+    )
+    print("  ".join(f"{c:>9}" for c in cols))
+    for t in doc["ticks"]:
+        row = (
+            t["name"],
+            t["total_s"],
+            t["read_s"],
+            t["sense_s"],
+            t["decide_s"],
+            t["apply_s"],
+            t["render_s"],
+            t["commit_s"],
+            t["calls"],
+            t["read_calls"],
+            t["write_calls"],
+            t["groups"],
+            t["drains"],
+        )
+        print("  ".join(f"{v:>9.3f}" if isinstance(v, float) else f"{v!s:>9}" for v in row))
+    print("\nSlurm commands of the cold tick (count, total s):")
+    for cmd, (count, secs) in sorted(doc["ticks"][0]["by_command"].items()):
+        print(f"  {cmd:<40} {count:>5} {secs:>8.3f}")
+    cold = doc["ticks"][0]
+    print(
+        f"\ncalls vs groups ({GOAL_CALLS}): cold tick {cold['write_calls']} writes "
+        f"for {cold['groups']} groups "
+        f"over {n:,} nodes -> {cold['write_calls'] / max(1, cold['groups']):.1f} writes per group "
+        f"(1 compress + 1 update), {cold['write_calls'] / n:.4f} per node"
+    )
+
+
+# ------------------------------------------------------------------------------------------------------
+# Inside the container: the controller's real daemon tick with a timing Slurm runner
+# ------------------------------------------------------------------------------------------------------
+
+
+def inner_main(args: argparse.Namespace) -> int:
+    import tempfile
+    from collections import defaultdict
+
+    from slurm_fleetyield import daemon as daemon_mod
+    from slurm_fleetyield.adapters import slurm as slurm_mod
+    from slurm_fleetyield.adapters.store import Store
+    from slurm_fleetyield.config import Config
+    from slurm_fleetyield.core.model import GpuReading, NodeSample
+    from slurm_fleetyield.core.plan import DrainNode, UpdateNodes
+
+    timings: dict[str, float] = defaultdict(float)
+    by_command: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+
+    def runner(argv, timeout_s):
+        t = time.perf_counter()
+        result = slurm_mod.run_command(argv, timeout_s)
+        dt = time.perf_counter() - t
+        key = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv[:3]))
+        key = key.split("NodeName=")[0].strip()
+        by_command[key][0] += 1
+        by_command[key][1] += dt
+        return result
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                timings[name] += time.perf_counter() - t
+
+        return wrapper
+
+    h100, l40s = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
+
+    class SyntheticSense:
+        """80k GPUs: healthy, except a few nodes with HBM trouble or no answer (deterministic by index)."""
+
+        def sample(self, nodes, now):
+            out = {}
+            for name in nodes:
+                i = int(name[1:])
+                if i % 500 == 11:
+                    out[name] = NodeSample(name, now, error="connection failed: refused")
+                    continue
+                model = h100 if name[0] == "h" else l40s
+                gpus = []
+                for g in range(8):
+                    f = {
+                        "DCGM_FI_DEV_GPU_TEMP": 40.0 + g,
+                        "DCGM_FI_DEV_FB_TOTAL": 81559.0 if model == h100 else 46068.0,
+                    }
+                    if g == 0 and i % 100 == 7:
+                        f["DCGM_FI_DEV_ROW_REMAP_PENDING"] = 1.0
+                    if g == 1 and i % 100 == 13:
+                        f["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = 1.0
+                    if g == 2 and i % 250 == 3:
+                        f["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1.0
+                    gpus.append(GpuReading(g, f"GPU-{name}-{g}", model, fields=f))
+                out[name] = NodeSample(name, now, tuple(gpus), expected_gpus=8)
+            return out
+
+    cli = slurm_mod.SlurmCli(runner=runner)
+    major, minor, patch = cli.version()
+    version = f"{major}.{minor:02d}.{patch}"
+    rss_start = _self_rss_mb()
+    store = Store(os.path.join(tempfile.mkdtemp(), "fy.db"))
+    sense = SyntheticSense()
+    d = daemon_mod.Daemon(Config(), cli, sense, store)
+    # Time each stage of the daemon's own tick by wrapping what it calls.
+    cli.read_nodes = timed("read", cli.read_nodes)
+    cli.read_jobs = timed("read", cli.read_jobs)
+    cli.apply = timed("apply", cli.apply)
+    sense.sample = timed("sense", sense.sample)
+    daemon_mod.tick = timed("decide", daemon_mod.tick)
+    daemon_mod.render_result = timed("render", daemon_mod.render_result)
+    store.commit_tick = timed("commit", store.commit_tick)
+
+    ticks = []
+    for name in ("cold", "steady", "reconfig"):
+        if name == "reconfig":
+            slurm_mod.run_command(("scontrol", "reconfigure"), 60)
+            _wait_reconfigured(args.nodes)
+        timings.clear()
+        by_command.clear()
+        calls0 = cli.calls
+        t = time.perf_counter()
+        outcome = d.tick_once()
+        total = time.perf_counter() - t
+        plan = outcome.result.plan
+        updates = [a for a in plan.actions if isinstance(a, UpdateNodes)]
+        writes = sum(c for k, (c, _) in by_command.items() if " update" in k or "hostlist" in k)
+        ticks.append(
+            {
+                "name": name,
+                "total_s": total,
+                **{f"{k}_s": timings[k] for k in ("read", "sense", "decide", "apply", "render", "commit")},
+                "calls": cli.calls - calls0,
+                "write_calls": writes,
+                "read_calls": cli.calls - calls0 - writes,
+                "groups": len(updates),
+                "updated_nodes": sum(len(u.nodes) for u in updates),
+                "drains": sum(isinstance(a, DrainNode) for a in plan.actions),
+                "tiers": dict(sorted(_count(dd.tier.value for dd in outcome.result.nodes.values()).items())),
+                "by_command": {k: v for k, v in by_command.items()},
+            }
+        )
+    print(
+        json.dumps(
+            {
+                "nodes": args.nodes,
+                "samples": args.nodes,
+                "slurm_version": version,
+                "slurmctld_rss_mb_start": rss_start,
+                "ticks": ticks,
+            }
+        )
+    )
+    return 0
+
+
+def _count(items):
+    from collections import Counter
+
+    return Counter(items)
+
+
+def _self_rss_mb() -> float:
+    out = subprocess.run(
+        ["ps", "-o", "rss=", "-C", "slurmctld"], capture_output=True, text=True
+    ).stdout.split()
+    return int(out[0]) / 1024 if out else float("nan")
+
+
+def _wait_reconfigured(nodes: int, timeout: float = 60) -> None:
+    """After ``scontrol reconfigure``: wait until slurmctld answers with the slurm.conf features again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = subprocess.run(["scontrol", "show", "node", "-o", "h00001"], capture_output=True, text=True)
+        if proc.returncode == 0 and "AvailableFeatures=h100,nvlink " in proc.stdout:
+            return
+        time.sleep(0.1)
+    raise SystemExit("slurmctld did not come back after scontrol reconfigure")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--image", default=os.environ.get("FLEETYIELD_IMAGE", "fleetyield/slurm:22.05"))
+    parser.add_argument("--json", help="write the raw figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the container")
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    return inner_main(args) if args.inner else host_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Forward the Epilog's job-outcome records to the controller, signed, deleting each only after a 2xx.
+
+Input: ``<outcomes_dir>/*.json`` (written atomically by ``fleetyield-epilog``, which never does network
+I/O), the controller's outcome URL (``.../v1/agent/outcomes``), the shared push secret, a clock. Output:
+``POST`` of ``OutcomeBatch`` bodies (``protocol``); a record file is removed only after the controller
+answered 2xx, which it does only once the records are durable in its store. So a controller that is down,
+slow or refusing loses nothing: the files wait, and the next attempt (backoff ``backoff_initial_s``
+doubling to ``backoff_max_s``) sends them again. The controller is idempotent per record, so a reply lost
+after the commit only causes a duplicate it ignores.
+
+A file that is not a JSON object with a ``job_id`` is renamed ``*.bad`` (kept for an operator, never sent);
+a record naming another node is sent anyway with its ``node`` left out so the controller sees this node.
+The directory is polled every ``interval_s`` (an Epilog cannot wake the agent without network I/O).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from node_agent.protocol import MAX_OUTCOMES_PER_BATCH, OutcomeBatch, signed_headers
+
+log = logging.getLogger(__name__)
+DEFAULT_OUTCOMES_DIR = Path("/var/spool/fleetyield/outcomes")
+MAX_RECORD_BYTES = 64 * 1024
+
+
+def outcomes_url_from_push(push_url: str) -> str:
+    """The outcome URL on the same listener as the event push URL (``.../v1/agent/events``)."""
+    base = push_url.split("?", 1)[0]
+    if base.endswith("/v1/agent/events"):
+        return base[: -len("/v1/agent/events")] + "/v1/agent/outcomes"
+    return base.rstrip("/") + "/v1/agent/outcomes"
+
+
+def pending_records(directory: Path) -> list[tuple[Path, dict]]:
+    """Readable records, oldest file first; unreadable ones are renamed ``.bad``."""
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out: list[tuple[float, Path, dict]] = []
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = directory / name
+        try:
+            if path.stat().st_size > MAX_RECORD_BYTES:
+                raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
+            record = json.loads(path.read_bytes())
+            if not isinstance(record, dict) or not str(record.get("job_id") or "").strip():
+                raise ValueError("not an outcome record (no job_id)")
+            out.append((path.stat().st_mtime, path, record))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            log.error("outcome record %s unusable (%s): renamed .bad", path, exc)
+            with contextlib.suppress(OSError):
+                path.rename(path.with_suffix(".bad"))
+    out.sort(key=lambda t: (t[0], t[1].name))
+    return [(p, r) for _, p, r in out]
+
+
+class OutcomeForwarder:
+    def __init__(
+        self,
+        directory: Path,
+        node: str,
+        url: str | None,
+        secret: bytes | None,
+        clock: Callable[[], float] = time.time,
+        *,
+        interval_s: float = 5.0,
+        timeout_s: float = 5.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ) -> None:
+        self.directory = Path(directory)
+        self.node = node
+        self.url = url
+        self.secret = secret
+        self.clock = clock
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.delivered = 0
+        self.failures = 0
+
+    def flush_once(self) -> bool:
+        """Send everything waiting; True when nothing is left (or nothing can be sent: no URL)."""
+        if not self.url or not self.secret:
+            return True
+        items = pending_records(self.directory)
+        while items:
+            chunk, items = items[:MAX_OUTCOMES_PER_BATCH], items[MAX_OUTCOMES_PER_BATCH:]
+            records = [r if r.get("node") in (None, self.node) else {**r, "node": None} for _, r in chunk]
+            body = OutcomeBatch(node=self.node, records=records).model_dump_json().encode()
+            headers = signed_headers(self.secret, self.node, int(self.clock()), body)
+            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    resp.read()
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                self.failures += 1
+                log.warning("outcome forward to %s failed (%d record(s) kept): %s", self.url, len(chunk), exc)
+                return False
+            for path, _ in chunk:
+                path.unlink(missing_ok=True)
+            self.delivered += len(chunk)
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fleetyield-outcomes", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        delay = self.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                ok = self.flush_once()
+            except Exception:  # a bug must not kill the forwarder
+                log.exception("outcome forwarder error")
+                ok = False
+            if ok:
+                delay = self.backoff_initial_s
+                wait = self.interval_s
+            else:
+                wait, delay = delay, min(delay * 2, self.backoff_max_s)
+            if self._stop.wait(wait):
+                return

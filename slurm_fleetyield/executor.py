@@ -1,0 +1,225 @@
+"""The executor: a plan's actions handed to the system that owns each of them, in plan order.
+
+Input: a ``Plan`` from ``tick``, the Slurm port, the agent control client, the gate, the store. Output: one
+``ApplyReport`` (every action's result, failures included) that the daemon logs and feeds back to the next
+tick as ``Observations.failed_actions``.
+
+Routing: Slurm actions (update, drain, resume, reboot, submit/cancel canary) go to the Slurm adapter;
+``ResetGpu`` to the node's agent (signed ``POST /v1/control/reset``); ``ProposeDrain`` and
+``WithdrawProposal`` to the gate (``Gatekeeper``). A failing action never stops the next one.
+
+Dry-run: nothing changes in Slurm and no agent is asked to reset (the commands and requests are logged, and
+reported as ``dry-run: not executed``). Proposals and withdrawals ARE recorded in the gate when
+``gate.record_in_dry_run`` (default): the gate is FleetYield's own bookkeeping, and admins rehearsing
+approvals on a dry-run controller need real proposals; an approval then only makes the next tick log the
+drain it would run.
+
+A canary round is written to the store (``record_canary_round``) BEFORE sbatch runs: a controller killed
+right after submitting still finds the round's jobs by name after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slurm_fleetyield.adapters.agent_control import AgentControl, AgentControlError
+from slurm_fleetyield.adapters.store import Store
+from slurm_fleetyield.core.plan import Plan, ProposeDrain, ResetGpu, SubmitCanary, WithdrawProposal
+from slurm_fleetyield.ports import ActionResult, ApplyReport, SlurmPort
+
+log = logging.getLogger("fleetyield.executor")
+ROUTED = (ResetGpu, ProposeDrain, WithdrawProposal)
+"""Actions not executed by Slurm: GPU resets go to the node's agent, proposals to the gate."""
+SYSTEM_ACTOR = "fleetyield"
+MAX_EVIDENCE_CHARS = 64 * 1024
+
+
+class GateAccess:
+    """The daemon's handle on the gate database: one ``Gatekeeper`` per thread, opened lazily (SQLite
+    connections may not cross threads; the daemon is built in one thread and ticks in another)."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.state_dir = Path(state_dir)
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        from slurm_fleetyield.gate import Gatekeeper
+
+        gk = getattr(self._local, "gk", None)
+        if gk is None:
+            gk = Gatekeeper.open(self.state_dir)
+            self._local.gk = gk
+            with self._lock:
+                self._all.append(gk)
+        return gk
+
+    def close(self) -> None:
+        with self._lock:
+            for gk in self._all:
+                with contextlib.suppress(Exception):
+                    gk.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+def propose(gate: GateAccess, action: ProposeDrain, now: float, *, actor: str = SYSTEM_ACTOR) -> str:
+    """Record the proposal with the core's id and deadline. Idempotent: a proposal with this id for this
+    node already recorded (the tick was replayed after a crash) is success."""
+    from slurm_fleetyield.gate import GateError, Proposal
+
+    gk = gate.get()
+    existing = gk.get(action.proposal_id)
+    if existing is not None:
+        if existing.node != action.node:
+            raise GateError(f"proposal id {action.proposal_id} already names node {existing.node}")
+        return f"already recorded ({existing.status.value})"
+    created = min(now, action.expires_at - 1.0)
+    proposal = Proposal.new(
+        id=action.proposal_id,
+        node=action.node,
+        gpus=action.gpus,
+        risk=action.risk,
+        evidence=action.evidence[:MAX_EVIDENCE_CHARS],
+        affected_jobs=action.affected_jobs,
+        now=created,
+        ttl_s=action.expires_at - created,
+    )
+    gk.propose(proposal, actor=actor)
+    log.warning(
+        "drain proposed: waiting for an admin",
+        extra={
+            "fy": {
+                "proposal_id": action.proposal_id,
+                "node": action.node,
+                "gpus": list(action.gpus),
+                "risk": action.risk,
+                "affected_jobs": list(action.affected_jobs),
+                "expires_at": action.expires_at,
+                "approve": f"fleetyield approve {action.proposal_id} --key ADMIN.key",
+            }
+        },
+    )
+    return "recorded"
+
+
+def withdraw(gate: GateAccess, action: WithdrawProposal, now: float, *, actor: str = SYSTEM_ACTOR) -> str:
+    """Close a pending proposal without a decision. The gate has no ``withdrawn`` status: the closest final
+    one, ``superseded``, is set and a ``withdrawn`` audit entry carries the core's reason (``Gatekeeper``
+    gets a public ``withdraw`` when the gate grows one; it is used then)."""
+    from slurm_fleetyield.gate import ProposalStatus
+    from slurm_fleetyield.gate.audit import immediate_transaction
+
+    gk = gate.get()
+    if hasattr(gk, "withdraw"):
+        gk.withdraw(action.proposal_id, action.reason, now)
+        return "withdrawn"
+    with immediate_transaction(gk.conn):
+        p = gk.get(action.proposal_id)
+        if p is None:
+            return "unknown proposal (nothing to withdraw)"
+        if p.status is not ProposalStatus.PENDING:
+            return f"already {p.status.value}"
+        gk._set_status(p, ProposalStatus.SUPERSEDED, now, actor)
+        gk.audit.append(
+            time=now,
+            actor=actor,
+            kind="withdrawn",
+            subject=p.id,
+            data={"node": p.node, "reason": action.reason[:1000], "status": ProposalStatus.SUPERSEDED.value},
+        )
+    gk.audit.publish_head()
+    log.info(
+        "proposal withdrawn", extra={"fy": {"proposal_id": p.id, "node": p.node, "reason": action.reason}}
+    )
+    return "withdrawn"
+
+
+class Executor:
+    def __init__(
+        self,
+        slurm: SlurmPort,
+        store: Store,
+        *,
+        control: AgentControl | None = None,
+        gate: GateAccess | None = None,
+        dry_run: bool = False,
+        record_proposals_in_dry_run: bool = True,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.slurm = slurm
+        self.store = store
+        self.control = control
+        self.gate = gate
+        self.dry_run = dry_run
+        self.record_proposals = record_proposals_in_dry_run or not dry_run
+
+    def apply(self, plan: Plan, now: float) -> ApplyReport:
+        """The whole plan goes to the Slurm port (which skips what is not Slurm's, so the simulator's port
+        and this one receive the same plans), then resets and gate actions run, in plan order. Results come
+        back in plan order."""
+        results: dict[int, ActionResult] = {}
+        routed = [(i, a) for i, a in enumerate(plan.actions) if isinstance(a, ROUTED)]
+        refused: set[int] = set()
+        if not self.dry_run:
+            for i, action in enumerate(plan.actions):
+                if isinstance(action, SubmitCanary):
+                    try:
+                        self.store.record_canary_round(action.token, action.node, now)
+                    except Exception as exc:  # no record, no submission: its results could not be found
+                        refused.add(i)
+                        results[i] = ActionResult(action, False, (), f"cannot record the canary round: {exc}")
+        slurm_plan = plan
+        if refused:
+            slurm_plan = Plan(tuple(a for i, a in enumerate(plan.actions) if i not in refused), plan.holds)
+        calls = 0
+        if len(routed) + len(refused) < len(plan.actions):
+            report = self.slurm.apply(slurm_plan)
+            calls = report.calls
+            slurm_indices = [
+                i for i, a in enumerate(plan.actions) if i not in refused and not isinstance(a, ROUTED)
+            ]
+            for i, r in zip(slurm_indices, report.results, strict=False):
+                results[i] = r
+        for i, action in routed:
+            results[i] = self._reset(action) if isinstance(action, ResetGpu) else self._gate(action, now)
+        return ApplyReport(tuple(results[i] for i in sorted(results)), calls=calls)
+
+    def _reset(self, action: ResetGpu) -> ActionResult:
+        if self.control is None:
+            return ActionResult(action, False, ("agent", "reset", action.node), "no agent control configured")
+        url, body = self.control.request(action.node, action.gpus)
+        command = ("POST", url, body.decode())
+        if self.dry_run:
+            log.info("dry-run: would POST %s %s", url, body.decode())
+            return ActionResult(action, True, command, "dry-run: not executed")
+        try:
+            answer = self.control.reset(action.node, action.gpus)
+        except AgentControlError as exc:
+            log.error("gpu reset failed: %s", exc)
+            return ActionResult(action, False, command, exc.detail)
+        return ActionResult(action, True, command, f"reset gpus {answer.get('gpus')}")
+
+    def _gate(self, action: ProposeDrain | WithdrawProposal, now: float) -> ActionResult:
+        command = ("gate", action.kind, action.proposal_id, action.node)
+        if self.gate is None:
+            return ActionResult(action, False, command, "no gate configured (gate.state_dir)")
+        if not self.record_proposals:
+            log.info("dry-run: would %s %s on %s", action.kind, action.proposal_id, action.node)
+            return ActionResult(action, True, command, "dry-run: not recorded")
+        actor = SYSTEM_ACTOR + (" (dry-run)" if self.dry_run else "")
+        try:
+            if isinstance(action, ProposeDrain):
+                detail = propose(self.gate, action, now, actor=actor)
+            else:
+                detail = withdraw(self.gate, action, now, actor=actor)
+        except Exception as exc:  # GateError, AuditIntegrityError, sqlite errors: fail this action only
+            log.error("gate action %s %s failed: %s", action.kind, action.proposal_id, exc)
+            return ActionResult(action, False, command, f"{type(exc).__name__}: {exc}")
+        return ActionResult(action, True, command, detail)

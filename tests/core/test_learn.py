@@ -1,0 +1,86 @@
+import math
+import random
+
+import pytest
+
+from slurm_fleetyield.core import learn
+from slurm_fleetyield.core.model import GpuRisk, Health, NodeDecision, NodeRisk, Tier
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.quarantine import Fatal
+from slurm_fleetyield.core.state import LearnMemory
+
+H = 7 * 86_400.0
+
+
+def _fleet(n: int, p_gpu: float) -> tuple[dict, dict]:
+    risks, decisions = {}, {}
+    for i in range(n):
+        name = f"n{i:04d}"
+        gpus = tuple(GpuRisk(name, g, f"U-{name}-{g}", "H100", Health.OK, p_gpu) for g in range(8))
+        risks[name] = NodeRisk(name, Health.OK, 1 - (1 - p_gpu) ** 8, gpus)
+        decisions[name] = NodeDecision(name, Tier.GREEN, Health.OK, 0.0, (), (), 100, "IDLE", "r")
+    return risks, decisions
+
+
+def test_miscalibrated_prior_converges_to_the_true_rate_and_brier_improves():
+    params = Params()
+    base = params.risk.base_probability
+    true_mult = 10.0  # the fleet fails 10x as often as the published rate says (a bad batch of boards)
+    rng = random.Random(5)
+    mem, now = LearnMemory(), 0.0
+    window = []  # (brier_sum, resolved) after each horizon
+    for _ in range(12):
+        p_gpu = learn.adjust(base, mem.multipliers.get("base", 1.0))  # what core/risk.py would say
+        risks, decisions = _fleet(3000, p_gpu)
+        mem, _ = learn.learn(mem, risks, decisions, (), {}, params, now)  # open predictions
+        fatal = []
+        true_p = learn.adjust(base, true_mult)
+        for name in risks:
+            for g in range(8):
+                if rng.random() < true_p:
+                    fatal.append(Fatal(name, now + H / 2, "xid", f"{name}-{now}-{g}", "push", g, None, 79))
+                    break
+        mem, _ = learn.learn(mem, risks, decisions, tuple(fatal), {}, params, now + H / 2)
+        now += H
+        mem, cal = learn.learn(mem, {}, {}, (), {}, params, now)  # horizon passed: the rest resolve
+        window.append((mem.brier_sum, mem.resolved))
+    m = mem.multipliers["base"]
+    assert m == pytest.approx(true_mult, rel=0.1)
+    first = window[0][0] / window[0][1]
+    last = (window[-1][0] - window[-6][0]) / (window[-1][1] - window[-6][1])
+    assert last < first  # later predictions are scored better than the uncalibrated first ones
+    assert cal.resolved == 12 * 3000 and math.isfinite(cal.brier)
+    assert sum(b.count for b in cal.bins) == cal.resolved
+    busy = max(cal.bins, key=lambda b: b.count)
+    assert busy.observed_frequency == pytest.approx(busy.predicted_mean, rel=0.25)
+
+
+def test_well_calibrated_model_stays_near_one():
+    params = Params()
+    base = params.risk.base_probability
+    rng = random.Random(9)
+    mem, now = LearnMemory(), 0.0
+    for _ in range(20):
+        risks, decisions = _fleet(600, learn.adjust(base, mem.multipliers.get("base", 1.0)))
+        mem, _ = learn.learn(mem, risks, decisions, (), {}, params, now)
+        fatal = [
+            Fatal(n, now + 1, "xid", f"{n}-{now}", "push", 0, None, 79)
+            for n in risks
+            if rng.random() < 1 - (1 - base) ** 8
+        ]
+        mem, _ = learn.learn(mem, risks, decisions, tuple(fatal), {}, params, now + 1)
+        now += H
+        mem, _ = learn.learn(mem, {}, {}, (), {}, params, now)
+    assert mem.multipliers["base"] == pytest.approx(1.0, abs=0.35)
+
+
+def test_event_after_the_horizon_is_not_an_event_and_predictions_are_one_per_node():
+    params = Params()
+    risks, decisions = _fleet(3, 0.01)
+    mem, _ = learn.learn(LearnMemory(), risks, decisions, (), {}, params, 0.0)
+    assert len(mem.predictions) == 3
+    mem2, _ = learn.learn(mem, risks, decisions, (), {}, params, 60.0)
+    assert mem2.predictions == mem.predictions  # still open: not re-made
+    late = (Fatal("n0000", H + 10, "xid", "k", "push", 0, None, 79),)
+    _, cal = learn.learn(mem2, {}, {}, late, {}, params, H + 10)
+    assert cal.resolved == 3 and sum(b.observed_frequency * b.count for b in cal.bins if b.count) == 0

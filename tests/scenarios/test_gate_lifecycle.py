@@ -1,0 +1,353 @@
+"""Scenario tables through ``tick``: drain proposals and the human gate, the rehabilitation lifecycle, the job
+ledger and lemons. Each scenario runs on a virtual clock against the builders' fake Slurm."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from core.builders import Fleet, Runner
+
+from slurm_fleetyield.core import signals as s
+from slurm_fleetyield.core.explain import explain
+from slurm_fleetyield.core.lifecycle import Stage
+from slurm_fleetyield.core.loop import TickResult, tick
+from slurm_fleetyield.core.model import (
+    CanaryResult,
+    FailedAction,
+    GateDecision,
+    JobOutcome,
+    JobView,
+    WorkloadClass,
+)
+from slurm_fleetyield.core.params import Params
+
+T0 = 1_000_000.0
+
+
+class Loop(Runner):
+    """Runner whose ticks can carry the shell's feedback (canary results, decisions, outcomes, failures)."""
+
+    def tick(self, advance: bool = True, **extra: object) -> TickResult:  # type: ignore[override]
+        if advance and self.last is not None:
+            self.now += self.step
+        obs = replace(self.fleet.observe(self.now), **extra)
+        result = tick(self.state, obs, self.params, self.now, self.rng)
+        self.state = result.state
+        if self.apply:
+            self.fleet.apply(result.plan)
+        self.last = result
+        return result
+
+    def until(self, t: float, **extra: object) -> TickResult:
+        r = self.tick(**extra)
+        while self.now < t:
+            r = self.tick(**extra)
+        return r
+
+
+def kinds(res: TickResult) -> list[tuple[str, str]]:
+    return [(a.kind, getattr(a, "node", "") or ",".join(getattr(a, "nodes", ()))) for a in res.plan.actions]
+
+
+def degrade(f: Fleet, node: str = "gpu001", gpu: int = 3) -> None:
+    f.set(node, gpu, s.ROWS_CORR, 14)
+    f.set(node, gpu, s.REMAP_PENDING, 1)
+    f.bump(node, gpu, s.ROWS_CORR, 2)
+
+
+def proposed(r: Loop) -> tuple:
+    f = Fleet(10)
+    f.run_job(1, ("gpu001",), requeue=True)
+    r.fleet = f
+    r.tick()
+    degrade(f)
+    res = r.tick()
+    (p,) = res.plan.of_kind("propose_drain")
+    return f, res, p
+
+
+# ---- gate --------------------------------------------------------------------------------------------------
+
+
+def test_degradation_proposes_once_keeps_running_then_approval_drains():
+    r = Loop(Fleet(1))
+    _, res, p = proposed(r)
+    assert p.node == "gpu001" and p.proposal_id.startswith("p-") and len(p.proposal_id) == 14
+    assert p.gpus == (3,) and p.affected_jobs == (1,) and p.risk >= 0.5
+    assert p.evidence.startswith("node gpu001: tier red") and "correctable_remapped_rows" in p.evidence
+    assert p.expires_at == r.now + 24 * 3600
+    assert res.plan.of_kind("drain") == () and res.nodes["gpu001"].tier.value == "red"
+    assert any(e.kind == "drain_proposal" for e in res.events)
+    for _ in range(3):  # stays red, runs its job, no second proposal, no drain
+        res = r.tick()
+        assert res.plan.of_kind("propose_drain") == () and res.plan.of_kind("drain") == ()
+    assert "drain proposal: " + p.proposal_id in explain("gpu001", res)
+    approve = (GateDecision(p.proposal_id, "gpu001", "approve", "alice", r.now),)
+    res = r.tick(gate_decisions=approve)
+    (d,) = res.plan.of_kind("drain")
+    assert d.cause == "approved" and d.requeue_jobs == (1,)
+    assert d.reason.startswith("fleetyield: risk 0.") and ", gpu 3 remap pending 1 [" in d.reason
+    assert d.reason.endswith(f"[approved by alice #{p.proposal_id}]") and len(d.reason) <= 120
+    assert r.state.lifecycle["gpu001"].stage is Stage.QUARANTINED and "gpu001" not in r.state.proposals
+    assert res.nodes["gpu001"].tier.value == "quarantined"
+    res = r.tick(gate_decisions=approve)  # the shell re-sends until it sees the drain: a no-op
+    assert res.plan.of_kind("drain") == () and res.plan.of_kind("propose_drain") == ()
+    assert not [e for e in res.events if e.kind == "gate_decision_ignored"]
+
+
+def test_deny_closes_and_blocks_reproposal_within_cooldown():
+    params = Params(gate={"deny_cooldown_s": 600.0})
+    r = Loop(Fleet(1), params)
+    _, _, p = proposed(r)
+    res = r.tick(gate_decisions=(GateDecision(p.proposal_id, "gpu001", "deny", "bob", r.now),))
+    assert res.plan.of_kind("drain") == () and "gpu001" not in r.state.proposals
+    assert r.state.denials["gpu001"].proposal_id == p.proposal_id
+    denied_at = r.now
+    while r.now < denied_at + 570:
+        res = r.tick()
+        assert res.plan.of_kind("propose_drain") == () and res.plan.of_kind("drain") == ()
+    res = r.until(denied_at + 600)
+    (again,) = res.plan.of_kind("propose_drain")
+    assert again.proposal_id != p.proposal_id
+
+
+def test_approval_held_by_drain_cap_then_drained_when_room():
+    r = Loop(Fleet(1))
+    f, _, p = proposed(r)  # 10 nodes: the cap is 1 node
+    f.slurm_update("gpu007", states=frozenset({"IDLE", "DRAIN"}), reason="fleetyield: XID 79 gpu 0 fell off")
+    res = r.tick(gate_decisions=(GateDecision(p.proposal_id, "gpu001", "approve", "alice", r.now),))
+    assert res.plan.of_kind("drain") == ()
+    (hold,) = res.plan.holds
+    assert hold.node == "gpu001" and hold.rule == "drain_cap" and p.proposal_id in hold.detail
+    assert r.state.proposals["gpu001"].approved_by == "alice"
+    res = r.tick()  # not re-sent: the approval is remembered and retried
+    assert res.plan.of_kind("drain") == () and res.plan.holds
+    f.slurm_update("gpu007", states=frozenset({"IDLE"}), reason="")
+    res = r.tick()
+    (d,) = res.plan.of_kind("drain")
+    assert d.node == "gpu001" and d.cause == "approved" and d.reason.endswith(f"#{p.proposal_id}]")
+
+
+def test_withdrawn_when_risk_falls_or_admin_drain_names_it():
+    r = Loop(Fleet(1), Params(gate={"withdraw_after_s": 60.0}))
+    f, _, p = proposed(r)
+    f.set("gpu001", 3, s.ROWS_CORR, 0)
+    f.set("gpu001", 3, s.REMAP_PENDING, 0)
+    r.step = 3600.0  # the remap-growth window passes
+    res = r.tick()
+    res = r.tick() if not res.plan.of_kind("withdraw_proposal") else res
+    (w,) = res.plan.of_kind("withdraw_proposal")
+    assert w.proposal_id == p.proposal_id and w.reason.startswith("risk_fell:")
+    r2 = Loop(Fleet(1))
+    f2, _, p2 = proposed(r2)
+    f2.drain_by_admin("gpu001", f"swapping gpu 3 #{p2.proposal_id}")
+    (w2,) = r2.tick().plan.of_kind("withdraw_proposal")
+    assert w2.reason.startswith("settled_by_admin:") and "gpu001" not in r2.state.proposals
+
+
+# ---- lifecycle ---------------------------------------------------------------------------------------------
+
+
+def to_canary(r: Loop, f: Fleet) -> tuple[TickResult, str]:
+    """XID 79 on gpu002 -> quarantine -> drained -> reboot -> back: returns the canary entry tick, token."""
+    f.run_job(1, ("gpu002",), requeue=True)
+    r.tick()
+    f.push("gpu002", 79, 3, r.now)
+    res = r.tick()
+    (d,) = res.plan.of_kind("drain")
+    assert d.cause == "fatal" and d.requeue_jobs == (1,)
+    assert r.state.lifecycle["gpu002"].stage is Stage.QUARANTINED
+    res = r.tick()  # job 1 still running (requeue not landed): not DRAINED yet
+    assert res.plan.of_kind("reboot") == ()
+    f.jobs = []
+    res = r.tick()
+    assert kinds(res)[-2:] == [("drain", "gpu002"), ("reboot", "gpu002")]
+    assert "remediation 1/3 (reboot)" in res.plan.of_kind("reboot")[0].reason
+    assert r.state.lifecycle["gpu002"].stage is Stage.REMEDIATING
+    started = r.now
+    while r.now < started + 90:  # a sample right after the command proves nothing
+        assert r.tick().plan.of_kind("resume") == ()
+    res = r.until(started + 150)
+    while not res.plan.of_kind("resume"):
+        res = r.tick()
+    (update,) = [a for a in res.plan.of_kind("update") if "gpu002" in a.nodes]
+    fy = {x for x in update.features if x.startswith("fy_")}
+    assert "fy_canary" in fy and "fy_tier_canary" in fy and not {x for x in fy if x.startswith("fy_ok_")}
+    order = [a.kind for a in res.plan.actions if getattr(a, "node", "gpu002") == "gpu002"]
+    assert order.index("update") < order.index("resume") < order.index("submit_canary")
+    (sub,) = res.plan.of_kind("submit_canary")
+    assert sub.count == 2 and r.state.lifecycle["gpu002"].stage is Stage.CANARY
+    return res, sub.token
+
+
+def quiet_history_params(**over: object) -> Params:
+    # the repeat-offender signals would keep a just-failed node yellow; mute them to see the stage tiers alone
+    return Params(risk={"weights": {"gpu_repeat_offender": 0.0, "node_repeat_offender": 0.0}}, **over)
+
+
+def test_xid79_full_rehabilitation_to_green():
+    f = Fleet(10)
+    r = Loop(f, quiet_history_params())
+    _, token = to_canary(r, f)
+    ok = (
+        CanaryResult("gpu002", 501, token, "COMPLETED", 0),
+        CanaryResult("gpu002", 502, token, "COMPLETED", 0),
+    )
+    res = r.tick(canary_results=ok[:1])
+    assert (
+        r.state.lifecycle["gpu002"].stage is Stage.CANARY and r.state.lifecycle["gpu002"].canary_passes == 1
+    )
+    res = r.tick(canary_results=ok)  # the first is re-sent: counted once
+    assert r.state.lifecycle["gpu002"].stage is Stage.PROBATION
+    res = r.tick()
+    fy = set(res.nodes["gpu002"].fy_features)
+    assert {"fy_tier_probation", "fy_ok_batch"} <= fy and "fy_ok_train" not in fy
+    assert "lifecycle: probation" in explain("gpu002", res)
+    r.step = 600.0
+    res = r.until(r.state.lifecycle["gpu002"].since + 3600)
+    lc = r.state.lifecycle["gpu002"]  # episode closed; kept only for its failure, still in the window
+    assert lc.stage is Stage.IN_SERVICE and lc.cause is None and len(lc.failures) == 1
+    assert res.nodes["gpu002"].tier.value == "green" and "fy_ok_train" in res.nodes["gpu002"].fy_features
+
+
+def test_failed_canary_back_to_quarantine_and_cancelled():
+    f = Fleet(10)
+    r = Loop(f, quiet_history_params())
+    _, token = to_canary(r, f)
+    res = r.tick(canary_results=(CanaryResult("gpu002", 501, token, "FAILED", 3),))
+    assert [k for k, n in kinds(res) if n == "gpu002"][-2:] == ["drain", "cancel_canary"]
+    assert r.state.lifecycle["gpu002"].stage is Stage.QUARANTINED
+    assert res.nodes["gpu002"].tier.value == "quarantined"
+
+
+def test_quiet_corruption_in_probation_requarantines():
+    f = Fleet(10)
+    r = Loop(f, quiet_history_params())
+    _, token = to_canary(r, f)
+    ok = tuple(CanaryResult("gpu002", j, token, "COMPLETED", 0) for j in (501, 502))
+    r.tick(canary_results=ok)
+    assert r.state.lifecycle["gpu002"].stage is Stage.PROBATION
+    f.push("gpu002", None, 1, r.now, kind="check_failed", message="dgemm mismatch")
+    res = r.tick()
+    (d,) = res.plan.of_kind("drain")
+    assert d.node == "gpu002" and d.cause == "fatal"
+    assert r.state.lifecycle["gpu002"].stage is Stage.QUARANTINED
+    assert len(r.state.lifecycle["gpu002"].failures) == 2
+
+
+def test_remediation_failure_escalates_and_repeated_failures_retire_with_rma():
+    f = Fleet(10)
+    r = Loop(f, quiet_history_params())
+    _, token = to_canary(r, f)
+    r.tick(canary_results=(CanaryResult("gpu002", 501, token, "NODE_FAIL"),))  # failure 2
+    res = r.tick()  # drained again and empty: next rung
+    assert "remediation 2/3" in res.plan.of_kind("reboot")[0].reason
+    res = r.tick(failed_actions=(FailedAction("reboot", "gpu002", "scontrol: error"),))
+    assert "remediation 3/3" in res.plan.of_kind("reboot")[0].reason  # escalated at once
+    while not res.plan.of_kind("resume"):
+        res = r.tick()
+    token = res.plan.of_kind("submit_canary")[0].token
+    res = r.tick(canary_results=(CanaryResult("gpu002", 601, token, "FAILED", 1),))  # failure 3
+    assert r.state.lifecycle["gpu002"].stage is Stage.RETIRED
+    (d,) = res.plan.of_kind("drain")
+    assert d.cause == "retire" and "RETIRED after 3 failures" in d.reason and "RMA" in d.reason
+    res = r.tick()
+    assert res.nodes["gpu002"].tier.value == "retired" and res.plan.of_kind("reboot") == ()
+
+
+def test_retired_node_does_not_count_against_the_drain_cap():
+    f = Fleet(10)  # cap: 1 node
+    r = Loop(f)
+    r.tick()
+    f.slurm_update("gpu004", states=frozenset({"IDLE", "DRAIN"}), reason="fleetyield: RETIRED - RMA")
+    from slurm_fleetyield.core.lifecycle import LifecycleMemory
+
+    r.state = replace(
+        r.state, lifecycle={"gpu004": LifecycleMemory("gpu004", Stage.RETIRED, r.now, failures=(r.now,))}
+    )
+    f.push("gpu006", 79, 0, r.now)
+    assert [d.node for d in r.tick().plan.of_kind("drain")] == ["gpu006"]
+
+
+def test_admin_resume_of_a_quarantined_node_hands_it_back():
+    f = Fleet(10)
+    r = Loop(f)
+    r.tick()
+    f.run_job(1, ("gpu002",))
+    f.push("gpu002", 48, 1, r.now)
+    r.tick()
+    r.tick()  # Slurm shows it drained by us now
+    f.slurm_update("gpu002", states=frozenset({"IDLE"}), reason="")
+    res = r.tick()
+    assert "gpu002" not in r.state.lifecycle or r.state.lifecycle["gpu002"].stage is Stage.IN_SERVICE
+    assert res.plan.of_kind("drain") == ()
+
+
+# ---- settle ------------------------------------------------------------------------------------------------
+
+
+def test_ledger_completed_fault_killed_never_checkpointed_and_premium_misuse():
+    f = Fleet(10)
+    r = Loop(f)
+    r.tick()
+    t = r.now
+    # premium-needing work waits from t+30 to t+90 (two ticks)
+    f.jobs = [JobView(9, "PENDING", (), True, WorkloadClass.PRETRAIN, 64)]
+    r.tick()
+    r.tick()
+    f.jobs = []
+    r.tick()
+    f.push("gpu003", 79, 2, t + 100)
+    r.tick()  # the fault is acted on (drain); the job outcomes arrive next tick
+    outcomes = (
+        JobOutcome(
+            1, ("gpu001",), 8, WorkloadClass.BATCH, t - 1000, t + 120, "COMPLETED", 0, None, "u", True
+        ),
+        JobOutcome(2, ("gpu003",), 8, WorkloadClass.PRETRAIN, t - 500, t + 100, "FAILED", 1, t - 100),
+        JobOutcome(3, ("gpu003",), 4, WorkloadClass.FINETUNE, t - 200, t + 100, "NODE_FAIL", None, None),
+        JobOutcome(4, ("gpu005",), 2, WorkloadClass.BATCH, t - 50, t + 20, "FAILED", 1, t),
+    )
+    res = r.tick(outcomes=outcomes)
+    by = {e.job_id: e for e in res.ledger}
+    assert (by[1].useful_gpu_s, by[1].wasted_gpu_s, by[1].failure) == (8 * 1120, 0.0, False)
+    assert by[1].premium_misuse_gpu_s == 8 * 60  # batch on premium while pretrain waited 60 s
+    assert (by[2].useful_gpu_s, by[2].wasted_gpu_s, by[2].cause) == (8 * 400, 8 * 200, "hardware")
+    assert (by[3].useful_gpu_s, by[3].wasted_gpu_s, by[3].cause) == (0.0, 4 * 300, "node_fail")
+    assert (by[4].useful_gpu_s, by[4].wasted_gpu_s, by[4].cause) == (2 * 50, 0.0, "job")  # not hardware
+    assert by[2].premium_misuse_gpu_s == 0.0  # premium-needing work is never misuse
+    assert r.tick(outcomes=outcomes).ledger == ()  # settled once
+
+
+# ---- lemons and learning -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("window_days", "lemon"), [(30.0, True), (1.0, False)])
+def test_lemon_loses_gang_and_premium_class_features(window_days: float, lemon: bool):
+    f = Fleet(4)
+    r = Loop(f, quiet_history_params(learn={"lemon_window_s": window_days * 86_400.0}))
+    r.tick()
+    m = r.state.nodes["gpu001"]
+    history = ((r.now - 5 * 86_400.0, "GPU-gpu001-0"), (r.now - 2 * 86_400.0, "GPU-gpu001-1"))
+    r.state = replace(r.state, nodes={**r.state.nodes, "gpu001": replace(m, fatal_history=history)})
+    res = r.tick()
+    fy = set(res.nodes["gpu001"].fy_features)
+    assert res.nodes["gpu001"].tier.value == "green"
+    assert ("fy_ok_train" not in fy) is lemon and ("fy_ok_finetune" not in fy) is lemon
+    assert ("fy_lemon" in fy) is lemon and "fy_ok_batch" in fy
+    assert ("lemon: repeated fatal failures" in explain("gpu001", res)) is lemon
+
+
+def test_learned_multiplier_scales_risk_and_shows_in_explain():
+    f = Fleet(2)
+    r = Loop(f)
+    base = r.tick().risks["gpu000"].probability
+    r.state = replace(r.state, learn=replace(r.state.learn, multipliers={"base": 3.0}))
+    res = r.tick()
+    p = res.risks["gpu000"].probability
+    assert p == pytest.approx(1 - (1 - base) ** 3, rel=1e-9)
+    assert "learned hazard multipliers: base x3.00" in explain("gpu000", res)
+    off = Loop(Fleet(2), Params(learn={"enabled": False}))
+    off.tick()
+    off.state = replace(off.state, learn=replace(off.state.learn, multipliers={"base": 3.0}))
+    assert off.tick().risks["gpu000"].probability == pytest.approx(base)

@@ -1,0 +1,265 @@
+"""The human gate end to end: ``fleetyield keygen/pending/approve/deny/submit-approval/audit verify`` through
+click's CliRunner against the REAL approval listener (``IngestServer`` ``POST /v1/approvals``) and a real
+``Gatekeeper``. Every rejection must change nothing but the audit log, which records it with its code.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_fleetyield.adapters.ingest import IngestServer
+from slurm_fleetyield.adapters.store import Store
+from slurm_fleetyield.cli import main
+from slurm_fleetyield.gate import Gatekeeper, Proposal, ProposalStatus, keygen, sign_statement
+from slurm_fleetyield.gate.approvals import make_statement, seal
+from slurm_fleetyield.gate.keys import load_private_key
+
+PID = "p-0123456789ab"
+PID2 = "p-ba9876543210"
+
+
+@pytest.fixture
+def rig(tmp_path: Path):
+    keys = tmp_path / "keys"
+    alice, alice_pub = keygen("alice", keys)
+    mallory, _ = keygen("mallory", keys)
+    auth = tmp_path / "authorized_keys"
+    auth.write_text(alice_pub.read_text())
+    auth.chmod(0o644)
+    gate_dir = tmp_path / "gate"
+    now = time.time()
+    with Gatekeeper.open(gate_dir) as gk:
+        for pid, node in ((PID, "gpu-01"), (PID2, "gpu-02")):
+            gk.propose(
+                Proposal.new(
+                    id=pid,
+                    node=node,
+                    gpus=(3,),
+                    risk=0.8,
+                    evidence=f"{node} GPU 3: row remap pending; risk 0.80",
+                    affected_jobs=(101,),
+                    now=now,
+                    ttl_s=3600,
+                )
+            )
+    store = Store(tmp_path / "fy.db")
+    wake = threading.Event()
+    server = IngestServer(
+        "127.0.0.1",
+        0,
+        b"secret-0123456789abcdef",
+        store,
+        wake,
+        gate_dir=str(gate_dir),
+        authorized_keys=str(auth),
+    )
+    server.start()
+    cfg = tmp_path / "fy.toml"
+    cfg.write_text(
+        f'[store]\npath = "{tmp_path / "fy.db"}"\n'
+        f'[gate]\nstate_dir = "{gate_dir}"\nauthorized_keys = "{auth}"\n'
+        f'[push]\nhost = "127.0.0.1"\nport = {server.port}\nsecret_file = "{tmp_path / "s"}"\n'
+    )
+
+    class Rig:
+        pass
+
+    r = Rig()
+    r.tmp, r.alice, r.mallory, r.auth, r.gate_dir, r.cfg = tmp_path, alice, mallory, auth, gate_dir, cfg
+    r.server, r.wake, r.store = server, wake, store
+    r.url = f"http://127.0.0.1:{server.port}/v1/approvals"
+    yield r
+    server.stop()
+    store.close()
+
+
+def gate_state(gate_dir: Path) -> tuple[dict[str, str], list[tuple[str, str, dict]]]:
+    with Gatekeeper.open(gate_dir) as gk:
+        statuses = {p.id: p.status.value for p in gk.proposals()}
+        entries = [(e.kind, e.subject, e.data) for e in gk.audit.entries()]
+    return statuses, entries
+
+
+def post(url: str, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+class _Ref:
+    def __init__(self, pid: str, node: str) -> None:
+        self.id, self.node = pid, node
+
+
+def test_keygen_pending_approve_and_audit(rig) -> None:
+    runner = CliRunner()
+    out = runner.invoke(main, ["keygen", "carol", "--dir", str(rig.tmp / "carol"), "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert Path(doc["private_key"]).stat().st_mode & 0o777 == 0o600
+    assert doc["authorized_keys_line"].startswith("fleetyield-ed25519 ")
+    again = runner.invoke(main, ["keygen", "carol", "--dir", str(rig.tmp / "carol")])
+    assert again.exit_code != 0 and "refusing to overwrite" in again.output
+
+    out = runner.invoke(main, ["pending", "--config", str(rig.cfg), "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert [p["id"] for p in rows] == [PID, PID2] and rows[0]["affected_jobs"] == [101]
+    text = runner.invoke(main, ["pending", "--config", str(rig.cfg)]).output
+    assert "row remap pending" in text and f"fleetyield approve {PID}" in text
+
+    out = runner.invoke(
+        main,
+        ["approve", PID, "--key", str(rig.alice), "--note", "ticket 42", "--config", str(rig.cfg), "--json"],
+    )
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["http_status"] == 200 and doc["status"] == "approved" and doc["admin"] == "alice"
+    assert rig.wake.is_set()  # the daemon ticks at once: the drain follows within a second
+    statuses, entries = gate_state(rig.gate_dir)
+    assert statuses[PID] == "approved" and statuses[PID2] == "pending"
+    assert entries[-1][0] == "approved" and entries[-1][2]["note"] == "ticket 42"
+
+    out = runner.invoke(main, ["audit", "verify", "--config", str(rig.cfg), "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["ok"] is True
+
+    # deny through a file in transit: --out, then submit-approval
+    env_file = rig.tmp / "deny.json"
+    out = runner.invoke(
+        main, ["deny", PID2, "--key", str(rig.alice), "--config", str(rig.cfg), "--out", str(env_file)]
+    )
+    assert out.exit_code == 0 and env_file.stat().st_mode & 0o777 == 0o600
+    assert gate_state(rig.gate_dir)[0][PID2] == "pending"  # nothing submitted yet
+    out = runner.invoke(main, ["submit-approval", str(env_file), "--submit", rig.url])
+    assert out.exit_code == 0, out.output
+    assert gate_state(rig.gate_dir)[0][PID2] == "denied"
+    # the same envelope again: replayed, exit 1, nothing changes
+    out = runner.invoke(main, ["submit-approval", str(env_file), "--submit", rig.url, "--json"])
+    assert out.exit_code == 1 and json.loads(out.output)["error"] == "replayed"
+
+
+def _envelope(rig, key: Path, pid: str, node: str, **kw) -> str:
+    return sign_statement(key, _Ref(pid, node), kw.pop("action", "approve"), **kw)
+
+
+def _tamper(envelope: str, **fields) -> str:
+    doc = json.loads(envelope)
+    doc["statement"].update(fields)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "status"),
+    [
+        ("unknown_key", "unknown_key", 403),
+        ("bad_signature", "bad_signature", 403),
+        ("tampered_note", "bad_signature", 403),
+        ("expired", "expired", 409),
+        ("other_node", "wrong_node", 409),
+        ("unknown_proposal", "unknown_proposal", 404),
+        ("malformed", "malformed", 400),
+    ],
+)
+def test_every_rejection_changes_nothing_and_is_audited(rig, case: str, code: str, status: int) -> None:
+    before, audit_before = gate_state(rig.gate_dir)
+    if case == "unknown_key":
+        body = _envelope(rig, rig.mallory, PID, "gpu-01")
+    elif case == "bad_signature":
+        good = json.loads(_envelope(rig, rig.alice, PID, "gpu-01"))
+        other = json.loads(_envelope(rig, rig.alice, PID2, "gpu-02"))
+        good["signature"] = other["signature"]
+        body = json.dumps(good, sort_keys=True, separators=(",", ":"))
+    elif case == "tampered_note":
+        body = _tamper(_envelope(rig, rig.alice, PID, "gpu-01"), note="approved by the CTO")
+    elif case == "expired":
+        key = load_private_key(rig.alice)
+        from slurm_fleetyield.gate.keys import key_id_of
+
+        st = make_statement(
+            _Ref(PID, "gpu-01"), "approve", key_id_of(key.public_key()), time.time() - 7200, 600
+        )
+        body = seal(st, key)
+    elif case == "other_node":
+        body = _envelope(rig, rig.alice, PID, "gpu-02")
+    elif case == "unknown_proposal":
+        body = _envelope(rig, rig.alice, "p-ffffffffffff", "gpu-01")
+    else:
+        body = "{not json"
+    got_status, doc = post(rig.url, body.encode())
+    assert (got_status, doc["error"]) == (status, code), doc
+    after, audit_after = gate_state(rig.gate_dir)
+    assert after == before  # nothing changed ...
+    assert len(audit_after) == len(audit_before) + 1  # ... except the audit log, which names the reason
+    kind, _subject, data = audit_after[-1]
+    assert kind == "rejected" and data["reason"] == code
+    assert not rig.wake.is_set()
+
+
+def test_replayed_and_already_settled_are_rejected(rig) -> None:
+    env = _envelope(rig, rig.alice, PID, "gpu-01")
+    assert post(rig.url, env.encode())[0] == 200
+    statuses, audit = gate_state(rig.gate_dir)
+    status, doc = post(rig.url, env.encode())
+    assert (status, doc["error"]) == (409, "replayed")
+    second = _envelope(rig, rig.alice, PID, "gpu-01", action="deny")
+    status, doc = post(rig.url, second.encode())
+    assert (status, doc["error"]) == (409, "already_settled")
+    after, audit_after = gate_state(rig.gate_dir)
+    assert after == statuses and [e[2]["reason"] for e in audit_after[len(audit) :]] == [
+        "replayed",
+        "already_settled",
+    ]
+
+
+def test_expired_proposal_and_revoked_key(rig) -> None:
+    with Gatekeeper.open(rig.gate_dir) as gk:
+        gk.expire(time.time() + 7200)
+    status, doc = post(rig.url, _envelope(rig, rig.alice, PID, "gpu-01").encode())
+    assert (status, doc["error"]) == (409, "already_settled")
+    # removing alice's line revokes her key at once (the file is re-read per request)
+    rig.auth.write_text("")
+    status, doc = post(rig.url, _envelope(rig, rig.alice, PID2, "gpu-02").encode())
+    assert (status, doc["error"]) == (403, "unknown_key")
+
+
+def test_audit_verify_reports_the_first_bad_seq(rig, tmp_path: Path) -> None:
+    assert post(rig.url, _envelope(rig, rig.alice, PID, "gpu-01").encode())[0] == 200
+    export = tmp_path / "audit.jsonl"
+    with Gatekeeper.open(rig.gate_dir) as gk, export.open("w") as fh:
+        gk.audit.export_jsonl(fh)
+    runner = CliRunner()
+    ok = runner.invoke(
+        main, ["audit", "verify", "--jsonl", str(export), "--head", str(rig.gate_dir / "audit.head")]
+    )
+    assert ok.exit_code == 0, ok.output
+    lines = export.read_text().splitlines()
+    doc = json.loads(lines[1])
+    doc["data"]["node"] = "gpu-99"  # edit seq 2
+    lines[1] = json.dumps(doc)
+    export.write_text("\n".join(lines) + "\n")
+    bad = runner.invoke(main, ["audit", "verify", "--jsonl", str(export)])
+    assert bad.exit_code == 1 and "seq 2" in bad.output
+    truncated = tmp_path / "short.jsonl"
+    truncated.write_text(lines[0] + "\n")
+    bad = runner.invoke(
+        main,
+        ["audit", "verify", "--jsonl", str(truncated), "--head", str(rig.gate_dir / "audit.head"), "--json"],
+    )
+    assert bad.exit_code == 1 and json.loads(bad.output)["code"] == "truncated"
+
+
+def test_approve_refuses_a_settled_proposal_without_signing(rig) -> None:
+    assert post(rig.url, _envelope(rig, rig.alice, PID, "gpu-01").encode())[0] == 200
+    out = CliRunner().invoke(main, ["approve", PID, "--key", str(rig.alice), "--config", str(rig.cfg)])
+    assert out.exit_code != 0 and "already approved" in out.output
+    assert ProposalStatus.APPROVED.value == gate_state(rig.gate_dir)[0][PID]
