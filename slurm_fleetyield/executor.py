@@ -110,33 +110,13 @@ def propose(gate: GateAccess, action: ProposeDrain, now: float, *, actor: str = 
 
 
 def withdraw(gate: GateAccess, action: WithdrawProposal, now: float, *, actor: str = SYSTEM_ACTOR) -> str:
-    """Close a pending proposal without a decision. The gate has no ``withdrawn`` status: the closest final
-    one, ``superseded``, is set and a ``withdrawn`` audit entry carries the core's reason (``Gatekeeper``
-    gets a public ``withdraw`` when the gate grows one; it is used then)."""
-    from slurm_fleetyield.gate import ProposalStatus
-    from slurm_fleetyield.gate.audit import immediate_transaction
-
-    gk = gate.get()
-    if hasattr(gk, "withdraw"):
-        gk.withdraw(action.proposal_id, action.reason, now)
-        return "withdrawn"
-    with immediate_transaction(gk.conn):
-        p = gk.get(action.proposal_id)
-        if p is None:
-            return "unknown proposal (nothing to withdraw)"
-        if p.status is not ProposalStatus.PENDING:
-            return f"already {p.status.value}"
-        gk._set_status(p, ProposalStatus.SUPERSEDED, now, actor)
-        gk.audit.append(
-            time=now,
-            actor=actor,
-            kind="withdrawn",
-            subject=p.id,
-            data={"node": p.node, "reason": action.reason[:1000], "status": ProposalStatus.SUPERSEDED.value},
-        )
-    gk.audit.publish_head()
+    """Close a pending proposal without a decision (status ``withdrawn``, audited with the core's reason)."""
+    closed = gate.get().withdraw(action.proposal_id, action.reason, now, actor=actor)
+    if closed is None:
+        return "not pending (unknown or already decided): nothing to withdraw"
     log.info(
-        "proposal withdrawn", extra={"fy": {"proposal_id": p.id, "node": p.node, "reason": action.reason}}
+        "proposal withdrawn",
+        extra={"fy": {"proposal_id": closed.id, "node": closed.node, "reason": action.reason}},
     )
     return "withdrawn"
 

@@ -377,6 +377,27 @@ class Gatekeeper:
         self.audit.publish_head()
         return updated
 
+    def withdraw(
+        self, proposal_id: str, reason: str, now: float, *, actor: str = SYSTEM_ACTOR
+    ) -> Proposal | None:
+        """Close a pending proposal without a decision (the core's ``WithdrawProposal``), audited with the
+        core's reason. Returns the closed proposal, or None when it is unknown or no longer pending (an
+        admin decided first: that decision stands)."""
+        with immediate_transaction(self.conn):
+            p = self.get(proposal_id)
+            if p is None or p.status is not ProposalStatus.PENDING:
+                return None
+            updated = self._set_status(p, ProposalStatus.WITHDRAWN, now, actor)
+            self.audit.append(
+                time=now,
+                actor=actor,
+                kind=ProposalStatus.WITHDRAWN.value,
+                subject=proposal_id,
+                data={"node": p.node, "reason": reason[:1000]},
+            )
+        self.audit.publish_head()
+        return updated
+
     def expire(self, now: float) -> list[Proposal]:
         """Close every pending proposal whose deadline has passed. Returns them, now ``expired``."""
         out: list[Proposal] = []

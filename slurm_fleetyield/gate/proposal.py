@@ -33,6 +33,7 @@ class ProposalStatus(StrEnum):
     EXPIRED = "expired"
     SETTLED_BY_ADMIN = "settled_by_admin"
     SUPERSEDED = "superseded"
+    WITHDRAWN = "withdrawn"  # the controller closed it without a decision (risk fell, node drained anyway)
 
     @property
     def final(self) -> bool:

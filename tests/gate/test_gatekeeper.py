@@ -362,3 +362,17 @@ def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
         g.conn.execute("PRAGMA user_version = 99")
     with pytest.raises(GateError, match="schema version 99"):
         Gatekeeper.open(tmp_path)
+
+
+def test_withdraw_closes_a_pending_proposal_once_and_is_audited(tmp_path):
+    from slurm_fleetyield.gate import Gatekeeper, Proposal, ProposalStatus
+
+    with Gatekeeper.open(tmp_path) as gk:
+        p = gk.propose(Proposal.new(node="n1", gpus=(3,), risk=0.7, evidence="e", now=1000.0))
+        closed = gk.withdraw(p.id, "risk fell below yellow", 1100.0)
+        assert closed is not None and closed.status is ProposalStatus.WITHDRAWN
+        assert gk.get(p.id).status is ProposalStatus.WITHDRAWN
+        assert gk.withdraw(p.id, "again", 1200.0) is None  # final: nothing changes
+        kinds = [e.kind for e in gk.audit.entries()]
+        assert kinds.count("withdrawn") == 1
+        assert gk.verify_audit().ok
