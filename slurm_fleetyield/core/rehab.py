@@ -11,7 +11,8 @@ Events are derived per node and folded in order, each derived from the memory th
 2. DRAINED (QUARANTINED since an earlier tick, Slurm shows it drained by us, no job running),
    REMEDIATION_FAILED (a remediation of the last plan failed to apply), REMEDIATION_OK (REMEDIATING,
    responding, a fresh sample newer than the attempt start - ``reboot_settle_s`` later after a reboot -
-   no GPU missing, no fatal since), CANARY_PASSED/FAILED (results of the current round, each job once), INCIDENT (risk >= red in canary or probation),
+   no GPU missing, no fatal since), CANARY_PASSED/FAILED (results of the current round, each job once),
+   INCIDENT (risk >= red in canary or probation),
    ADMIN_DRAINED (drained with a reason not ours; while REMEDIATING Slurm's own reasons are not an admin),
    ADMIN_RESUMED (only on the edge: Slurm showed it drained by us last tick, not drained now, in a stage that
    should be drained: our own ResumeNode always leaves such a stage first);

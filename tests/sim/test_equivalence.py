@@ -85,6 +85,22 @@ def record(n_frames: int = 40) -> list:
     return frames[:n_frames] + [f for f in frames[n_frames:] if f[4]][:5]
 
 
+class ReplayAgents:
+    """The agents of the replayed world: the simulator's cluster applies GPU resets as part of the plan and
+    they always take effect, so the daemon's agent-control client must see them succeed as well (otherwise
+    the daemon feeds a FailedAction back into the next tick and the two runs legitimately diverge)."""
+
+    def __init__(self) -> None:
+        self.resets: list[tuple[str, tuple[int, ...]]] = []
+
+    def request(self, node: str, gpus: Sequence[int], request_id: str | None = None) -> tuple[str, bytes]:
+        return f"replay://{node}/v1/control/reset", repr((node, tuple(gpus))).encode()
+
+    def reset(self, node: str, gpus: Sequence[int], request_id: str | None = None) -> dict[str, object]:
+        self.resets.append((node, tuple(gpus)))
+        return {"ok": True, "gpus": list(gpus)}
+
+
 def test_sim_step_and_daemon_tick_decide_the_same(tmp_path: Path) -> None:
     frames = record()
     # (a) as the simulator runs it
@@ -102,8 +118,16 @@ def test_sim_step_and_daemon_tick_decide_the_same(tmp_path: Path) -> None:
     config = from_mapping({"sense": {"gpu_nodes_only": False}, "loop": {"push_reuse_samples_s": 0}})
     store = Store(tmp_path / "fy.db")
     clock = {"t": 0.0}
+    agents = ReplayAgents()
     daemon = Daemon(
-        config, port_b, port_b, store, clock=lambda: clock["t"], monotonic=lambda: 0.0, rng=random.Random(11)
+        config,
+        port_b,
+        port_b,
+        store,
+        clock=lambda: clock["t"],
+        monotonic=lambda: 0.0,
+        rng=random.Random(11),
+        control=agents,  # type: ignore[arg-type]
     )
     for i, (now, _n, _j, _s, pending) in enumerate(frames):
         port_b.i = i
