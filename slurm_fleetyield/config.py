@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from slurm_fleetyield.adapters.redfish import RedfishConfig
 from slurm_fleetyield.core.params import Params
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -362,6 +363,9 @@ class Config(BaseModel):
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Rehabilitation canary jobs.")
     control: ControlConfig = Field(default_factory=ControlConfig, description="Agent control channel.")
     outcomes: OutcomesConfig = Field(default_factory=OutcomesConfig, description="Job outcome intake.")
+    redfish: RedfishConfig = Field(
+        default_factory=RedfishConfig, description="BMC power actions over Redfish (power cycle rung)."
+    )
 
     @property
     def gate_dir(self) -> str:
@@ -369,6 +373,16 @@ class Config(BaseModel):
         if self.gate.state_dir:
             return self.gate.state_dir
         return str(Path(self.store.path).parent / "gate")
+
+    @model_validator(mode="after")
+    def _power_cycle_needs_redfish(self) -> Config:
+        # Without a BMC every PowerCycle fails and burns remediation attempts until NEEDS_HUMAN.
+        if self.core.lifecycle.power_cycle_enabled and not self.redfish.enabled:
+            raise ValueError(
+                "core.lifecycle.power_cycle_enabled is true but redfish.enabled is false: "
+                "enable [redfish] (BMC map and credentials) or turn power cycling off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _listeners(self) -> Config:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_fleetyield import intake as intake_mod
 from slurm_fleetyield.adapters.agent_control import AgentControl
@@ -45,6 +45,9 @@ from slurm_fleetyield.core.model import FailedAction, NodeSample, Observations, 
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.executor import Executor, GateAccess
 from slurm_fleetyield.ports import ApplyReport, SensePort, SlurmPort
+
+if TYPE_CHECKING:  # sushy is imported only when [redfish] is enabled
+    from slurm_fleetyield.adapters.redfish import RedfishExecutor
 
 log = logging.getLogger("fleetyield.daemon")
 PENDING_LOG_INTERVAL_S = 600.0
@@ -138,6 +141,7 @@ class Daemon:
         dry_run: bool = False,
         control: AgentControl | None = None,
         gate: GateAccess | None = None,
+        redfish: RedfishExecutor | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
@@ -147,6 +151,7 @@ class Daemon:
             store,
             control=control,
             gate=gate,
+            redfish=redfish,
             dry_run=dry_run,
             record_proposals_in_dry_run=config.gate.record_in_dry_run,
         )
@@ -468,7 +473,12 @@ def build(
         )
     gate = GateAccess(config.gate_dir)
     closers.append(gate.close)
-    daemon = Daemon(config, slurm, sense, store, stats=stats, dry_run=dry, control=control, gate=gate)
+    holder: list[Daemon] = []
+    redfish = build_redfish(config, slurm, gate, lambda: holder[0], dry_run=dry)
+    daemon = Daemon(
+        config, slurm, sense, store, stats=stats, dry_run=dry, control=control, gate=gate, redfish=redfish
+    )
+    holder.append(daemon)
     servers: list[Any] = []
     if config.push.active or config.alertmanager.active:
         ingest = IngestServer(
@@ -495,6 +505,47 @@ def build(
         )
         servers.append(api)
     return Runtime(daemon, store, servers, closers)
+
+
+def build_redfish(
+    config: Config,
+    slurm: SlurmPort,
+    gate: GateAccess,
+    daemon: Callable[[], Daemon],
+    *,
+    dry_run: bool,
+) -> RedfishExecutor | None:
+    """The ladder's power-cycle executor, when ``[redfish]`` is enabled. Safety is read from Slurm at each
+    action (never power-cycle a node with running jobs unless it is quarantined); every action is audited
+    in the gate's hash-chained log and rate-limited fleet-wide through a token bucket file."""
+    if not config.redfish.enabled:
+        return None
+    from slurm_fleetyield.adapters.bmc_ratelimit import TokenBucket
+    from slurm_fleetyield.adapters.redfish import (
+        PerThreadAudit,
+        PowerController,
+        RedfishExecutor,
+        default_rate_limit_state,
+        slurm_safety,
+    )
+    from slurm_fleetyield.core.lifecycle import DRAINED_STAGES
+
+    def quarantined(node: str) -> bool:
+        memory = daemon().state.lifecycle.get(node)
+        return memory is not None and memory.stage in DRAINED_STAGES
+
+    rf = config.redfish
+    power = PowerController(
+        rf,
+        safety=slurm_safety(slurm, quarantined),
+        audit=PerThreadAudit(lambda: gate.get().audit),
+        bucket=TokenBucket(
+            rf.rate_limit_actions,
+            rf.rate_limit_window_s,
+            state_path=rf.rate_limit_state or default_rate_limit_state(config.gate_dir),
+        ),
+    )
+    return RedfishExecutor(power, dry_run=dry_run)
 
 
 def build_sense(config: Config) -> tuple[SensePort, Callable[[], None]]:

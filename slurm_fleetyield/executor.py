@@ -25,15 +25,25 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_fleetyield.adapters.agent_control import AgentControl, AgentControlError
 from slurm_fleetyield.adapters.store import Store
-from slurm_fleetyield.core.plan import Plan, ProposeDrain, ResetGpu, SubmitCanary, WithdrawProposal
+from slurm_fleetyield.core.plan import (
+    Plan,
+    PowerCycle,
+    ProposeDrain,
+    ResetGpu,
+    SubmitCanary,
+    WithdrawProposal,
+)
+
+if TYPE_CHECKING:  # the Redfish adapter imports sushy lazily; only the type is needed here
+    from slurm_fleetyield.adapters.redfish import RedfishExecutor
 from slurm_fleetyield.ports import ActionResult, ApplyReport, SlurmPort
 
 log = logging.getLogger("fleetyield.executor")
-ROUTED = (ResetGpu, ProposeDrain, WithdrawProposal)
+ROUTED = (ResetGpu, PowerCycle, ProposeDrain, WithdrawProposal)
 """Actions not executed by Slurm: GPU resets go to the node's agent, proposals to the gate."""
 SYSTEM_ACTOR = "fleetyield"
 MAX_EVIDENCE_CHARS = 64 * 1024
@@ -129,6 +139,7 @@ class Executor:
         *,
         control: AgentControl | None = None,
         gate: GateAccess | None = None,
+        redfish: RedfishExecutor | None = None,
         dry_run: bool = False,
         record_proposals_in_dry_run: bool = True,
         clock: Callable[[], float] | None = None,
@@ -137,6 +148,7 @@ class Executor:
         self.store = store
         self.control = control
         self.gate = gate
+        self.redfish = redfish
         self.dry_run = dry_run
         self.record_proposals = record_proposals_in_dry_run or not dry_run
 
@@ -168,7 +180,12 @@ class Executor:
             for i, r in zip(slurm_indices, report.results, strict=False):
                 results[i] = r
         for i, action in routed:
-            results[i] = self._reset(action) if isinstance(action, ResetGpu) else self._gate(action, now)
+            if isinstance(action, ResetGpu):
+                results[i] = self._reset(action)
+            elif isinstance(action, PowerCycle):
+                results[i] = self._power_cycle(action)
+            else:
+                results[i] = self._gate(action, now)
         return ApplyReport(tuple(results[i] for i in sorted(results)), calls=calls)
 
     def _reset(self, action: ResetGpu) -> ActionResult:
@@ -185,6 +202,15 @@ class Executor:
             log.error("gpu reset failed: %s", exc)
             return ActionResult(action, False, command, exc.detail)
         return ActionResult(action, True, command, f"reset gpus {answer.get('gpus')}")
+
+    def _power_cycle(self, action: PowerCycle) -> ActionResult:
+        # A failure comes back as ok=False; the next tick turns it into REMEDIATION_FAILED (next rung, or
+        # NEEDS_HUMAN after max_remediation_attempts), so an unreachable BMC never leaves a node in limbo.
+        if self.redfish is None:
+            return ActionResult(
+                action, False, ("redfish", "power_cycle", action.node), "no Redfish adapter configured"
+            )
+        return self.redfish.run(action)
 
     def _gate(self, action: ProposeDrain | WithdrawProposal, now: float) -> ActionResult:
         command = ("gate", action.kind, action.proposal_id, action.node)

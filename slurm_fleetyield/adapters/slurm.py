@@ -29,7 +29,6 @@ from slurm_fleetyield.core.plan import (
     CancelCanaries,
     DrainNode,
     Plan,
-    PowerCycle,
     RebootNode,
     ResumeNode,
     SubmitCanary,
@@ -45,8 +44,9 @@ JSON_NODES_SINCE = (24, 11)
 WORKLOAD_COMMENT_PREFIX = "fy:"
 """Jobs declare their workload class in their comment: ``--comment=fy:decode``."""
 
-NOT_SLURM_KINDS = frozenset({"reset_gpu", "propose_drain", "withdraw_proposal"})
-"""Plan actions ``apply`` skips: the daemon's executor hands them to the node agent and the gate."""
+NOT_SLURM_KINDS = frozenset({"reset_gpu", "power_cycle", "propose_drain", "withdraw_proposal"})
+"""Plan actions ``apply`` skips: the daemon's executor hands them to the node agent, the BMC (Redfish) and
+the gate."""
 
 CANARY_JOB_PREFIX = "fy_canary_"
 """Canary jobs are named ``fy_canary_<token>`` (``SubmitCanary.job_name``); the token names the round."""
@@ -741,12 +741,6 @@ class SlurmCli:
             return [sbatch] * action.count
         if isinstance(action, CancelCanaries):
             return [(self._bin("scancel"), f"--name={action.job_name}")]
-        if isinstance(action, PowerCycle):
-            raise SlurmCommandError(
-                ("redfish", "PowerCycle", action.node),
-                None,
-                "power cycle needs the Redfish adapter (not built)",
-            )
         raise TypeError(f"unknown action {action!r}")
 
     # -- accounting -----------------------------------------------------------------------------------

@@ -379,18 +379,19 @@ def test_rehab_commands():
         "fleetyield-agent check --json",
     )
     assert cli.commands_for(CancelCanaries("gpu-01", "abc123")) == [("scancel", "--name=fy_canary_abc123")]
-    with pytest.raises(SlurmCommandError, match="Redfish"):
+    with pytest.raises(TypeError, match="unknown action"):  # not Slurm's: the executor sends it to the BMC
         cli.commands_for(PowerCycle("gpu-01", reason))
 
 
-def test_apply_runs_canary_count_times_and_reports_power_cycle_as_failed():
+def test_apply_runs_canary_count_times_and_leaves_power_cycle_to_the_bmc_executor():
     from slurm_fleetyield.core.plan import PowerCycle, SubmitCanary
 
     rec = Recorder({("sbatch",): CommandResult(0, "77\n", "")})
     cli = SlurmCli(runner=rec, version=(22, 5, 8))
     report = cli.apply(Plan((SubmitCanary("gpu-01", 3, "t1", 600.0), PowerCycle("gpu-02", "x"))))
     assert [c[0] for c in rec.calls] == ["sbatch"] * 3 and report.calls == 3
-    assert [r.ok for r in report.results] == [True, False] and "Redfish" in report.results[1].detail
+    # PowerCycle is not Slurm's: no command, no result (the executor sends it to the Redfish adapter).
+    assert [r.ok for r in report.results] == [True] and report.results[0].action.kind == "submit_canary"
 
 
 def test_sacct_canaries_and_squeue_fallback():
