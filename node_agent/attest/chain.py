@@ -38,7 +38,12 @@ class Record:
     value: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"index": self.index, "kind": self.kind, "name": self.name, "digest": self.digest}
+        doc: dict[str, Any] = {
+            "index": self.index,
+            "kind": self.kind,
+            "name": self.name,
+            "digest": self.digest,
+        }
         if self.value is not None:
             doc["value"] = self.value
         return doc
@@ -58,7 +63,9 @@ class Record:
 
 
 def record_bytes(record: Record) -> bytes:
-    return canonical({"index": record.index, "kind": record.kind, "name": record.name, "digest": record.digest})
+    return canonical(
+        {"index": record.index, "kind": record.kind, "name": record.name, "digest": record.digest}
+    )
 
 
 def record_hash(record: Record) -> bytes:

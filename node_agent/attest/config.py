@@ -1,0 +1,67 @@
+"""Attestation settings of the agent: the ``[attest]`` table of the agent's TOML config (all optional).
+
+Input: the agent config file (the same ``--config`` as ``serve``; ``AgentConfig`` reads only its
+``[agent]`` table, so an ``[attest]`` table beside it does not disturb it) or a dict. Output: a validated
+``AttestConfig``; a bad value raises ``ValueError`` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from node_agent.attest.measure import DEFAULT_PERSISTENCE
+
+VERDICT_FILE = "attest-verdict.json"
+
+
+class AttestConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    root: Path = Field(default=Path("/"), description="Prefix of every measured path (tests: a fixture).")
+    persistence: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PERSISTENCE),
+        description="Persistence points measured, in order (absolute paths under root).",
+    )
+    agent_config_file: Path | None = Field(default=None, description="The agent config file measured.")
+    controller_url: str | None = Field(
+        default=None,
+        description="Controller listener for the hand-over (nonce + quote), e.g. http://ctl:8701.",
+    )
+    controller_pubkey: Path | None = Field(
+        default=None, description="The controller's public key line; verdicts are verified with it."
+    )
+    verdict_file: Path | None = Field(
+        default=None, description=f"Where the verified verdict goes (default STATE_DIR/{VERDICT_FILE})."
+    )
+    tpm_tcti: str | None = Field(
+        default=None, description="TPM 2.0 TCTI (device:/dev/tpmrm0); unset: software quote only."
+    )
+    tpm_pcr: int = Field(default=16, description="Resettable PCR the chain is extended into (16 or 23).")
+    scrub_command: list[str] | None = Field(
+        default=None,
+        description="nvml backend: a command run once per GPU to scrub its memory (CUDA memset job), "
+        "{gpu} replaced by the index; unset: rely on the driver's clear-on-alloc (reported as such).",
+    )
+    timeout_s: float = Field(default=1.5, gt=0, le=30, description="Hand-over HTTP timeout per request.")
+
+
+def load_attest_config(config_file: Path | None) -> AttestConfig:
+    data: dict = {}
+    if config_file is not None:
+        try:
+            data = dict(tomllib.loads(Path(config_file).read_text()).get("attest", {}))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"cannot load {config_file}: {exc}") from None
+        data = {k.replace("-", "_"): v for k, v in data.items()}
+        data.setdefault("agent_config_file", str(config_file))
+    try:
+        return AttestConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"attest.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise ValueError(f"{config_file or 'attest config'}: {problems}") from None

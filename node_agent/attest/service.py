@@ -1,0 +1,292 @@
+"""What the agent does for attestation: quote, scrub GPU memory, and the Epilog hand-over.
+
+Input: the running ``Agent`` (its backend, state dir, node name, clock and lock) and an ``AttestConfig``.
+Output: ``Attestor.quote(nonce)`` (a signed quote dict), ``Attestor.scrub(gpus)`` (what was done, per GPU),
+``Attestor.handover(job_id)`` (the whole exchange with the controller, ending in a verified verdict file),
+plus ``control_op`` / ``http_quote`` -- the two small entry points the control socket and the HTTP
+exporter call (see the wiring notes in the report; no existing module is edited here).
+
+The hand-over exchange (agent -> controller, stdlib HTTP):
+
+1. ``POST {controller_url}/v1/attest/nonce`` body ``{"node": N}``, signed with the agent's push secret
+   exactly like event pushes (``protocol.signed_headers``) -> ``{"node", "nonce", "expires_at"}``;
+2. measure, quote (Ed25519 node key; plus the TPM section when ``tpm_tcti`` is set);
+3. ``POST {controller_url}/v1/attest/quote`` body = the quote (self-authenticating: the controller checks
+   it against the *enrolled* node key) -> the verdict signed by the controller key;
+4. verify the verdict's signature with ``controller_pubkey``, check it names this node and this nonce,
+   and write it atomically (mode 0644) to the verdict file the next Prolog reads.
+
+GPU memory scrub. NVML has no "clear framebuffer" call. What a real node can do: (a) run a tiny CUDA job
+per GPU that allocates all free memory and ``cudaMemset``s it (``scrub_command``; tens of ms per 80 GB on
+an H100 at ~2-3 TB/s, plus ~0.3-1 s CUDA context start), or (b) rely on the driver: CUDA zeroes memory
+before handing it to a new context (clear-on-alloc; not a documented guarantee for every allocation path,
+and MIG/confidential-computing modes scrub on instance teardown). Without ``scrub_command`` the nvml
+backend reports ``method: "driver-clear-on-alloc"``, ``scrubbed: false`` -- said, not assumed. The fake
+backend records each request in ``STATE_DIR/scrub.jsonl`` (what tests and the demos assert on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from node_agent.attest import keys as node_keys
+from node_agent.attest.config import VERDICT_FILE, AttestConfig
+from node_agent.attest.gpu import gpu_reports
+from node_agent.attest.measure import FAKE_MODULES_FILE, MeasureSpec, measure
+from node_agent.attest.quote import NONCE_PATH, QUOTE_PATH, build_quote, check_nonce
+from node_agent.attest.tpm import Tpm
+
+SCRUB_LOG = "scrub.jsonl"
+SCRUB_TIMEOUT_S = 60
+
+
+class AttestError(RuntimeError):
+    """A step of the attestation failed; the message says which and why."""
+
+
+class Attestor:
+    def __init__(self, agent: Any, cfg: AttestConfig | None = None, secret: bytes | None = None) -> None:
+        self.agent = agent
+        self.cfg = cfg or AttestConfig()
+        self.secret = secret  # the agent's push secret: signs the nonce request
+        self.state_dir = Path(agent.state_dir)
+        self._lock = threading.Lock()
+        self._key = None
+        fake = agent.backend.name == "fake"
+        self.spec = MeasureSpec(
+            root=self.cfg.root,
+            persistence=tuple(self.cfg.persistence),
+            agent_config_file=self.cfg.agent_config_file,
+            extra_modules_file=self.state_dir / FAKE_MODULES_FILE if fake else None,
+        )
+        self.tpm = (
+            Tpm(self.cfg.tpm_tcti, self.state_dir / "tpm", self.cfg.tpm_pcr) if self.cfg.tpm_tcti else None
+        )
+
+    @property
+    def verdict_path(self) -> Path:
+        return self.cfg.verdict_file or self.state_dir / VERDICT_FILE
+
+    def key(self) -> Any:
+        if self._key is None:
+            self._key = node_keys.load_or_create(self.state_dir)
+        return self._key
+
+    # ------------------------------------------------------------------ quote
+    def quote(self, nonce: str, now: float | None = None) -> dict[str, Any]:
+        check_nonce(nonce)
+        now = self.agent.clock() if now is None else now
+        with self.agent.lock:
+            reports = gpu_reports(self.agent.backend)
+        records = measure(self.spec, reports, now)
+        tpm = self.tpm.quote(records, nonce) if self.tpm is not None else None
+        return build_quote(self.agent.node, nonce, records, self.key(), now, tpm)
+
+    # ------------------------------------------------------------------ scrub
+    def scrub(self, gpus: list[int] | None) -> dict[str, Any]:
+        backend = self.agent.backend
+        indices = sorted(set(gpus)) if gpus else list(range(backend.expected_gpus()))
+        now = self.agent.clock()
+        if backend.name == "fake":
+            entry = {"time": now, "gpus": indices, "method": "fake", "scrubbed": True}
+            line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+            fd = os.open(self.state_dir / SCRUB_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            return entry
+        if not self.cfg.scrub_command:
+            return {
+                "time": now,
+                "gpus": indices,
+                "method": "driver-clear-on-alloc",
+                "scrubbed": False,
+                "note": "NVML has no memory-scrub call; set attest.scrub_command to run a CUDA memset job",
+            }
+        failed = {}
+        for gpu in indices:
+            cmd = [part.replace("{gpu}", str(gpu)) for part in self.cfg.scrub_command]
+            try:
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=SCRUB_TIMEOUT_S, check=False,
+                    env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+                )  # fmt: skip
+                if proc.returncode != 0:
+                    failed[gpu] = f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                failed[gpu] = str(exc)
+        return {"time": now, "gpus": indices, "method": "command", "scrubbed": not failed, "failed": failed}
+
+    # ------------------------------------------------------------------ hand-over
+    def handover(self, job_id: str | None = None, secret: bytes | None = None) -> dict[str, Any]:
+        """Nonce -> quote -> verdict -> verified verdict file. Returns a summary; raises ``AttestError``."""
+        from node_agent.protocol import signed_headers
+
+        secret = secret or self.secret
+        url = (self.cfg.controller_url or "").rstrip("/")
+        if not url:
+            raise AttestError("attest.controller_url is not set: no controller to attest to")
+        if secret is None:
+            raise AttestError("the hand-over needs the push secret (--push-secret-file)")
+        if self.cfg.controller_pubkey is None:
+            raise AttestError("attest.controller_pubkey is not set: a verdict could not be verified")
+        with self._lock:  # one hand-over at a time per node
+            started = time.monotonic()
+            body = json.dumps({"node": self.agent.node, "job_id": job_id}).encode()
+            headers = signed_headers(secret, self.agent.node, int(self.agent.clock()), body)
+            issued = self._post(url + NONCE_PATH, body, headers)
+            nonce = check_nonce(str(issued.get("nonce", "")))
+            quote = self.quote(nonce)
+            qbody = json.dumps(quote).encode()
+            verdict = self._post(url + QUOTE_PATH, qbody, {"Content-Type": "application/json"})
+            write_verified_verdict(
+                verdict, self.agent.node, nonce, self.cfg.controller_pubkey, self.verdict_path
+            )
+            return {
+                "status": verdict.get("status"),
+                "nonce": nonce,
+                "verdict_file": str(self.verdict_path),
+                "differences": [d.get("name") for d in verdict.get("differences", [])],
+                "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+            }
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
+                doc = json.loads(resp.read(1 << 22))
+        except urllib.error.HTTPError as err:
+            raise AttestError(f"{url}: HTTP {err.code}: {err.read(2000).decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise AttestError(f"{url}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise AttestError(f"{url}: answer is not a JSON object")
+        return doc
+
+
+def write_verified_verdict(
+    verdict: dict[str, Any], node: str, nonce: str | None, pubkey_path: Path, out: Path
+) -> None:
+    """Check the controller's signature, that the verdict is for ``node`` (and ``nonce``); write it."""
+    from prolog_epilog.attest_gate import load_public_key, verdict_signature_ok
+
+    try:
+        public = load_public_key(str(pubkey_path))
+    except (OSError, ValueError) as exc:
+        raise AttestError(f"controller public key {pubkey_path}: {exc}") from None
+    if not verdict_signature_ok(verdict, public):
+        raise AttestError("the verdict's signature does not verify with the controller key")
+    if verdict.get("node") != node:
+        raise AttestError(f"the verdict is for {verdict.get('node')!r}, not {node!r}")
+    if nonce is not None and verdict.get("nonce") != nonce:
+        raise AttestError("the verdict answers another nonce")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_bytes(json.dumps(verdict, sort_keys=True).encode() + b"\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------------- entry points for existing modules
+def control_op(attestor: Attestor, op: str, request: dict[str, Any]) -> Any:
+    """The control-socket ops ``quote`` (nonce), ``scrub`` (gpus), ``handover`` (job_id), ``pubkey``.
+
+    Every failure is raised as ``ValueError`` (what ``node_agent.control`` already turns into an
+    ``{"ok": false, "error": ...}`` reply), with the step's message.
+    """
+    from node_agent.attest.tpm import TpmError
+
+    try:
+        return _control_op(attestor, op, request)
+    except (AttestError, TpmError, node_keys.NodeKeyError, OSError) as exc:
+        raise ValueError(f"{op}: {exc}") from None
+
+
+def _control_op(attestor: Attestor, op: str, request: dict[str, Any]) -> Any:
+    if op == "quote":
+        return attestor.quote(str(request.get("nonce") or ""))
+    if op == "scrub":
+        gpus = request.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, int) for g in gpus):
+            raise ValueError("scrub: gpus must be a list of GPU indices")
+        return attestor.scrub(gpus)
+    if op == "handover":
+        job_id = request.get("job_id")
+        return attestor.handover(str(job_id) if job_id is not None else None)
+    if op == "pubkey":
+        return {"line": node_keys.export_public(attestor.state_dir, attestor.agent.node)}
+    raise ValueError(f"unknown attest op {op!r}")
+
+
+def http_quote(attestor: Attestor, query: str) -> tuple[int, dict[str, Any]]:
+    """``GET /v1/attest/quote?nonce=HEX`` on the exporter (controller pull): (status, JSON doc).
+
+    Unauthenticated on purpose: the answer is a signed statement bound to the caller's nonce and reveals
+    only digests/versions already visible to anyone who can scrape /metrics; verification happens at the
+    controller. Rate-limit at the network if quotes become a DoS concern (~10-60 ms of CPU each).
+    """
+    from urllib.parse import parse_qs
+
+    nonce = (parse_qs(query).get("nonce") or [""])[0]
+    try:
+        return 200, attestor.quote(nonce)
+    except ValueError as exc:
+        return 400, {"error": str(exc)}
+    except Exception as exc:  # a measurement/TPM failure: say so, never crash the exporter thread
+        return 500, {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def implant_module(state_dir: Path, name: str) -> Path:
+    """Fake backend demo fault: add ``name`` to ``STATE_DIR/fake-modules`` (read by the next measurement)."""
+    path = Path(state_dir) / FAKE_MODULES_FILE
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(name.strip() + "\n")
+    return path
+
+
+class HandoverLoop:
+    """Re-attest at agent start and every ``interval_s`` (keeps an idle node's verdict from going stale).
+
+    Failures are logged and retried at the next interval; the Epilog's hand-over stays the one that
+    matters between tenants. ``stop()`` joins the thread.
+    """
+
+    def __init__(self, attestor: Attestor, secret: bytes, interval_s: float = 900.0) -> None:
+        self.attestor = attestor
+        self.secret = secret
+        self.interval_s = interval_s
+        self.last: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> None:
+        import logging
+
+        try:
+            self.last = self.attestor.handover(None, self.secret)
+        except (AttestError, OSError, ValueError) as exc:
+            self.last = {"status": "error", "error": str(exc)}
+            logging.getLogger(__name__).warning("attestation hand-over failed: %s", exc)
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.run_once()
+                self._stop.wait(self.interval_s)
+
+        self._thread = threading.Thread(target=loop, name="fleetyield-attest", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)

@@ -1,0 +1,143 @@
+"""Attestation state in SQLite: enrolments (explicit admin step), nonces (single use), latest verdicts.
+
+Input: a database path (created on first use, mode 0600). Output: ``Enrolment`` rows by node; nonces that
+are issued for one node with an expiry and consumed at most once (``consume`` raises ``NonceError`` naming
+why: unknown, expired, already used, other node); the latest verdict per node (what the gate API serves).
+Every write is one transaction; ``BEGIN IMMEDIATE`` makes nonce consumption atomic across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DB = "/var/lib/fleetyield/attest.db"
+NONCE_TTL_S = 60.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS enrolment (
+    node TEXT PRIMARY KEY, pubkey TEXT NOT NULL, key_id TEXT NOT NULL, node_class TEXT NOT NULL,
+    ak_pem TEXT, enrolled_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS nonce (
+    nonce TEXT PRIMARY KEY, node TEXT NOT NULL, issued_at REAL NOT NULL, expires_at REAL NOT NULL,
+    used_at REAL);
+CREATE INDEX IF NOT EXISTS nonce_expiry ON nonce(expires_at);
+CREATE TABLE IF NOT EXISTS verdict (node TEXT PRIMARY KEY, time REAL NOT NULL, status TEXT NOT NULL,
+    doc TEXT NOT NULL);
+"""
+
+
+class NonceError(ValueError):
+    """A quote's nonce is not acceptable; ``code`` is unknown | expired | replayed | wrong_node."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    node: str
+    pubkey: str  # base64 of the raw 32-byte Ed25519 key
+    key_id: str
+    node_class: str
+    ak_pem: str | None
+    enrolled_at: float
+
+
+class AttestStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ enrolment
+    def enroll(
+        self, node: str, pubkey_b64: str, key_id: str, node_class: str, ak_pem: str | None, now: float
+    ) -> Enrolment:
+        self.db.execute(
+            "INSERT INTO enrolment VALUES (?,?,?,?,?,?) ON CONFLICT(node) DO UPDATE SET"
+            " pubkey=excluded.pubkey, key_id=excluded.key_id, node_class=excluded.node_class,"
+            " ak_pem=excluded.ak_pem, enrolled_at=excluded.enrolled_at",
+            (node, pubkey_b64, key_id, node_class, ak_pem, now),
+        )
+        return Enrolment(node, pubkey_b64, key_id, node_class, ak_pem, now)
+
+    def revoke(self, node: str) -> bool:
+        return self.db.execute("DELETE FROM enrolment WHERE node=?", (node,)).rowcount > 0
+
+    def enrolment(self, node: str) -> Enrolment | None:
+        row = self.db.execute("SELECT * FROM enrolment WHERE node=?", (node,)).fetchone()
+        return Enrolment(*row) if row else None
+
+    def enrolments(self) -> list[Enrolment]:
+        return [Enrolment(*r) for r in self.db.execute("SELECT * FROM enrolment ORDER BY node")]
+
+    # ------------------------------------------------------------------ nonces
+    def issue_nonce(self, node: str, now: float, ttl_s: float = NONCE_TTL_S) -> tuple[str, float]:
+        nonce = secrets.token_hex(32)
+        expires = now + ttl_s
+        with self._tx():
+            self.db.execute("DELETE FROM nonce WHERE expires_at < ?", (now - 3600,))  # bounded table
+            self.db.execute("INSERT INTO nonce VALUES (?,?,?,?,NULL)", (nonce, node, now, expires))
+        return nonce, expires
+
+    def consume_nonce(self, node: str, nonce: str, now: float) -> None:
+        with self._tx():
+            row = self.db.execute(
+                "SELECT node, expires_at, used_at FROM nonce WHERE nonce=?", (nonce,)
+            ).fetchone()
+            if row is None:
+                raise NonceError("unknown", "nonce unknown: not issued by this controller (or long expired)")
+            owner, expires, used = row
+            if used is not None:
+                raise NonceError("replayed", f"nonce already used at {used:.3f}: a replayed quote")
+            if owner != node:
+                raise NonceError("wrong_node", f"nonce was issued to {owner!r}, not {node!r}")
+            # Burn it even when expired: a nonce never gets a second chance.
+            self.db.execute("UPDATE nonce SET used_at=? WHERE nonce=?", (now, nonce))
+            if now > expires:
+                raise NonceError("expired", f"nonce expired {now - expires:.1f}s ago")
+
+    # ------------------------------------------------------------------ verdicts
+    def save_verdict(self, doc: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO verdict VALUES (?,?,?,?) ON CONFLICT(node) DO UPDATE SET time=excluded.time,"
+            " status=excluded.status, doc=excluded.doc",
+            (doc["node"], doc["time"], doc["status"], json.dumps(doc, sort_keys=True)),
+        )
+
+    def latest_verdict(self, node: str) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT doc FROM verdict WHERE node=?", (node,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def latest_verdicts(self) -> list[dict[str, Any]]:
+        return [json.loads(r[0]) for r in self.db.execute("SELECT doc FROM verdict ORDER BY node")]
+
+    def _tx(self) -> Any:
+        db = self.db
+
+        class _Tx:
+            def __enter__(self) -> None:
+                db.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, exc_type: Any, *_: Any) -> None:
+                # A NonceError still commits: the nonce is burnt either way.
+                if exc_type is None or issubclass(exc_type, NonceError):
+                    db.execute("COMMIT")
+                else:
+                    db.execute("ROLLBACK")
+
+        return _Tx()
