@@ -52,7 +52,24 @@ class Agent:
         self.seed = seed
         self.lock = threading.RLock()
         self.runner: ScenarioRunner | None = None
+        self.attest_factory: Callable[[Agent], Any] | None = None  # set by the server (exporter.py)
+        self._attestor: Any = None
         backend.set_event_callback(self.handle_events)
+
+    @property
+    def attestor(self) -> Any:
+        """The node's ``node_agent.attest.service.Attestor``, built on first use: the attest package pulls
+        in ``cryptography`` (a few MB of RSS) that an agent nobody asks to attest should not pay for.
+        Without an ``attest_factory`` (offline CLI): default settings, no controller."""
+        with self.lock:
+            if self._attestor is None:
+                if self.attest_factory is not None:
+                    self._attestor = self.attest_factory(self)
+                else:
+                    from node_agent.attest.service import Attestor
+
+                    self._attestor = Attestor(self)
+            return self._attestor
 
     # ------------------------------------------------------------ lifecycle
     def start_scenario(self, now: float) -> None:

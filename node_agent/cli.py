@@ -1,4 +1,4 @@
-"""``fleetyield-agent`` command line (click): serve, metrics, fault, check, reset.
+"""``fleetyield-agent`` command line (click): serve, metrics, fault, check, reset, attest, quote.
 
 Input: flags (and an optional TOML ``--config`` for ``serve``/``metrics``). Output: a running
 exporter, or one action against the running server through the unix socket in the state
@@ -92,7 +92,23 @@ def _config(config_file: Path | None, flags: dict[str, Any]) -> Any:
         _fail(str(exc))
 
 
-@click.group()
+class _AgentGroup(click.Group):
+    """Mounts ``attest`` and ``quote`` (node_agent/attest/cli.py) lazily: ``serve`` never imports them."""
+
+    LAZY = ("attest", "quote")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            from node_agent.attest import cli as attest_cli
+
+            return getattr(attest_cli, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_AgentGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """FleetYield node agent: dcgm-exporter-compatible GPU metrics, fault injection, checks."""
@@ -106,13 +122,14 @@ def main(verbose: bool) -> None:
 @_serve_options
 def serve(config_file: Path | None, **flags: Any) -> None:
     """Serve /metrics (default :9400) until SIGTERM."""
+    from node_agent.attest.config import load_attest_config
     from node_agent.backends.base import BackendError
     from node_agent.exporter import Server
     from node_agent.faults import FaultSpecError
 
     cfg = _config(config_file, flags)
     try:
-        Server(cfg).run_forever()
+        Server(cfg, attest=load_attest_config(config_file)).run_forever()
     except (BackendError, FaultSpecError, ValueError, OSError) as exc:
         _fail(str(exc))
 

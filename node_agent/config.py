@@ -81,7 +81,9 @@ def build_config(config_file: Path | None, flags: dict[str, Any]) -> AgentConfig
             data = tomllib.loads(config_file.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"cannot load --config {config_file}: {exc}") from None
-        data = {k.replace("-", "_"): v for k, v in data.get("agent", data).items()}
+        # settings: the [agent] table, else the top level ([attest] is node_agent/attest/config.py's)
+        table = data.get("agent", {k: v for k, v in data.items() if k != "attest"})
+        data = {k.replace("-", "_"): v for k, v in table.items()}
     data.update({k: v for k, v in flags.items() if v is not None})
     try:
         return AgentConfig.model_validate(data)

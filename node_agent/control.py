@@ -1,9 +1,11 @@
 """Local control channel: a unix socket in the state dir (mode 0600, same-uid or root peers only).
 
 Input: one JSON request line per connection (``ControlRequest``: op inject | clear | list |
-reset | check, with spec / gpu / fault_id). Output: one JSON response line
-``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``. Never bound to a
-network address: fault injection is reachable only by local users who can open the socket.
+reset | check | ping, with spec / gpu / fault_id; the attestation ops quote (nonce) | scrub
+(gpus) | handover (job_id) | pubkey, answered by ``node_agent.attest.service.control_op``).
+Output: one JSON response line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
+"..."}``. Never bound to a network address: fault injection is reachable only by local users
+who can open the socket.
 """
 
 from __future__ import annotations
@@ -34,13 +36,23 @@ class ControlError(RuntimeError):
 class ControlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    op: Literal["inject", "clear", "list", "reset", "check", "ping"]
+    op: Literal["inject", "clear", "list", "reset", "check", "ping", "quote", "scrub", "handover", "pubkey"]
     spec: dict[str, Any] | None = None
     gpu: int | None = None
     fault_id: str | None = None
+    nonce: str | None = None  # quote: the controller's nonce
+    gpus: list[int] | None = None  # scrub: GPU indices (empty or unset: every GPU)
+    job_id: str | None = None  # handover: the job that just ended (logged by the controller)
+
+
+ATTEST_OPS = frozenset({"quote", "scrub", "handover", "pubkey"})
 
 
 def dispatch(agent: Agent, req: ControlRequest) -> Any:
+    if req.op in ATTEST_OPS:
+        from node_agent.attest.service import control_op
+
+        return control_op(agent.attestor, req.op, req.model_dump())
     if req.op == "ping":
         return {"node": agent.node, "backend": agent.backend.name}
     if req.op == "inject":

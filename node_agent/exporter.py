@@ -1,9 +1,11 @@
 """HTTP exporter and the ``serve`` process: /metrics, control socket, scenario ticks, push, SIGTERM.
 
-Input: an ``AgentConfig``, a clock. Output: a running server (``Server.start()`` /
-``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from a non-global
-``CollectorRegistry`` and ``GET /healthz``. ``run_forever`` installs SIGTERM/SIGINT
-handlers that stop everything cleanly (sockets closed, locks released).
+Input: an ``AgentConfig``, a clock, the ``[attest]`` settings (``node_agent.attest.config``). Output: a
+running server (``Server.start()`` / ``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from
+a non-global ``CollectorRegistry``, ``GET /healthz`` and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
+for a controller that pulls; ``node_agent.attest.service.http_quote``). With ``attest.controller_url`` and
+a push secret, a ``HandoverLoop`` re-attests at start and every 15 minutes. ``run_forever`` installs
+SIGTERM/SIGINT handlers that stop everything cleanly (sockets closed, locks released).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
 from node_agent.agent import Agent
+from node_agent.attest.config import AttestConfig
 from node_agent.backends.base import Backend, BackendError, load_backend_class
 from node_agent.collector import GpuCollector
 from node_agent.config import AgentConfig
@@ -32,6 +36,7 @@ from node_agent.scenario import load_scenario
 from node_agent.state import ServeLock
 
 log = logging.getLogger(__name__)
+AGENT_QUOTE_PATH = "/v1/attest/quote"  # = attest.quote.AGENT_QUOTE_PATH (that module loads cryptography)
 
 
 def make_backend(cfg: AgentConfig, clock: Callable[[], float]) -> Backend:
@@ -46,6 +51,15 @@ def make_backend(cfg: AgentConfig, clock: Callable[[], float]) -> Backend:
             clock=clock,
         )
     return cls(cfg.node_name())  # type: ignore[call-arg]
+
+
+def _attestor_factory(cfg: AttestConfig, secret: bytes | None) -> Callable[[Agent], Any]:
+    def make(agent: Agent) -> Any:
+        from node_agent.attest.service import Attestor
+
+        return Attestor(agent, cfg, secret)
+
+    return make
 
 
 def make_registry(agent: Agent, cfg: AgentConfig, host_metrics: bool = True) -> CollectorRegistry:
@@ -77,6 +91,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body, CONTENT_TYPE)
         elif path in ("/", "/healthz"):
             self._send(200, b"ok\n", "text/plain")
+        elif path == AGENT_QUOTE_PATH:
+            from node_agent.attest.service import http_quote  # cryptography: only when a quote is asked
+
+            status, doc = http_quote(self.server.agent.attestor, self.path.partition("?")[2])
+            self._send(status, json.dumps(doc).encode() + b"\n", "application/json")
         else:
             self._send(404, b"not found\n", "text/plain")
 
@@ -121,8 +140,16 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class Server:
-    def __init__(self, cfg: AgentConfig, clock: Callable[[], float] = time.time, tick_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        clock: Callable[[], float] = time.time,
+        tick_s: float = 0.1,
+        attest: AttestConfig | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.attest_cfg = attest or AttestConfig()
+        self.handover: Any = None  # node_agent.attest.service.HandoverLoop when a controller is set
         self.clock = clock
         self.tick_s = tick_s
         self._stop = threading.Event()
@@ -156,6 +183,11 @@ class Server:
                 backend, cfg.state_dir, cfg.node_name(), self.clock, self.pusher, scenario, cfg.seed
             )
             self.agent.start_scenario(self.clock())
+            self.agent.attest_factory = _attestor_factory(self.attest_cfg, secret)
+            if self.attest_cfg.controller_url and secret:  # a bad [attest] table fails the start here
+                from node_agent.attest.service import HandoverLoop
+
+                self.handover = HandoverLoop(self.agent.attestor, secret)
             from node_agent.control import ControlServer
 
             self.control = ControlServer(cfg.state_dir, self.agent)
@@ -181,6 +213,8 @@ class Server:
         if self.forwarder is not None:
             self.forwarder.start()
         self.control.start()
+        if self.handover is not None:
+            self.handover.start()
         t = threading.Thread(
             target=self.http.serve_forever, args=(0.05,), name="fleetyield-http", daemon=True
         )
@@ -203,6 +237,8 @@ class Server:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.handover is not None:
+            self.handover.stop()
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()

@@ -23,6 +23,14 @@ Keys (defaults)::
     log_file        = /var/log/fleetyield/hooks.log  # empty: stderr only
     node_name       =                              # empty: $SLURMD_NODENAME, else short hostname
     hpc_job_mapping = true                         # write/remove the dcgm-exporter mapping
+    attest          = false                        # tenant-isolation attestation (attest_gate.py)
+    attest_areas    = /tmp/fy-job-{job_id}         # per-job areas the Epilog wipes, comma-separated
+    attest_max_age_s = 3600                        # the Prolog denies on an older verdict
+    attest_controller_pubkey =                     # controller's key line; empty: the agent checked it
+
+With ``attest`` on, the Epilog invalidates the node's verdict (``<agent_state_dir>/attest-verdict.json``),
+wipes the job's areas, asks the agent to scrub its GPUs and then for a fresh hand-over; the Prolog
+denies (fail-closed, unlike the controller gate) unless that verdict is a fresh, signed pass.
 
 Why a bad config never blocks jobs: a non-zero Prolog makes Slurm drain the node and
 requeue the job. A typo pushed fleet-wide by config management would otherwise drain
@@ -46,6 +54,7 @@ DEFAULT_CONF_PATH = "/etc/fleetyield/hooks.conf"
 CONF_ENV = "FLEETYIELD_HOOKS_CONF"
 ENV_PREFIX = "FLEETYIELD_"
 DEFAULT_HARD_TIMEOUT_MS = 2000
+VERDICT_FILE = "attest-verdict.json"
 
 # Declared workload classes (keep in sync with job_submit.lua).
 CLASSES = ("decode", "pretrain", "finetune", "batch", "canary")
@@ -68,6 +77,10 @@ class HookConfig:
         "log_file": "/var/log/fleetyield/hooks.log",
         "node_name": "",
         "hpc_job_mapping": True,
+        "attest": False,
+        "attest_areas": "/tmp/fy-job-{job_id}",
+        "attest_max_age_s": 3600,
+        "attest_controller_pubkey": "",
     }
 
     agent_state_dir: str
@@ -79,12 +92,21 @@ class HookConfig:
     log_file: str
     node_name: str
     hpc_job_mapping: bool
+    attest: bool
+    attest_areas: str
+    attest_max_age_s: int
+    attest_controller_pubkey: str
 
     def __init__(self, **values: str | int | bool) -> None:
         for key, default in self.DEFAULTS.items():
             setattr(self, key, values.pop(key, default))
         if values:
             raise TypeError(f"unknown config keys: {sorted(values)}")
+
+    @property
+    def verdict_file(self) -> str:
+        """Where the agent writes the node's attestation verdict (node_agent.attest.config.VERDICT_FILE)."""
+        return os.path.join(self.agent_state_dir, VERDICT_FILE)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.DEFAULTS)

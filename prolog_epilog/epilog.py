@@ -45,6 +45,11 @@ removes it. A job may instead put ``ckpt=<unix>`` in its comment (``scontrol upd
 Comment="fy:<class> ckpt=<unix>"``): read when slurmd passes the current comment to the Epilog (Slurm 22.05
 passes none; the Prolog's copy is then from job start). The file wins when both exist.
 
+Attestation (``attest = true`` in the hook config; ``attest_gate.py``): first the node's verdict file is
+invalidated, then the job's areas (``attest_areas``) are wiped and the agent scrubs the job's GPUs (all
+stopping ``WIPE_MARGIN_S`` before the deadline), and after the outcome record the agent is asked for a
+fresh hand-over, bounded by what is left of the deadline. None of it changes the exit status.
+
 Exit status: always 0. A failing Epilog sets the node DOWN, which is harsher than the
 prolog's drain and also hits every other job still running on a shared node; nothing
 the epilog does (or fails to do) is node-fatal: GPU faults are caught by the agent, the
@@ -201,13 +206,18 @@ def run(env: Mapping[str, str], log: lib.Logger) -> None:
     config = lib.load_config(env, log)
     log.set_log_file(config.log_file)
     left = config.hard_timeout_ms / 1000.0 - (time.monotonic() - started)
-    lib.arm_deadline(max(left, 0.001), lambda: _hard_exit(log))
+    deadline = lib.arm_deadline(max(left, 0.001), lambda: _hard_exit(log))
     node = lib.node_name(config, env)
     log.node = node
     job_id = env.get("SLURM_JOB_ID", "")
     if not lib.valid_job_id(job_id):
         log("ERROR", f"SLURM_JOB_ID {job_id!r} missing or invalid (not run by slurmd?); nothing to do")
         return
+    if config.attest:  # first: the verdict stops counting the moment the job ends
+        from prolog_epilog import attest_gate
+
+        if attest_gate.invalidate_verdict(config.verdict_file):
+            log("INFO", f"attestation verdict {config.verdict_file} invalidated")
 
     removed: list[int] = []
     if config.hpc_job_mapping:
@@ -228,10 +238,14 @@ def run(env: Mapping[str, str], log: lib.Logger) -> None:
         ckpt = _ckpt_from_comment(record.get("comment"))
         source = "comment" if ckpt is not None else None
     record["last_checkpoint"], record["last_checkpoint_source"] = ckpt, source
+    if config.attest:
+        _attest_wipe(config, job_id, record, deadline, log)
     try:
         path = write_outcome(config.spool_dir, record)
     except OSError as exc:
         log("ERROR", f"cannot spool the outcome record in {config.spool_dir}: {exc}")
+        if config.attest:
+            _attest_handover(config, job_id, deadline, log)
         return
     try:
         os.unlink(state_path)
@@ -239,8 +253,52 @@ def run(env: Mapping[str, str], log: lib.Logger) -> None:
         pass
     except OSError as exc:
         log("WARNING", f"cannot remove job state {state_path}: {exc}")
+    if config.attest:
+        _attest_handover(config, job_id, deadline, log)
     elapsed_ms = (time.monotonic() - started) * 1000
     log("INFO", f"done: mapping removed for gpus {removed}, outcome {path} in {elapsed_ms:.0f} ms")
+
+
+WIPE_MARGIN_S = 0.3
+"""The wipe stops this long before the hard deadline: the outcome record and the hand-over still fit."""
+
+
+def _attest_wipe(config: lib.HookConfig, job_id: str, record: dict, deadline: float, log: lib.Logger) -> None:
+    """Wipe the job's areas and ask the agent to scrub its GPUs (attest_gate.wipe never raises)."""
+    from prolog_epilog import attest_gate
+
+    areas = [a.strip() for a in config.attest_areas.split(",") if a.strip()]
+    user = record.get("user")
+    report = attest_gate.wipe(
+        job_id,
+        areas,
+        deadline - WIPE_MARGIN_S,
+        user=user if isinstance(user, str) else None,
+        gpus=[g for g in record.get("gpus") or [] if isinstance(g, int)],
+        agent_state_dir=config.agent_state_dir,
+    )
+    summary = ", ".join(f"{a.get('path', a['template'])}: {a['status']}" for a in report["areas"]) or "none"
+    level = "INFO" if report["ok"] else "WARNING"
+    log(level, f"wipe {'ok' if report['ok'] else 'INCOMPLETE'}: areas {summary}; scrub {report['scrub']}")
+
+
+def _attest_handover(config: lib.HookConfig, job_id: str, deadline: float, log: lib.Logger) -> None:
+    """Ask the agent for a fresh verdict (nonce -> quote -> verdict file) within what is left of the
+    deadline. A failure is logged: the next Prolog then denies on the missing verdict (fail-closed)."""
+    from prolog_epilog import attest_gate
+
+    left = deadline - time.monotonic() - 0.05
+    if left <= 0:
+        log("WARNING", "no time left for the attestation hand-over; the next Prolog will deny")
+        return
+    try:
+        summary = attest_gate.request_handover(config.agent_state_dir, job_id, left)
+        status = summary.get("status") if isinstance(summary, dict) else summary
+        log("INFO" if status == "pass" else "ERROR", f"attestation hand-over: {summary}")
+    except lib.HookTimeout:
+        raise
+    except Exception as exc:  # agent down, controller down, timeout: logged, never fails the job
+        log("WARNING", f"attestation hand-over failed ({type(exc).__name__}: {exc})")
 
 
 def _hard_exit(log: lib.Logger) -> None:

@@ -16,6 +16,9 @@ Output: the exit status. Non-zero (Slurm then drains the node and requeues the j
 ONLY when
 
 * the node agent has a pending fatal event (``<agent_state_dir>/fatal.json``), or
+* ``attest`` is on and the node's attestation verdict (``<agent_state_dir>/attest-verdict.json``) is
+  missing, unreadable, stale (``attest_max_age_s``), badly signed or a fail (``attest_gate.check_verdict``:
+  fail-closed on purpose, the one exception to fail-open below), or
 * the controller answers ``GET {controller_url}/v1/nodes/{node}/gate`` with HTTP 200
   and ``{"allow": false, ...}`` within ``timeout_ms``.
 
@@ -239,7 +242,23 @@ def run(env: Mapping[str, str], log: lib.Logger) -> int:
         log("ERROR", f"DENY: {len(fatal)} pending fatal GPU event(s) on {node}: {detail}")
         return EXIT_DENY
 
-    # (b) the controller's quarantine verdict, fail-open.
+    # (b) the node's attestation verdict (when attest is on), fail-closed: a tenant must never start on a
+    # node that was not shown clean after the previous job.
+    if config.attest:
+        from prolog_epilog import attest_gate
+
+        allow, reason = attest_gate.check_verdict(
+            config.verdict_file,
+            node,
+            time.time(),
+            config.attest_max_age_s,
+            config.attest_controller_pubkey or None,
+        )
+        if not allow:
+            log("ERROR", f"DENY: {reason}")
+            return EXIT_DENY
+
+    # (c) the controller's quarantine verdict, fail-open.
     if config.controller_url:
         budget = min(config.timeout_ms / 1000.0, deadline - time.monotonic() - 0.05)
         if budget > 0:

@@ -160,16 +160,25 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 
 
 class _FleetYieldGroup(click.Group):
-    """Mounts ``fleetyield simulate`` lazily: the simulator's imports (~70 ms) must not slow every command."""
+    """Mounts ``fleetyield simulate``, ``doctor`` and ``attest`` lazily: their imports must not slow every
+    command."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), "simulate"])
+        return sorted([*super().list_commands(ctx), "simulate", "doctor", "attest"])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "simulate":
             from slurm_fleetyield.sim.cli import simulate
 
             return simulate
+        if cmd_name == "doctor":
+            from slurm_fleetyield.doctor import doctor_command
+
+            return doctor_command()
+        if cmd_name == "attest":  # cryptography and sqlite are imported only by this command
+            from slurm_fleetyield.attest.cli import attest
+
+            return attest
         return super().get_command(ctx, cmd_name)
 
 

@@ -15,13 +15,17 @@ Input: a ``ReadModel`` (the last rendered tick result and the event log, normall
     GET /v1/proposals/{id}         one proposal (what ``fleetyield approve`` signs)
     GET /v1/ledger?by=&since=      goodput ledger aggregated by class|node|tier|day|cause|all (GPU-hours)
     GET /v1/calibration            reliability bins, Brier score, learned multipliers of the last tick
+    GET /v1/fleet                  the floor: every node with its GPUs, compact (what the page polls)
+    GET /v1/openapi.json           the OpenAPI 3.0 document of these routes (slurm_fleetyield/openapi.py)
     GET /metrics                   fleetyield_* metrics (text exposition)
+    GET /, /static/{name}          the mission-control page (slurm_fleetyield/web), read-only
 
 Any other method is 405: nothing here changes anything.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import threading
@@ -37,9 +41,13 @@ from prometheus_client.registry import CollectorRegistry
 from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.adapters.views import aggregate_ledger, gate, node_rows
+from slurm_fleetyield.openapi import document as openapi_document
+from slurm_fleetyield.web import CONTENT_SECURITY_POLICY, asset, fleet_floor
 
 log = logging.getLogger(__name__)
 MAX_EVENTS = 10_000
+GZIP_MIN_BYTES = 64 << 10
+"""Larger answers are gzipped for clients that accept it (the 1,000-node floor: ~600 KiB -> ~60 KiB)."""
 
 
 class ReadModel(Protocol):
@@ -159,6 +167,10 @@ class ApiServer:
             return 200, self.model.status()
         if parts == ["nodes"]:
             return 200, node_rows(self.model.result())
+        if parts == ["fleet"]:
+            return 200, fleet_floor(self.model.result())
+        if parts == ["openapi.json"]:
+            return 200, openapi_document()
         if parts == ["calibration"]:
             view = self.model.result() or {}
             return 200, {"tick": view.get("tick"), **(view.get("calibration") or {})}
@@ -224,8 +236,18 @@ def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
         server_version = "fleetyield-api"
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
+            gzipped = len(body) > GZIP_MIN_BYTES and "gzip" in self.headers.get("Accept-Encoding", "")
+            if gzipped:
+                body = gzip.compress(body, compresslevel=5)
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            if gzipped:
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Vary", "Accept-Encoding")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            if content_type.startswith("text/html"):
+                self.send_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+                self.send_header("Referrer-Policy", "no-referrer")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -238,12 +260,23 @@ def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 return
+            if url.path == "/" or url.path.startswith("/static/"):
+                found = asset(url.path)
+                if found is None:
+                    self._send(404, b"no such file\n", "text/plain; charset=utf-8")
+                else:
+                    self._send(200, *found)
+                return
             try:
-                status, doc = server.route(url.path, urllib.parse.parse_qs(url.query))
+                # blank values are kept: `?since=` is a 400 (not a number), not silently no filter
+                status, doc = server.route(url.path, urllib.parse.parse_qs(url.query, keep_blank_values=True))
             except Exception as exc:  # e.g. the store is locked or gone: report, do not kill the thread
                 log.exception("api error on %s", self.path)
                 status, doc = 500, {"error": str(exc)}
-            self._send(status, json.dumps(doc, indent=1).encode() + b"\n", "application/json")
+            # the floor is polled and large at fleet scale: compact; everything else is indented for people
+            compact = url.path.rstrip("/") == "/v1/fleet"
+            body = json.dumps(doc, indent=None if compact else 1, separators=(",", ":") if compact else None)
+            self._send(status, body.encode() + b"\n", "application/json")
 
         def _not_allowed(self) -> None:
             self.send_response(405)
@@ -254,6 +287,12 @@ def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
 
         do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+        def __getattr__(self, name: str) -> Any:
+            """Every other method (HEAD, OPTIONS, TRACE, QUERY, ...) is 405 too, not the stdlib's 501."""
+            if name.startswith("do_"):
+                return self._not_allowed
+            raise AttributeError(name)
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("api: " + format, *args)
