@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from slurm_fleetyield.adapters.redfish import RedfishConfig
 from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.redfish_config import RedfishConfig
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -341,6 +341,53 @@ class OutcomesConfig(BaseModel):
     )
 
 
+class AttestConfig(BaseModel):
+    """Tenant-isolation attestation: verify the agents' hand-overs, gate the Prolog, drain failed nodes.
+
+    Enrolment and policy are admin steps (``fleetyield attest keygen / enroll / baseline``); see
+    slurm_fleetyield/attest/__init__.py."""
+
+    model_config = _STRICT
+
+    enabled: bool = Field(
+        False,
+        description="Serve POST /v1/attest/nonce and /v1/attest/quote on the push listener (needs "
+        "push.secret_file: nonce requests are signed with it), deny the API's Prolog gate to nodes without a "
+        "fresh passing verdict, and drain nodes whose latest verdict failed.",
+    )
+    db: str = Field(
+        "/var/lib/fleetyield/attest.db",
+        description="SQLite database of enrolled node keys, issued nonces and the latest verdict per node "
+        "(the same file `fleetyield attest --db` edits).",
+    )
+    policy: str | None = Field(
+        None,
+        description="Policy file (JSON or TOML): allowed record digests per node class "
+        "(`fleetyield attest baseline`). Required when enabled; read at start-up.",
+    )
+    key: str | None = Field(
+        None,
+        description="The controller's verdict-signing private key (`fleetyield attest keygen`; mode 0600). "
+        "Its .pub line goes to every node (agent [attest] controller_pubkey). Required when enabled.",
+    )
+    nonce_ttl_s: float = Field(
+        60.0, gt=0, le=3600, description="A nonce must come back in a quote within this many seconds."
+    )
+    max_age_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The API gate denies a node whose latest verdict is older (keep it >= the hooks' "
+        "attest_max_age_s and above the agents' 900 s re-attestation interval).",
+    )
+
+    @model_validator(mode="after")
+    def _needs(self) -> AttestConfig:
+        if self.enabled and not (self.policy and self.key):
+            missing = [name for name in ("policy", "key") if not getattr(self, name)]
+            raise ValueError(f"enabled=true needs {' and '.join(missing)}")
+        return self
+
+
 class Config(BaseModel):
     """Everything the controller reads at start-up."""
 
@@ -366,6 +413,7 @@ class Config(BaseModel):
     redfish: RedfishConfig = Field(
         default_factory=RedfishConfig, description="BMC power actions over Redfish (power cycle rung)."
     )
+    attest: AttestConfig = Field(default_factory=AttestConfig, description="Tenant-isolation attestation.")
 
     @property
     def gate_dir(self) -> str:
@@ -381,6 +429,15 @@ class Config(BaseModel):
             raise ValueError(
                 "core.lifecycle.power_cycle_enabled is true but redfish.enabled is false: "
                 "enable [redfish] (BMC map and credentials) or turn power cycling off"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _attest_needs_push(self) -> Config:
+        if self.attest.enabled and not self.push.active:
+            raise ValueError(
+                "attest.enabled is true but the push listener is off: set push.secret_file (agents sign "
+                "their nonce requests with it and post their quotes to that listener)"
             )
         return self
 

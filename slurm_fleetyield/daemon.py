@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -41,13 +42,15 @@ from slurm_fleetyield.adapters.store import LogRow, Store, TickMarks
 from slurm_fleetyield.adapters.views import ledger_row, render_result
 from slurm_fleetyield.config import Config, read_secret
 from slurm_fleetyield.core.loop import TickResult, tick
-from slurm_fleetyield.core.model import FailedAction, NodeSample, Observations, SlurmNode
+from slurm_fleetyield.core.model import FailedAction, FatalEvent, NodeSample, Observations, SlurmNode
+from slurm_fleetyield.core.quarantine import ATTESTATION_FAILED
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.executor import Executor, GateAccess
 from slurm_fleetyield.ports import ApplyReport, SensePort, SlurmPort
 
-if TYPE_CHECKING:  # sushy is imported only when [redfish] is enabled
+if TYPE_CHECKING:  # sushy is imported only when [redfish] is enabled, cryptography when [attest] is
     from slurm_fleetyield.adapters.redfish import RedfishExecutor
+    from slurm_fleetyield.attest.verify import AttestService
 
 log = logging.getLogger("fleetyield.daemon")
 PENDING_LOG_INTERVAL_S = 600.0
@@ -142,10 +145,12 @@ class Daemon:
         control: AgentControl | None = None,
         gate: GateAccess | None = None,
         redfish: RedfishExecutor | None = None,
+        attest: AttestService | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
         self.gate = gate
+        self.attest = attest
         self.executor = Executor(
             slurm,
             store,
@@ -209,6 +214,8 @@ class Daemon:
             else:
                 samples = self.sense.sample(targets, now)
                 self._last_samples, self._last_sample_time = samples, now
+        if self.attest is not None:
+            self._attest_intake(now)
         pending = tuple(self.store.pending())
         extra = self._intake(nodes, now) if slurm_ok else intake_mod.Intake()
         obs = Observations(
@@ -335,6 +342,20 @@ class Daemon:
                 out.rows.append(LogRow(now, "intake_failed", "", f"{name}: {exc!r}"))
         return out
 
+    def _attest_intake(self, now: float) -> None:
+        """Failed attestation verdicts into the inbox as ``attestation_failed`` FatalEvents, one per verdict
+        (its id names the verdict, so a later tick re-offering it is a duplicate): the core quarantines the
+        node through the same path as a fatal XID. A failure is logged; the tick goes on without them."""
+        assert self.attest is not None
+        try:
+            events = [attestation_event(n, why, doc) for n, why, doc in self.attest.quarantine_candidates()]
+            new, _dup = self.store.put_events(events, received_at=now) if events else (0, 0)
+        except Exception:
+            log.exception("attestation verdicts unreadable; none taken this tick")
+            return
+        if new:
+            log.warning("attestation failures queued", extra={"fy": {"new": new, "nodes": len(events)}})
+
     def _publish_gate(self, now: float) -> None:
         """Count open proposals for the metrics; log them every PENDING_LOG_INTERVAL_S."""
         if self.gate is None:
@@ -402,6 +423,21 @@ class Daemon:
             if not push:
                 next_due = self.monotonic() + loop.interval_s
         log.info("stopped", extra={"fy": {"tick": self.tick_no}})
+
+
+def attestation_event(node: str, reason: str, verdict: Mapping[str, Any]) -> FatalEvent:
+    """The FatalEvent of one failed verdict. ``reason`` is ``AttestService.quarantine_candidates``'
+    ``fleetyield: attestation failed (<records>)``; the event's message is the part in parentheses (the
+    core puts it back the same way: one drain reason whichever path reports the failure)."""
+    detail = reason.removeprefix("fleetyield: attestation failed (").removesuffix(")")
+    return FatalEvent(
+        event_id=f"attest:{node}:{verdict.get('time')!r}:{str(verdict.get('nonce', ''))[:16]}",
+        node=node,
+        time=float(verdict.get("time") or 0.0),
+        kind=ATTESTATION_FAILED,
+        message=detail,
+        source="attest",
+    )
 
 
 def _action_node(action: Any) -> str:
@@ -475,8 +511,20 @@ def build(
     closers.append(gate.close)
     holder: list[Daemon] = []
     redfish = build_redfish(config, slurm, gate, lambda: holder[0], dry_run=dry)
+    attest = build_attest(config)
+    if attest is not None:
+        closers.append(attest.store.close)
     daemon = Daemon(
-        config, slurm, sense, store, stats=stats, dry_run=dry, control=control, gate=gate, redfish=redfish
+        config,
+        slurm,
+        sense,
+        store,
+        stats=stats,
+        dry_run=dry,
+        control=control,
+        gate=gate,
+        redfish=redfish,
+        attest=attest,
     )
     holder.append(daemon)
     servers: list[Any] = []
@@ -493,6 +541,7 @@ def build(
             gate_dir=config.gate_dir,
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),
+            attest=attest,
         )
         servers.append(ingest)
     if config.api.enabled:
@@ -502,9 +551,43 @@ def build(
             StoreReadModel(store, daemon.live, gate_dir=config.gate_dir),
             make_registry(stats),
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
+            attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,
         )
         servers.append(api)
     return Runtime(daemon, store, servers, closers)
+
+
+def build_attest(config: Config) -> AttestService | None:
+    """The attestation service (enrolments, nonces, verdicts) when ``[attest]`` is enabled; a policy or key
+    that cannot be used is a ``ConfigError`` naming the file."""
+    at = config.attest
+    if not at.enabled:
+        return None
+    from slurm_fleetyield.attest.policy import PolicyError, load_policy
+    from slurm_fleetyield.attest.store import AttestStore
+    from slurm_fleetyield.attest.verify import AttestService
+    from slurm_fleetyield.config import ConfigError
+    from slurm_fleetyield.gate.errors import GateError
+    from slurm_fleetyield.gate.keys import load_private_key
+
+    assert at.policy is not None and at.key is not None  # AttestConfig's validator
+    try:
+        policy = load_policy(at.policy)
+    except PolicyError as exc:
+        raise ConfigError(at.policy, [f"attest.policy: {exc}"]) from None
+    try:
+        key = load_private_key(at.key)
+    except (GateError, OSError, ValueError) as exc:
+        raise ConfigError(at.key, [f"attest.key: {exc}"]) from None
+    try:
+        store = AttestStore(at.db)
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigError(at.db, [f"attest.db: {exc}"]) from None
+    return AttestService(store, policy, key, nonce_ttl_s=at.nonce_ttl_s)
+
+
+def _attest_gate(attest: AttestService, max_age_s: float) -> Callable[[str, float], tuple[bool, str]]:
+    return lambda node, now: attest.gate(node, now, max_age_s)
 
 
 def build_redfish(

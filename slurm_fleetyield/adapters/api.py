@@ -8,7 +8,8 @@ Input: a ``ReadModel`` (the last rendered tick result and the event log, normall
     GET /v1/nodes                  one row per node (node, tier, health, risk, features, weight, state, ...)
     GET /v1/nodes/{node}           that node's full rendered decision
     GET /v1/nodes/{node}/explain   {"node", "text", "explain"}
-    GET /v1/nodes/{node}/gate      {"allow": bool, "reason": str}: deny only quarantined/retired-by-us
+    GET /v1/nodes/{node}/gate      {"allow": bool, "reason": str}: deny only quarantined/retired-by-us,
+                                   and with [attest] on a node without a fresh passing verdict
     GET /v1/events?limit=&node=    the event log, newest first
     GET /v1/proposals?recent_s=    drain proposals: pending ones and those settled in the last recent_s
                                    (default a day), each with evidence, affected jobs, expiry, status
@@ -130,8 +131,10 @@ class ApiServer:
         *,
         stale_after_s: float = 300.0,
         clock: Callable[[], float] = time.time,
+        attest_gate: Callable[[str, float], tuple[bool, str]] | None = None,
     ) -> None:
         self.model = model
+        self.attest_gate = attest_gate  # AttestService.gate with [attest] max_age_s, when attest is on
         self.registry = registry
         self.stale_after_s = stale_after_s
         self.clock = clock
@@ -211,7 +214,12 @@ class ApiServer:
             view = self.model.result()
             node = parts[1]
             if len(parts) == 3 and parts[2] == "gate":
-                return 200, gate(view, node)
+                doc = gate(view, node)
+                if doc["allow"] and self.attest_gate is not None:
+                    attested, reason = self.attest_gate(node, self.clock())
+                    if not attested:  # missing, stale or failed verdict
+                        doc = {"allow": False, "reason": reason}
+                return 200, doc
             entry = (view or {}).get("nodes", {}).get(node)
             if entry is None:
                 return 404, {"error": f"node {node!r} is not in the last tick's result"}

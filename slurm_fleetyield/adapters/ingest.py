@@ -16,6 +16,11 @@ request changes nothing. Non-fatal events are acknowledged and logged, not queue
 Outcomes: 202 only once every record is durable in the store (idempotent per record: a resent file is a
 duplicate), so the agent deletes its spool file only when nothing can be lost.
 
+Attestation (when the daemon built an ``AttestService``, ``[attest] enabled``): ``POST /v1/attest/nonce``
+(HMAC-signed by the agent like its pushes) -> a single-use nonce, and ``POST /v1/attest/quote`` (the quote,
+self-authenticating with the node's enrolled key) -> the controller-signed verdict. The bodies are the
+service's (``slurm_fleetyield/attest/verify.py``: ``AttestService.route``); this listener only frames them.
+
 Approvals: 200 ``{"proposal_id", "status", "admin", "audit_seq"}`` when the decision took effect; otherwise
 the gate's rejection code in ``{"error": <code>, "message": ...}`` with 400 (malformed, bad_lifetime), 403
 (unknown_key, bad_signature), 404 (unknown_proposal), 409 (wrong_proposal, wrong_node, replayed,
@@ -30,8 +35,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
 
 from node_agent.protocol import (
     EVENTS_PATH,
@@ -51,6 +57,20 @@ from slurm_fleetyield.core.model import FatalEvent
 
 log = logging.getLogger(__name__)
 APPROVALS_PATH = "/v1/approvals"
+ATTEST_PREFIX = "/v1/attest/"
+ATTEST_MAX_BODY_BYTES = 4 << 20
+"""A quote carries every record's value (persistence manifests); = attest.verify.MAX_QUOTE_BYTES."""
+
+
+class AttestRoute(Protocol):
+    """``slurm_fleetyield.attest.verify.AttestService`` as the listener sees it (injected by the daemon, so
+    this module imports neither the attestation code nor cryptography)."""
+
+    def route(
+        self, path: str, headers: Mapping[str, str], body: bytes, now: float, secret: bytes
+    ) -> tuple[int, dict[str, Any]] | None: ...
+
+
 _REJECT_STATUS = {
     "malformed": 400,
     "bad_lifetime": 400,
@@ -92,7 +112,9 @@ class IngestServer:
         gate_dir: str | None = None,
         authorized_keys: str | None = None,
         alertmanager: AlertmanagerWebhook | None = None,
+        attest: AttestRoute | None = None,
     ) -> None:
+        self.attest = attest
         self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
         self.alertmanager = alertmanager
         self.gate_dir = gate_dir
@@ -215,6 +237,19 @@ class IngestServer:
             "audit_seq": applied.audit_seq,
         }
 
+    def handle_attest(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
+        """The attestation exchange: the service answers, or 404 for a path it does not know."""
+        if self.attest is None or self.secret is None:
+            return 404, {"error": "attestation is not enabled here ([attest] enabled, push.secret_file)"}
+        answer = self.attest.route(path, headers, body, self.clock(), self.secret)
+        if answer is None:
+            return 404, {"error": f"no such path {path!r}"}
+        status, doc = answer
+        if status == 200 and "status" in doc:
+            fields = {"node": doc.get("node"), "status": doc["status"], "reasons": doc.get("reasons")}
+            log.info("attestation verdict", extra={"fy": fields})
+        return status, doc
+
     def handle_alertmanager(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
         """Alertmanager's webhook (adapters/alertmanager.py decides): store the events, then wake."""
         assert self.alertmanager is not None
@@ -271,6 +306,9 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             if path == WEBHOOK_PATH and server.alertmanager is not None:
                 self._alertmanager(server.alertmanager)
                 return
+            if path.startswith(ATTEST_PREFIX):
+                self._attest(path)
+                return
             if path in (EVENTS_PATH, OUTCOMES_PATH) and server.secret is None:
                 self._reply(404, {"error": "agent push is not enabled here (no push.secret_file)"})
                 return
@@ -304,6 +342,30 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
                 server.accepted += doc["accepted"]
             self._reply(status, doc)
 
+        def _attest(self, path: str) -> None:
+            if server.attest is None or server.secret is None:
+                self._reply(404, {"error": "attestation is not enabled here ([attest] enabled)"})
+                return
+            length_header = self.headers.get("Content-Length")
+            if length_header is None:
+                self._reply(411, {"error": "Content-Length required"})
+                return
+            try:
+                length = int(length_header)
+            except ValueError:
+                self._reply(400, {"error": f"bad Content-Length {length_header!r}"})
+                return
+            if length < 0 or length > ATTEST_MAX_BODY_BYTES:
+                self._reply(413, {"error": f"body of {length} bytes exceeds {ATTEST_MAX_BODY_BYTES}"})
+                return
+            body = self.rfile.read(length)
+            try:
+                status, doc = server.handle_attest(path, dict(self.headers.items()), body)
+            except Exception as exc:  # the attestation store failed: the agent retries, so no 2xx
+                log.exception("attestation request failed")
+                status, doc = 503, {"error": f"attestation unavailable: {exc}"}
+            self._reply(status, doc)
+
         def _alertmanager(self, receiver: AlertmanagerWebhook) -> None:
             # The token first: an unauthenticated sender learns nothing else (not even the size limit).
             if not receiver.authorized(dict(self.headers.items())):
@@ -332,7 +394,9 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             self._reply(status, doc)
 
         def _not_allowed(self) -> None:
-            self._reply(405, {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals"})
+            self._reply(
+                405, {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals, /v1/attest/*"}
+            )
 
         do_GET = do_PUT = do_DELETE = do_PATCH = _not_allowed
 

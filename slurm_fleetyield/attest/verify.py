@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -136,7 +137,11 @@ def attest_node(
 
 
 class AttestService:
-    """Nonce issuance, quote verification and the gate answer over one store, policy and key."""
+    """Nonce issuance, quote verification and the gate answer over one store, policy and key.
+
+    Thread-safe: the listener's request threads, the API's and the daemon's tick share one instance (and
+    its one SQLite connection), so every public call holds one lock.
+    """
 
     def __init__(
         self,
@@ -151,15 +156,18 @@ class AttestService:
         self.key = key
         self.nonce_ttl_s = nonce_ttl_s
         self.tpm_check = tpm_check
+        self.lock = threading.RLock()
 
     def issue_nonce(self, node: str, now: float) -> dict[str, Any]:
-        nonce, expires = self.store.issue_nonce(node, now, self.nonce_ttl_s)
+        with self.lock:
+            nonce, expires = self.store.issue_nonce(node, now, self.nonce_ttl_s)
         return {"node": node, "nonce": nonce, "expires_at": expires}
 
     def attest(self, node: str, quote: Mapping[str, Any], now: float) -> dict[str, Any]:
-        return attest_node(
-            node, quote, now, store=self.store, policy=self.policy, key=self.key, tpm_check=self.tpm_check
-        )
+        with self.lock:
+            return attest_node(
+                node, quote, now, store=self.store, policy=self.policy, key=self.key, tpm_check=self.tpm_check
+            )
 
     # ------------------------------------------------------------------ listener bodies
     def handle_nonce(
@@ -177,7 +185,9 @@ class AttestService:
             return 400, {"error": "body is not JSON"}
         if not isinstance(doc, dict) or doc.get("node") != node:
             return 400, {"error": 'body must be {"node": <the signing node>}'}
-        if self.store.enrolment(node) is None:
+        with self.lock:
+            enrolled = self.store.enrolment(node) is not None
+        if not enrolled:
             return 403, {"error": f"node {node!r} is not enrolled"}
         return 200, self.issue_nonce(node, now)
 
@@ -209,15 +219,14 @@ class AttestService:
         The daemon turns each into a quarantine finding (reason e.g. ``fleetyield: attestation failed
         (/etc/ld.so.preload, kernel/modules)``); a later passing verdict drops the node from this list.
         """
-        return [
-            (doc["node"], vd.drain_reason(doc), doc)
-            for doc in self.store.latest_verdicts()
-            if doc.get("status") != "pass"
-        ]
+        with self.lock:
+            latest = self.store.latest_verdicts()
+        return [(doc["node"], vd.drain_reason(doc), doc) for doc in latest if doc.get("status") != "pass"]
 
     def gate(self, node: str, now: float, max_age_s: float) -> tuple[bool, str]:
         """The controller-side gate on the latest authenticated verdict (for ``/v1/nodes/{node}/gate``)."""
-        doc = self.store.latest_verdict(node)
+        with self.lock:
+            doc = self.store.latest_verdict(node)
         if doc is None:
             return False, "fleetyield: no attestation verdict"
         if now - float(doc["time"]) > max_age_s:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from slurm_fleetyield.core.model import NodeDecision, Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced
-from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal
+from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker
 from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState, NodeMemory
@@ -90,6 +90,7 @@ def remember(
         )
     ]
     processed.extend(f.key for f in drains.processed)
+    processed.extend(m for f in drains.processed if (m := pushed_marker(f)) is not None)
     drain_times = tuple(t for t in state.drain_times if t > now - qp.window_s) + tuple(
         now for _ in range(len(drains.drains) + new_drains)
     )

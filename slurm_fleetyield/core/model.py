@@ -173,7 +173,7 @@ class FatalEvent:
     event_id: str
     node: str
     time: float
-    kind: str  # xid | gpu_missing | alert | check_failed
+    kind: str  # xid | gpu_missing | alert | check_failed | attestation_failed (message: the records)
     gpu: int | None = None
     uuid: str | None = None
     xid: int | None = None

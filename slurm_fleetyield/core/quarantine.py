@@ -41,8 +41,14 @@ XID_TEXT: Mapping[int, str] = {
 }
 """Human text of the drain reason per XID (NVIDIA Xid catalog mnemonics, shortened for Slurm's Reason)."""
 
-PUSHED_FATAL_KINDS = frozenset({"alert", "check_failed"})  # fatal by definition when pushed
+PUSHED_FATAL_KINDS = frozenset({"alert", "check_failed", "attestation_failed"})  # fatal by definition
+ATTESTATION_FAILED = "attestation_failed"
+"""Kind of the events the daemon makes from failed attestation verdicts; ``message`` names the records."""
 MISSING_KEY_PREFIX = "missing:"
+PUSHED_XID_PREFIX = "pushed:"
+"""Processed-evidence marker of a pushed XID, ``pushed:<node>:<gpu>:<xid>:<time>``: the same XID growing in
+a later scrape is that event seen again, not new evidence (else a node resumed right after the drain is
+drained a second time for the fault already acted on)."""
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
 MAX_REASON_LEN = 120
 
@@ -53,7 +59,7 @@ class Fatal:
 
     node: str
     time: float
-    kind: str  # xid | gpu_missing | alert | check_failed
+    kind: str  # xid | gpu_missing | alert | check_failed | attestation_failed
     key: str
     source: str  # push | scrape
     gpu: int | None = None
@@ -68,6 +74,8 @@ class Fatal:
             text = f"{OUR_REASON_PREFIX} XID {self.xid}{gpu} {XID_TEXT.get(self.xid, 'fatal XID')}"
         elif self.kind == "gpu_missing":
             text = f"{OUR_REASON_PREFIX} GPU missing ({self.message})"
+        elif self.kind == ATTESTATION_FAILED:
+            text = f"{OUR_REASON_PREFIX} attestation failed ({self.message or 'no reason given'})"
         else:
             text = f"{OUR_REASON_PREFIX} {self.kind} {self.message}".rstrip()
         return text[:MAX_REASON_LEN]
@@ -106,6 +114,7 @@ def find_fatal(
 ) -> tuple[Fatal, ...]:
     done = set(state.processed_events)
     qxids = frozenset(qp.quarantine_xids)
+    pushed = _pushed_xids(done)
     out: list[Fatal] = []
     for ev in obs.fatal_events:
         if ev.event_id in done:
@@ -127,7 +136,11 @@ def find_fatal(
                 if xid in qxids:
                     r = g.reading
                     key = f"scrape:{name}:{r.uuid}:xid{xid}:{node.sample_time!r}"
-                    if key not in done:
+                    t_push = pushed.get((name, r.index, xid))
+                    seen_pushed = (
+                        t_push is not None and 0.0 <= (node.sample_time or 0.0) - t_push <= qp.window_s
+                    )
+                    if key not in done and not seen_pushed:
                         msg = f"{count:g} new in scrape"
                         out.append(
                             Fatal(
@@ -141,6 +154,36 @@ def find_fatal(
                 msg = f"{seen} of {expected} visible"
                 out.append(Fatal(name, node.sample_time or 0.0, "gpu_missing", key, "scrape", message=msg))
     return tuple(sorted(out, key=lambda f: (f.time, f.node, f.key)))
+
+
+def pushed_marker(f: Fatal) -> str | None:
+    """The marker remembered with a processed pushed XID (see ``PUSHED_XID_PREFIX``)."""
+    if f.source != "push" or f.kind != "xid" or f.xid is None or f.gpu is None:
+        return None
+    return f"{PUSHED_XID_PREFIX}{f.node}:{f.gpu}:{f.xid}:{f.time!r}"
+
+
+def _pushed_xids(done: set[str]) -> dict[tuple[str, int, int], float]:
+    out: dict[tuple[str, int, int], float] = {}
+    for k in done:
+        if k.startswith(PUSHED_XID_PREFIX):
+            node, gpu, xid, t = k[len(PUSHED_XID_PREFIX) :].rsplit(":", 3)
+            key = (node, int(gpu), int(xid))
+            out[key] = max(out.get(key, float("-inf")), float(t))
+    return out
+
+
+def _most_specific(findings: list[Fatal]) -> Fatal:
+    """The finding whose text becomes the drain reason: a named XID over an alert or a failed check over a
+    bare 'GPU missing' (an XID 79 push and the GPU vanishing arrive together; the XID says why), then the
+    oldest."""
+
+    def rank(f: Fatal) -> int:
+        if f.kind == "xid" and f.xid is not None:
+            return 0
+        return 2 if f.kind == "gpu_missing" else 1
+
+    return min(findings, key=lambda f: (rank(f), f.time, f.key))
 
 
 def decide(
@@ -167,7 +210,7 @@ def decide(
     processed: list[Fatal] = []
     events: list[LogEvent] = []
     for name, findings in by_node.items():  # already in (time, node) order: oldest evidence first
-        first = findings[0]
+        first = _most_specific(findings)
         slurm = obs.slurm.get(name)
         data = {"keys": [f.key for f in findings], "reason": first.reason}
         if slurm is None:

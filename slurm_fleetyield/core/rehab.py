@@ -17,8 +17,9 @@ Events are derived per node and folded in order, each derived from the memory th
    ADMIN_RESUMED (only on the edge: Slurm showed it drained by us last tick, not drained now, in a stage that
    should be drained: our own ResumeNode always leaves such a stage first);
 3. TICK (timeouts, probation end).
-A node in a drained stage that Slurm does not show drained (and was not on the last tick) gets its drain
-re-asserted (idempotent): a drain that failed to apply is repaired. Cost: O(lifecycle nodes + events).
+A node in a drained stage whose drain failed to apply (a ``FailedAction`` of the last plan), or that a reboot
+cleared while REMEDIATING, gets its drain re-asserted (idempotent). A drain that applied and is gone from
+Slurm was lifted by someone: ADMIN_RESUMED, never a second drain. Cost: O(lifecycle nodes + events).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def rehabilitate(
         if f.node not in fatal and slurm is not None and (f.node in drains.draining or slurm.drained_by_us):
             fatal[f.node] = f
     failed: dict[str, list[str]] = {}
+    failed_drains = {fa.node for fa in obs.failed_actions if fa.kind == "drain"}
     for fa in obs.failed_actions:
         if fa.kind in REMEDIATION_KINDS:
             failed.setdefault(fa.node, []).append(f"{fa.kind}: {fa.detail}".rstrip(": "))
@@ -195,11 +197,14 @@ def rehabilitate(
             own = m.stage is Stage.REMEDIATING and slurm.reason.startswith(SLURM_OWN_REASONS)
             if not own:
                 fold(Event(EventKind.ADMIN_DRAINED, detail=slurm.reason))
+        # Our drain took effect (Slurm showed it last tick, or it was applied on an earlier tick without a
+        # failure) and the node is not drained now: someone resumed it. The admin's decision stands.
         if (
             was_drained_stage
             and m.stage in DRAINED_STAGES
-            and name in state.lifecycle_drained
             and not slurm.drained
+            and name not in drains.draining
+            and (name in state.lifecycle_drained or (name not in failed_drains and m.since < now))
         ):
             fold(Event(EventKind.ADMIN_RESUMED))
         # 3. time passes
@@ -212,7 +217,7 @@ def rehabilitate(
             and not slurm.drained
             and not emitted_drain
             and name not in drains.draining
-            and (name not in state.lifecycle_drained or m.stage is Stage.REMEDIATING)
+            and (name in failed_drains or m.stage is Stage.REMEDIATING)
         ):
             drain_actions.append(DrainNode(name, m.reason, _requeue(running), cause="rehab"))
         if m.stage in DRAINED_STAGES and slurm.drained_by_us:

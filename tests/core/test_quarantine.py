@@ -74,13 +74,34 @@ def test_idempotent_once_per_node():
     assert all(d.cause == "rehab" for d in r.tick().plan.of_kind("drain"))
 
 
-def test_idempotent_even_when_slurm_lags():
+def test_idempotent_when_slurm_does_not_show_the_drain():
     f = Fleet(20)
     f.push("gpu003", 79, 3, 1_000_000.0)
     r = Runner(f, apply=False)
     assert r.tick().plan.of_kind("drain")
-    # event id remembered: no second fatal drain (the lifecycle re-asserts a drain Slurm does not show yet)
-    assert [d.cause for d in r.tick().plan.of_kind("drain")] == ["rehab"]
+    # The event id is remembered: no second fatal drain. The drain applied without a failure and Slurm does
+    # not show it: someone lifted it (scontrol update is synchronous), so the admin's decision stands.
+    second = r.tick()
+    assert second.plan.of_kind("drain") == ()
+    assert any(e.kind == "lifecycle" and e.message.startswith("admin_resumed") for e in second.events)
+    assert second.nodes["gpu003"].tier is not Tier.QUARANTINED
+
+
+def test_a_drain_that_failed_to_apply_is_reasserted():
+    from dataclasses import replace
+
+    from slurm_fleetyield.core.loop import tick
+    from slurm_fleetyield.core.model import FailedAction
+
+    f = Fleet(20)
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    r = Runner(f, apply=False)
+    (first,) = r.tick().plan.of_kind("drain")
+    assert first.cause == "fatal"
+    now = r.now + r.step
+    obs = replace(f.observe(now), failed_actions=(FailedAction("drain", "gpu003", "slurm_load_node error"),))
+    again = tick(r.state, obs, r.params, now, r.rng)
+    assert [(d.node, d.cause) for d in again.plan.of_kind("drain")] == [("gpu003", "rehab")]
 
 
 def test_storm_is_capped_with_holds():
@@ -127,3 +148,17 @@ def test_slurm_unreadable_gives_empty_plan():
     f.slurm_ok = False
     res = Runner(f).tick()
     assert res.plan.empty and res.plan.holds == ()
+
+
+def test_attestation_failure_drains_through_the_fatal_path_naming_the_records():
+    f = Fleet(20)
+    f.run_job(21, ("gpu004",), requeue=True)
+    f.push("gpu004", None, None, 1_000_000.0, kind="attestation_failed", eid="attest:gpu004:1",
+           message="/etc/ld.so.preload, kernel/modules")  # fmt: skip
+    r = Runner(f)
+    res = r.tick()
+    (d,) = res.plan.of_kind("drain")
+    assert d.node == "gpu004" and d.requeue_jobs == (21,)
+    assert d.reason == "fleetyield: attestation failed (/etc/ld.so.preload, kernel/modules)"
+    assert res.nodes["gpu004"].tier is Tier.QUARANTINED
+    assert r.tick().plan.of_kind("drain") == ()  # the same verdict (event id) is never acted on twice

@@ -1,14 +1,13 @@
 """Core behaviours the docker closed-loop tests ran into, pinned down without the cluster.
 
-Both are marked ``xfail(strict=True)``: they document a decision-core bug (``slurm_fleetyield/core`` is not
-this suite's to change) and turn into a failure (XPASS) the day the core is fixed, so the marker gets removed.
+Both were decision-core bugs found by the docker closed-loop tests (drain reason taken from whichever of two
+simultaneous findings sorted first; a pushed XID seen again in the next scrape drained a resumed node a second
+time); these regression tests pin the fixes without the cluster.
 """
 
 from __future__ import annotations
 
 import random
-
-import pytest
 
 from slurm_fleetyield.core.loop import tick
 from slurm_fleetyield.core.model import FatalEvent, GpuReading, NodeSample, Observations, SlurmNode
@@ -43,12 +42,6 @@ def drains(result: object) -> list[DrainNode]:
     return [a for a in result.plan.actions if isinstance(a, DrainNode)]  # type: ignore[attr-defined]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: quarantine.decide takes the drain reason from the first finding in (time, node, "
-    "event_id) order; the agent pushes XID 79 and its gpu_missing with the same time and random uuid4 ids, "
-    "so half the drains read 'fleetyield: GPU missing (...)' instead of 'fleetyield: XID 79 gpu 3 ...'",
-)
 def test_xid_reason_wins_over_gpu_missing_pushed_at_the_same_time() -> None:
     params, rng, t = Params(), random.Random(0), 1000.0
     state = tick(ControllerState.empty(), Observations(t, slurm(), sample(t)), params, t, rng).state
@@ -62,12 +55,6 @@ def test_xid_reason_wins_over_gpu_missing_pushed_at_the_same_time() -> None:
     assert drain.reason.startswith("fleetyield: XID 79"), drain.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: a pushed XID and the same XID seen growing in the next scrape are two findings with "
-    "different keys; when an admin resumes the node before that scrape (fault cleared), the scrape "
-    "finding drains it a second time for the fault already acted on",
-)
 def test_scraped_xid_already_pushed_does_not_drain_again_after_resume() -> None:
     params, rng, t = Params(), random.Random(0), 1000.0
     state = tick(ControllerState.empty(), Observations(t, slurm(), sample(t)), params, t, rng).state

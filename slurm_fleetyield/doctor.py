@@ -1,0 +1,628 @@
+"""``fleetyield doctor``: check a real installation and say what to fix.
+
+Input: the controller's config file and the world it points at: Slurm (through the same command seam as the
+Slurm adapter), the agents (HTTP), the key files, the store, the clock. Output: an ordered list of
+``Finding`` (check, OK/WARN/FAIL, detail, fix), printed as a checklist or JSON; the command exits 1 when any
+finding is FAIL.
+
+Checks are named units in one ordered tuple (``CHECKS``); each gets a ``Context`` (config + injected seams:
+the Slurm runner, an HTTP getter, the clock, ``which``) and returns findings. One check raising is reported as
+a FAIL of that check and the others still run. A check that cannot run because an earlier one failed (no
+config, Slurm unreachable) says so as a WARN instead of guessing.
+
+FAIL means FleetYield will not work as configured (bad config, Slurm unreachable, a hook not installed or not
+executable, a secret readable by others, the store not writable, clocks beyond the push listener's skew).
+WARN means it works but something is off (some agents unreachable, clock skew above ``clock_warn_s``, the
+job_submit plugin not enabled yet, no admin keys configured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from slurm_fleetyield import config as config_mod
+from slurm_fleetyield.adapters.slurm import CommandResult, Runner, SlurmCli, SlurmCommandError, run_command
+
+Status = Literal["OK", "WARN", "FAIL"]
+
+SNIPPET = {
+    "Prolog": "/opt/fleetyield/bin/fleetyield-prolog",
+    "Epilog": "/opt/fleetyield/bin/fleetyield-epilog",
+    "PrologFlags": "Alloc,DeferBatch",
+    "JobSubmitPlugins": "lua",
+}
+"""What ``contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf`` sets (a test keeps the two equal)."""
+
+CLOCK_WARN_S = 2.0
+"""Skew above this between the controller and an agent is a WARN. HTTP ``Date`` has one-second resolution, so
+a smaller threshold would flag healthy NTP-synced hosts; Slurm and munge themselves want clocks within a few
+seconds, and the push listener refuses signed events beyond ``push.max_skew_s`` (that is a FAIL)."""
+
+AGENTS_SHOWN = 10
+"""Unreachable agents listed by name before the rest are counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+HttpGet = Callable[[str, float], tuple[int, Mapping[str, str], bytes]]
+"""``get(url, timeout_s) -> (status, headers, body)``; raises OSError when nothing answers."""
+
+
+def http_get(url: str, timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, dict(resp.headers), resp.read(1 << 20)
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read(4096)
+
+
+@dataclass
+class Context:
+    """What the checks read, with every outside effect injectable."""
+
+    config_path: str
+    runner: Runner = run_command
+    get: HttpGet = http_get
+    clock: Callable[[], float] = time.time
+    which: Callable[[str], str | None] = shutil.which
+    key_dirs: Sequence[str] = ()
+    clock_warn_s: float = CLOCK_WARN_S
+    config: config_mod.Config | None = None
+    gpu_nodes: list[str] | None = None
+    agent_dates: dict[str, float] = field(default_factory=dict)
+    """node -> agent clock minus ours (s), from the Date header of the agent's answer (filled by agents)."""
+
+    def slurm(self) -> SlurmCli:
+        cfg = self.config
+        return SlurmCli(cfg.slurm.bin_dir if cfg else None, 10.0, runner=self.runner)
+
+    def run(self, *argv: str) -> CommandResult:
+        cfg = self.config
+        head = os.path.join(cfg.slurm.bin_dir, argv[0]) if cfg and cfg.slurm.bin_dir else argv[0]
+        try:
+            return self.runner((head, *argv[1:]), 10.0)
+        except SlurmCommandError as exc:
+            return CommandResult(127 if exc.returncode is None else exc.returncode, "", exc.stderr)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The checks
+# --------------------------------------------------------------------------------------------------------
+
+
+def check_config(ctx: Context) -> list[Finding]:
+    try:
+        ctx.config = config_mod.load(ctx.config_path)
+    except config_mod.ConfigError as exc:
+        return [
+            Finding(
+                "config",
+                "FAIL",
+                str(exc),
+                "fix the field named above; every option is documented in "
+                "contrib/fleetyield.example.toml (fleetyield example-config)",
+            )
+        ]
+    mode = "dry-run" if ctx.config.slurm.dry_run else "live"
+    return [
+        Finding("config", "OK", f"{ctx.config_path} is valid ({mode}, sense.mode={ctx.config.sense.mode})")
+    ]
+
+
+def check_slurm(ctx: Context) -> list[Finding]:
+    ping = ctx.run("scontrol", "ping")
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        text = (ping.stderr or ping.stdout).strip()[:300]
+        return [
+            Finding(
+                "slurm",
+                "FAIL",
+                f"scontrol ping: rc={ping.returncode}: {text}",
+                "run the controller where scontrol reaches slurmctld (slurm.conf, munge running, "
+                "slurm.bin_dir if scontrol is not on PATH)",
+            )
+        ]
+    version = ctx.run("scontrol", "--version")
+    out = [Finding("slurm", "OK", f"{ping.stdout.strip().splitlines()[0]}; {version.stdout.strip()}")]
+    try:
+        nodes = ctx.slurm().read_nodes()
+    except SlurmCommandError as exc:
+        out.append(Finding("slurm", "FAIL", f"cannot read nodes: {exc}", "check scontrol show node -o works"))
+        return out
+    ctx.gpu_nodes = sorted(n for n, v in nodes.items() if v.gpu_count > 0)
+    if not ctx.gpu_nodes:
+        out.append(
+            Finding(
+                "slurm",
+                "WARN",
+                f"{len(nodes)} nodes, none with gpu Gres",
+                "declare Gres=gpu:... on the GPU nodes, or set sense.gpu_nodes_only = false",
+            )
+        )
+    return out
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {key: value} ("Key = Value" lines; others ignored)."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _executable(path: str) -> Finding | None:
+    """None when ``path`` is an executable file; else the problem (missing: WARN, not executable: FAIL)."""
+    p = Path(path)
+    if not p.exists():
+        return Finding(
+            "hooks",
+            "WARN",
+            f"{path} does not exist on this host",
+            "the hooks run on the compute nodes: install FleetYield at /opt/fleetyield there "
+            "(and here, to let doctor check it)",
+        )
+    if not p.is_file() or not os.access(p, os.X_OK):
+        return Finding("hooks", "FAIL", f"{path} is not an executable file", f"chmod 755 {path}")
+    return None
+
+
+def check_hooks(ctx: Context) -> list[Finding]:
+    res = ctx.run("scontrol", "show", "config")
+    if res.returncode != 0:
+        return [Finding("hooks", "WARN", "skipped: scontrol show config failed", "fix the slurm check first")]
+    conf = parse_show_config(res.stdout)
+    out: list[Finding] = []
+    paste = (
+        "paste contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf into slurm.conf on every node, "
+        "then scontrol reconfigure"
+    )
+    for key in ("Prolog", "Epilog"):
+        configured = [p.strip() for p in conf.get(key, "").split(",") if p.strip() and p.strip() != "(null)"]
+        if SNIPPET[key] not in configured:
+            out.append(
+                Finding("hooks", "FAIL", f"{key} is {conf.get(key) or 'unset'}, not {SNIPPET[key]}", paste)
+            )
+            continue
+        problem = _executable(SNIPPET[key])
+        out.append(problem or Finding("hooks", "OK", f"{key}={SNIPPET[key]} (executable)"))
+    flags = {f.strip() for f in conf.get("PrologFlags", "").split(",")}
+    missing = [f for f in SNIPPET["PrologFlags"].split(",") if f not in flags]
+    if missing:
+        out.append(
+            Finding(
+                "hooks",
+                "FAIL",
+                f"PrologFlags={conf.get('PrologFlags') or 'unset'} lacks "
+                f"{','.join(missing)}: the Prolog would not run at allocation",
+                paste,
+            )
+        )
+    else:
+        out.append(Finding("hooks", "OK", f"PrologFlags={conf['PrologFlags']}"))
+    if "lua" not in {
+        p.strip().removeprefix("job_submit/") for p in conf.get("JobSubmitPlugins", "").split(",")
+    }:
+        out.append(
+            Finding(
+                "hooks",
+                "WARN",
+                "JobSubmitPlugins does not include lua: job classes are not routed",
+                "enable JobSubmitPlugins=lua once the controller has labelled the nodes",
+            )
+        )
+    else:
+        out.append(Finding("hooks", "OK", "JobSubmitPlugins includes lua"))
+    return out
+
+
+def _scrape(ctx: Context, node: str, url: str, timeout_s: float) -> tuple[str, str | None]:
+    """(node, problem or None); records the agent's clock offset from its Date header."""
+    try:
+        sent = ctx.clock()
+        status, headers, body = ctx.get(url, timeout_s)
+        got = ctx.clock()
+    except OSError as exc:
+        return node, f"{getattr(exc, 'reason', exc)}"
+    if status != 200:
+        return node, f"HTTP {status}"
+    date = {k.lower(): v for k, v in headers.items()}.get("date")
+    if date:
+        with contextlib.suppress(TypeError, ValueError):  # an unparsable Date: skew not measured
+            ctx.agent_dates[node] = email.utils.parsedate_to_datetime(date).timestamp() - (sent + got) / 2
+    if b"DCGM_FI_" not in body:
+        return node, "answers, but not with dcgm-exporter metrics"
+    return node, None
+
+
+def check_agents(ctx: Context) -> list[Finding]:
+    cfg = ctx.config
+    if cfg is None or ctx.gpu_nodes is None:
+        return [
+            Finding("agents", "WARN", "skipped: no config or no node list from Slurm", "fix the checks above")
+        ]
+    if cfg.sense.mode == "prometheus":
+        url = cfg.prometheus.url.rstrip("/") + "/-/ready"
+        try:
+            status, _, _ = ctx.get(url, cfg.prometheus.timeout_s)
+        except OSError as exc:
+            return [Finding("agents", "FAIL", f"Prometheus {url}: {exc}", "check prometheus.url")]
+        ok = status == 200
+        return [
+            Finding(
+                "agents",
+                "OK" if ok else "FAIL",
+                f"Prometheus {url}: HTTP {status}",
+                "" if ok else "check prometheus.url and that Prometheus is up",
+            )
+        ]
+    if not ctx.gpu_nodes:
+        return [Finding("agents", "WARN", "no GPU nodes to scrape", "")]
+    urls = {n: cfg.sense.url_template.replace("{node}", n) for n in ctx.gpu_nodes}
+    with ThreadPoolExecutor(max_workers=min(32, len(urls))) as pool:
+        results = list(pool.map(lambda n: _scrape(ctx, n, urls[n], cfg.sense.timeout_s), urls))
+    bad = [(n, why) for n, why in results if why]
+    total = len(results)
+    if not bad:
+        return [Finding("agents", "OK", f"{total}/{total} agents answer with dcgm-exporter metrics")]
+    shown = "; ".join(f"{n} ({urls[n]}): {why}" for n, why in bad[:AGENTS_SHOWN])
+    more = f" and {len(bad) - AGENTS_SHOWN} more" if len(bad) > AGENTS_SHOWN else ""
+    fix = (
+        "start fleetyield-agent on those nodes (systemctl status fleetyield-agent) and check "
+        "sense.url_template and the firewall (port 9400)"
+    )
+    status: Status = "FAIL" if len(bad) == total else "WARN"
+    return [Finding("agents", status, f"{len(bad)}/{total} agents unreachable: {shown}{more}", fix)]
+
+
+def check_clocks(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    if ctx.which("timedatectl"):
+        res = ctx.runner(("timedatectl", "show", "-p", "NTPSynchronized", "--value"), 10.0)
+        value = res.stdout.strip()
+        if res.returncode == 0 and value == "yes":
+            out.append(Finding("clocks", "OK", "this host's clock is NTP-synchronised (timedatectl)"))
+        elif res.returncode == 0 and value == "no":
+            out.append(
+                Finding(
+                    "clocks",
+                    "WARN",
+                    "this host's clock is not NTP-synchronised (timedatectl)",
+                    "enable time sync: systemctl enable --now systemd-timesyncd (or chrony)",
+                )
+            )
+    if not ctx.agent_dates:
+        out.append(Finding("clocks", "WARN", "no agent answered with a Date header: skew not measured", ""))
+        return out
+    max_skew = ctx.config.push.max_skew_s if ctx.config else 300.0
+    worst_node, worst = max(ctx.agent_dates.items(), key=lambda kv: abs(kv[1]))
+    # Date has 1 s resolution: allow one second for truncation on top of the threshold
+    if abs(worst) > max_skew:
+        out.append(
+            Finding(
+                "clocks",
+                "FAIL",
+                f"{worst_node} is {worst:+.1f} s off this host: beyond "
+                f"push.max_skew_s={max_skew:g}, its signed events are refused",
+                "synchronise clocks (chrony/systemd-timesyncd) on the controller and nodes",
+            )
+        )
+    elif abs(worst) > ctx.clock_warn_s + 1.0:
+        out.append(
+            Finding(
+                "clocks",
+                "WARN",
+                f"{worst_node} is {worst:+.1f} s off this host (threshold {ctx.clock_warn_s:g} s)",
+                "synchronise clocks (chrony/systemd-timesyncd)",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                "clocks",
+                "OK",
+                f"{len(ctx.agent_dates)} agents within {ctx.clock_warn_s:g} s "
+                f"(worst {worst_node} {worst:+.1f} s)",
+            )
+        )
+    return out
+
+
+def _secret_file(path: str | None, field_name: str, missing: Finding | None) -> list[Finding]:
+    if not path:
+        return [missing] if missing else []
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        return [
+            Finding("keys", "FAIL", f"{field_name}={path}: {exc.strerror}", f"create it (mode 0600): {path}")
+        ]
+    if st.st_mode & 0o077:
+        return [
+            Finding(
+                "keys",
+                "FAIL",
+                f"{field_name}={path} has mode {stat.S_IMODE(st.st_mode):o}: readable by others",
+                f"chmod 600 {path}",
+            )
+        ]
+    if not p.read_bytes().strip():
+        return [Finding("keys", "FAIL", f"{field_name}={path} is empty", "write the shared secret into it")]
+    return [Finding("keys", "OK", f"{field_name}={path} (mode {stat.S_IMODE(st.st_mode):o})")]
+
+
+def check_keys(ctx: Context) -> list[Finding]:
+    cfg = ctx.config
+    out: list[Finding] = []
+    if cfg is not None:
+        out += _secret_file(
+            cfg.push.secret_file,
+            "push.secret_file",
+            Finding(
+                "keys",
+                "WARN",
+                "push.secret_file is unset: agents cannot push fatal events",
+                "set push.secret_file (the agents' --push-secret-file, mode 0600)",
+            ),
+        )
+        out += _secret_file(cfg.control.secret_file, "control.secret_file", None)
+        out += _secret_file(cfg.alertmanager.token_file, "alertmanager.token_file", None)
+        ak = cfg.gate.authorized_keys
+        if not ak:
+            out.append(
+                Finding(
+                    "keys",
+                    "WARN",
+                    "gate.authorized_keys is unset: no approval can be accepted",
+                    "fleetyield keygen NAME on each admin's machine; append NAME.pub to a file "
+                    "and set gate.authorized_keys",
+                )
+            )
+        else:
+            out += _authorized_keys(Path(ak))
+        gate_dir = Path(cfg.gate_dir)
+        if gate_dir.exists() and stat.S_IMODE(gate_dir.stat().st_mode) & 0o077:
+            out.append(
+                Finding(
+                    "keys",
+                    "WARN",
+                    f"gate dir {gate_dir} has mode {stat.S_IMODE(gate_dir.stat().st_mode):o}",
+                    f"chmod 700 {gate_dir}",
+                )
+            )
+    for d in ctx.key_dirs:
+        for key in sorted(Path(os.path.expanduser(d)).glob("*.key")):
+            mode = stat.S_IMODE(key.stat().st_mode)
+            if mode & 0o077:
+                out.append(
+                    Finding(
+                        "keys",
+                        "FAIL",
+                        f"admin private key {key} has mode {mode:o}: readable by others",
+                        f"chmod 600 {key}",
+                    )
+                )
+            else:
+                out.append(Finding("keys", "OK", f"admin private key {key} (mode {mode:o})"))
+    return out
+
+
+def _authorized_keys(path: Path) -> list[Finding]:
+    try:
+        st = path.stat()
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    except OSError as exc:
+        return [
+            Finding(
+                "keys",
+                "FAIL",
+                f"gate.authorized_keys={path}: {exc.strerror}",
+                "create it with the admins' NAME.pub lines",
+            )
+        ]
+    for p in (path, path.parent):
+        mode = stat.S_IMODE(p.stat().st_mode)
+        if mode & 0o022 and not (p.is_dir() and p.stat().st_mode & stat.S_ISVTX):
+            return [
+                Finding(
+                    "keys", "FAIL", f"{p} has mode {mode:o}: others can add an admin key", f"chmod go-w {p}"
+                )
+            ]
+    if not lines:
+        return [Finding("keys", "WARN", f"gate.authorized_keys={path} holds no key", "append NAME.pub lines")]
+    return [
+        Finding(
+            "keys",
+            "OK",
+            f"gate.authorized_keys={path}: {len(lines)} admin key(s), mode {stat.S_IMODE(st.st_mode):o}",
+        )
+    ]
+
+
+def check_store(ctx: Context) -> list[Finding]:
+    if ctx.config is None:
+        return [Finding("store", "WARN", "skipped: no config", "fix the config check first")]
+    db = Path(ctx.config.store.path)
+    if not db.parent.is_dir():
+        return [
+            Finding(
+                "store",
+                "FAIL",
+                f"{db.parent} does not exist",
+                f"mkdir -p {db.parent} and chown it to the controller's user",
+            )
+        ]
+    if not os.access(db.parent, os.W_OK | os.X_OK) or (db.exists() and not os.access(db, os.R_OK | os.W_OK)):
+        return [
+            Finding(
+                "store",
+                "FAIL",
+                f"{db} is not writable by uid {os.getuid()}",
+                f"run doctor as the controller's user, or chown -R that user {db.parent}",
+            )
+        ]
+    if not db.exists():
+        return [Finding("store", "OK", f"{db.parent} is writable; {db.name} is created at first start")]
+    try:
+        conn = sqlite3.connect(db, timeout=2.0)
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            conn.execute("BEGIN IMMEDIATE")
+            conn.rollback()
+            integrity = conn.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return [
+            Finding(
+                "store",
+                "FAIL",
+                f"{db}: {exc}",
+                "stop the controller, back up the file, restore a good backup if it is corrupt",
+            )
+        ]
+    if integrity != "ok":
+        return [
+            Finding("store", "FAIL", f"{db}: quick_check says {integrity}", "restore the last good backup")
+        ]
+    return [Finding("store", "OK", f"{db} is writable (schema version {version}, quick_check ok)")]
+
+
+def check_controller(ctx: Context) -> list[Finding]:
+    cfg = ctx.config
+    if cfg is None or not cfg.api.enabled:
+        return []
+    host = cfg.api.host if cfg.api.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{host}:{cfg.api.port}/healthz"
+    try:
+        status, _, body = ctx.get(url, 5.0)
+    except OSError as exc:
+        return [
+            Finding(
+                "controller",
+                "WARN",
+                f"{url}: {getattr(exc, 'reason', exc)}",
+                "start it: systemctl start fleetyield-controller (journalctl -u fleetyield-controller)",
+            )
+        ]
+    if status == 200:
+        return [Finding("controller", "OK", f"{url}: {body.decode(errors='replace').strip()[:200]}")]
+    return [
+        Finding(
+            "controller",
+            "WARN",
+            f"{url}: HTTP {status}: {body.decode(errors='replace').strip()[:200]}",
+            "ticks are missing or stale: journalctl -u fleetyield-controller",
+        )
+    ]
+
+
+CHECKS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
+    ("config", check_config),
+    ("slurm", check_slurm),
+    ("hooks", check_hooks),
+    ("agents", check_agents),
+    ("clocks", check_clocks),
+    ("keys", check_keys),
+    ("store", check_store),
+    ("controller", check_controller),
+)
+"""The order matters: config feeds everything, slurm gives the node list, agents give the clock samples."""
+
+
+def run_checks(ctx: Context, names: Iterable[str] | None = None) -> list[Finding]:
+    wanted = set(names) if names is not None else None
+    out: list[Finding] = []
+    for name, check in CHECKS:
+        if wanted is not None and name not in wanted and name != "config":
+            continue
+        try:
+            out.extend(check(ctx))
+        except Exception as exc:  # one broken check must not hide the others
+            out.append(Finding(name, "FAIL", f"the check itself failed: {exc!r}", "report this as a bug"))
+    return out
+
+
+def render(findings: Sequence[Finding]) -> str:
+    lines = []
+    for f in findings:
+        lines.append(f"[{f.status:^4}] {f.check:<10} {f.detail}")
+        if f.fix and f.status != "OK":
+            lines.append(f"       {'':<10} fix: {f.fix}")
+    fails = sum(f.status == "FAIL" for f in findings)
+    warns = sum(f.status == "WARN" for f in findings)
+    lines.append(f"{len(findings)} checks: {fails} FAIL, {warns} WARN")
+    return "\n".join(lines)
+
+
+def to_json(findings: Sequence[Finding]) -> str:
+    return json.dumps(
+        {"ok": not any(f.status == "FAIL" for f in findings), "findings": [asdict(f) for f in findings]},
+        indent=2,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# The command (mounted lazily by cli.py)
+# --------------------------------------------------------------------------------------------------------
+
+
+def _command() -> Any:
+    import click
+
+    @click.command("doctor")
+    @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+    @click.option(
+        "--key-dir",
+        "key_dirs",
+        multiple=True,
+        default=(os.path.join("~", ".fleetyield"),),
+        show_default=True,
+        help="Where admin private keys (NAME.key) live; checked for safe permissions. Repeatable.",
+    )
+    @click.option(
+        "--only", multiple=True, type=click.Choice([n for n, _ in CHECKS]), help="Run these checks."
+    )
+    @click.option("--clock-warn-s", default=CLOCK_WARN_S, show_default=True, help="Agent clock skew WARN.")
+    def doctor(
+        config_path: str | None,
+        as_json: bool,
+        key_dirs: tuple[str, ...],
+        only: tuple[str, ...],
+        clock_warn_s: float,
+    ) -> None:
+        """Check this installation (Slurm, hooks, agents, clocks, keys, store); exit 1 on any FAIL."""
+        path = config_path or os.environ.get("FLEETYIELD_CONFIG", "/etc/fleetyield/fleetyield.toml")
+        ctx = Context(path, key_dirs=key_dirs, clock_warn_s=clock_warn_s)
+        findings = run_checks(ctx, only or None)
+        click.echo(to_json(findings) if as_json else render(findings))
+        if any(f.status == "FAIL" for f in findings):
+            raise SystemExit(1)
+
+    return doctor
+
+
+doctor_command = _command
