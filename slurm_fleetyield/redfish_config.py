@@ -15,9 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
-# --------------------------------------------------------------------------------------------------------
-
-
 class BmcNode(BaseModel):
     """One node's BMC. Unset fields come from the `[redfish]` defaults."""
 
