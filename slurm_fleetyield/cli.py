@@ -65,7 +65,13 @@ class StoreSource:
         entry = ((self.model.result() or {}).get("nodes") or {}).get(name)
         if entry is None:
             raise click.ClickException(f"node {name!r} is not in the last committed tick")
-        return {"node": name, "text": entry["explain_text"], "explain": entry["explain"]}
+        found = self.model.explanation(name)
+        if found is None:  # after a restart explanations are stored over a few ticks (views.py)
+            raise click.ClickException(
+                f"node {name!r}: no stored explanation yet (the daemon stores them over its first ticks); "
+                "ask the daemon with --api"
+            )
+        return {"node": name, "text": found[1], "explain": found[0]}
 
     def events(self, limit: int, node: str | None) -> list[dict[str, Any]]:
         return self.model.events(limit, node)
@@ -160,17 +166,21 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 
 
 class _FleetYieldGroup(click.Group):
-    """Mounts ``fleetyield simulate``, ``doctor`` and ``attest`` lazily: their imports must not slow every
-    command."""
+    """Mounts ``fleetyield simulate``, ``chaos``, ``doctor`` and ``attest`` lazily: their imports must not
+    slow every command."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), "simulate", "doctor", "attest"])
+        return sorted([*super().list_commands(ctx), "simulate", "doctor", "attest", "chaos"])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "simulate":
             from slurm_fleetyield.sim.cli import simulate
 
             return simulate
+        if cmd_name == "chaos":
+            from slurm_fleetyield.chaos.cli import chaos
+
+            return chaos
         if cmd_name == "doctor":
             from slurm_fleetyield.doctor import doctor_command
 

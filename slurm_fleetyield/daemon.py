@@ -39,8 +39,9 @@ from slurm_fleetyield.adapters.agent_control import AgentControl
 from slurm_fleetyield.adapters.metrics import ControllerStats, TickSnapshot, make_registry
 from slurm_fleetyield.adapters.slurm import CanarySpec, DryRunSlurm, SlurmCli, SlurmCommandError
 from slurm_fleetyield.adapters.store import LogRow, Store, TickMarks
-from slurm_fleetyield.adapters.views import ledger_row, render_result
+from slurm_fleetyield.adapters.views import ViewRenderer, ledger_row
 from slurm_fleetyield.config import Config, read_secret
+from slurm_fleetyield.core.explain import explain_dict, explain_text
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import FailedAction, FatalEvent, NodeSample, Observations, SlurmNode
 from slurm_fleetyield.core.quarantine import ATTESTATION_FAILED
@@ -179,6 +180,8 @@ class Daemon:
         self._last_sample_time = float("-inf")
         self._live: dict[str, Any] = {"slurm_ok": None, "consecutive_failures": 0, "last_error": None}
         self._live_lock = threading.Lock()
+        self.views = ViewRenderer()  # renders only the nodes that changed since the last committed tick
+        self._explained: tuple[int, TickResult] | None = None  # the last committed tick, for live explain
         self.stats.set_ledger(store.ledger_totals())
         if stored:
             log.info("resumed", extra={"fy": {"tick": self.tick_no, "saved_at": stored.time}})
@@ -250,7 +253,7 @@ class Daemon:
         view = None
         marks = None
         if slurm_ok:
-            view = render_result(
+            view = self.views.render(
                 self.tick_no, now, result, report, samples, dry_run=self.dry_run, duration_s=duration
             )
             marks = TickMarks(
@@ -261,7 +264,16 @@ class Daemon:
                 canary_seen=extra.canary_seen,
             )
         processed = [e.event_id for e in pending] if slurm_ok else []
-        self.store.commit_tick(self.tick_no, now, result.state.to_dict(), processed, rows, view, marks)
+        try:
+            self.store.commit_tick(
+                self.tick_no, now, result.state.to_dict(), processed, rows, marks=marks, view=view
+            )
+        except BaseException:
+            self.views.forget()  # unknown what the store holds now: the next tick rewrites every node
+            raise
+        if view is not None:
+            self.views.accept(view)
+            self._explained = (self.tick_no, result)
         self.state = result.state
         if slurm_ok:
             self._failed_actions = tuple(
@@ -383,6 +395,15 @@ class Daemon:
                 )
 
     # -- the loop -------------------------------------------------------------------------------------
+
+    def explain(self, node: str) -> tuple[int, dict[str, Any], str] | None:
+        """(tick, explain_dict document, text) of ``node`` from the last committed tick's live result
+        (the API's explanations: exact, computed on demand instead of for every node every tick)."""
+        explained = self._explained
+        if explained is None or node not in explained[1].nodes:
+            return None
+        doc = explain_dict(node, explained[1])
+        return explained[0], doc, explain_text(doc)
 
     def live(self) -> dict[str, Any]:
         with self._live_lock:
@@ -548,7 +569,7 @@ def build(
         api = ApiServer(
             config.api.host,
             config.api.port,
-            StoreReadModel(store, daemon.live, gate_dir=config.gate_dir),
+            StoreReadModel(store, daemon.live, gate_dir=config.gate_dir, explain=daemon.explain),
             make_registry(stats),
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
             attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,

@@ -41,7 +41,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
 from slurm_fleetyield.adapters.store import Store
-from slurm_fleetyield.adapters.views import aggregate_ledger, gate, node_rows
+from slurm_fleetyield.adapters.views import aggregate_ledger, gate, node_entry, node_rows
+from slurm_fleetyield.core.explain import explain_text
 from slurm_fleetyield.openapi import document as openapi_document
 from slurm_fleetyield.web import CONTENT_SECURITY_POLICY, asset, fleet_floor
 
@@ -53,6 +54,9 @@ GZIP_MIN_BYTES = 64 << 10
 
 class ReadModel(Protocol):
     def result(self) -> Mapping[str, Any] | None: ...
+
+    # optional: ``explanation(node) -> (explain_dict document, text) | None`` for a view whose node rows
+    # carry no explanation (the store's); without it a row's inline ``explain`` is served
 
     def events(self, limit: int, node: str | None = None) -> list[dict[str, Any]]: ...
 
@@ -66,7 +70,13 @@ class GateReadModel(Protocol):
 
 
 class StoreReadModel:
-    """Reads the store; the parsed last result is cached per tick (it can be megabytes at fleet scale)."""
+    """Reads the store; the parsed last view (rows, no explanations) is cached per tick.
+
+    ``explain(node) -> (tick, explain_dict document, text) | None``: the daemon's explanation from its live
+    tick result, used when its tick is the store's (exact and current); otherwise, and without it (the CLI
+    with the daemon down), the explanation the store keeps for the node (rendered when the node last
+    changed, ``views.ViewRenderer``).
+    """
 
     def __init__(
         self,
@@ -75,9 +85,11 @@ class StoreReadModel:
         *,
         gate_dir: str | None = None,
         clock: Callable[[], float] = time.time,
+        explain: Callable[[str], tuple[int, dict[str, Any], str] | None] | None = None,
     ) -> None:
         self._store = store
         self._live = live
+        self._explain = explain
         self._gate_dir = gate_dir
         self._clock = clock
         self._cached: tuple[int, Mapping[str, Any]] | None = None
@@ -89,11 +101,25 @@ class StoreReadModel:
             return None
         with self._lock:
             if self._cached is None or self._cached[0] != tick:
-                view = self._store.last_result()
+                view = self._store.last_view()
                 if view is None:
                     return None
-                self._cached = (tick, view)
+                self._cached = (view["tick"], view)
             return self._cached[1]
+
+    def explanation(self, node: str) -> tuple[dict[str, Any], str] | None:
+        view = self.result()
+        if view is None:
+            return None
+        if self._explain is not None:
+            live = self._explain(node)
+            if live is not None and live[0] == view["tick"]:
+                return live[1], live[2]
+        entry = view["nodes"].get(node)
+        if entry is not None and "explain" in entry:  # a view from before schema 3: inline
+            return entry["explain"], entry["explain_text"]
+        stored = self._store.node_explanation(node)
+        return None if stored is None else (stored[1], explain_text(stored[1]))
 
     def events(self, limit: int, node: str | None = None) -> list[dict[str, Any]]:
         return self._store.events(limit=limit, node=node)
@@ -223,6 +249,11 @@ class ApiServer:
             entry = (view or {}).get("nodes", {}).get(node)
             if entry is None:
                 return 404, {"error": f"node {node!r} is not in the last tick's result"}
+            if "explain" not in entry and hasattr(self.model, "explanation"):
+                found = self.model.explanation(node)
+                if found is None:  # only right after a restart or a fleet-wide change, and never live
+                    return 503, {"error": f"node {node!r}: explanation not rendered yet, retry in a tick"}
+                entry = node_entry(entry, *found)
             if len(parts) == 2:
                 return 200, entry
             if parts[2] == "explain":

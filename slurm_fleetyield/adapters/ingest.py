@@ -19,7 +19,8 @@ duplicate), so the agent deletes its spool file only when nothing can be lost.
 Attestation (when the daemon built an ``AttestService``, ``[attest] enabled``): ``POST /v1/attest/nonce``
 (HMAC-signed by the agent like its pushes) -> a single-use nonce, and ``POST /v1/attest/quote`` (the quote,
 self-authenticating with the node's enrolled key) -> the controller-signed verdict. The bodies are the
-service's (``slurm_fleetyield/attest/verify.py``: ``AttestService.route``); this listener only frames them.
+service's (``slurm_fleetyield/attest/verify.py``: ``AttestService.route``); this listener only frames them,
+and wakes the daemon on an authenticated failed verdict (it drains the node at once, as for a fatal event).
 
 Approvals: 200 ``{"proposal_id", "status", "admin", "audit_seq"}`` when the decision took effect; otherwise
 the gate's rejection code in ``{"error": <code>, "message": ...}`` with 400 (malformed, bad_lifetime), 403
@@ -248,6 +249,8 @@ class IngestServer:
         if status == 200 and "status" in doc:
             fields = {"node": doc.get("node"), "status": doc["status"], "reasons": doc.get("reasons")}
             log.info("attestation verdict", extra={"fy": fields})
+            if doc["status"] != "pass" and doc.get("authenticated"):
+                self.wake.set()  # drain now, not at the next scheduled tick: the next job may be starting
         return status, doc
 
     def handle_alertmanager(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
