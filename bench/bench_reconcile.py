@@ -12,11 +12,16 @@ runs slurmctld with a generated slurm.conf of ``--nodes`` ``State=CLOUD`` nodes 
 controller's own code from the image runs INSIDE that container: the real ``Daemon.tick_once`` with the
 real ``SlurmCli`` adapter and a SQLite store, and a synthetic sense port (80k GPUs for 10k nodes: healthy
 except 1% remap pending, 1% with an uncorrectable remapped row, 0.4% remap failure, 0.2% not answering),
-so the feature-write path sees realistic distinct groups. Three ticks:
+so the feature-write path sees realistic distinct groups. The controller code is this working tree's
+``slurm_fleetyield`` (copied into the container ahead of the image's; ``--image-code`` runs the image's).
+Ticks:
 
-1. cold: Slurm holds only the admin features, every node gets labelled;
-2. steady: nothing changed, nothing to write (the common tick);
-3. after ``scontrol reconfigure``: Slurm reset features and weights to slurm.conf, all re-asserted.
+1. cold: Slurm holds only the admin features, every node gets labelled, every view row written (and the
+   first ``views.EXPLAIN_PER_TICK`` explanations);
+2. steady: nothing changed, nothing to write in Slurm; the view still explains the next nodes not yet
+   explained (backfill); then ticks until every node is explained (not printed, counted);
+3. settled: nothing changed and every node explained (the common tick);
+4. after ``scontrol reconfigure``: Slurm reset features and weights to slurm.conf, all re-asserted.
 
 The container is removed at the end (``--keep`` keeps it for a look).
 
@@ -128,10 +133,17 @@ def host_main(args: argparse.Namespace) -> int:
         run(docker, "exec", CONTAINER, "bash", "-c", SETUP)
         started = time.monotonic() - t0
         run(docker, "cp", __file__, f"{CONTAINER}:/tmp/bench_reconcile.py")
+        env = []
+        if not args.image_code:
+            package = Path(__file__).resolve().parent.parent / "slurm_fleetyield"
+            run(docker, "exec", CONTAINER, "mkdir", "-p", "/tmp/fycode")
+            run(docker, "cp", str(package), f"{CONTAINER}:/tmp/fycode/")
+            env = ["-e", "PYTHONPATH=/tmp/fycode"]
         proc = subprocess.run(
             [
                 docker,
                 "exec",
+                *env,
                 CONTAINER,
                 "/opt/fleetyield/bin/python",
                 "/tmp/bench_reconcile.py",
@@ -179,6 +191,8 @@ def report(doc: dict) -> None:
         "apply s",
         "render s",
         "commit s",
+        "rows",
+        "explained",
         "calls",
         "reads",
         "writes",
@@ -196,6 +210,8 @@ def report(doc: dict) -> None:
             t["apply_s"],
             t["render_s"],
             t["commit_s"],
+            t.get("rows", "-"),
+            t.get("explained", "-"),
             t["calls"],
             t["read_calls"],
             t["write_calls"],
@@ -203,6 +219,7 @@ def report(doc: dict) -> None:
             t["drains"],
         )
         print("  ".join(f"{v:>9.3f}" if isinstance(v, float) else f"{v!s:>9}" for v in row))
+    print(f"backfill: {doc.get('backfill_ticks', '-')} ticks between steady and settled")
     print("\nSlurm commands of the cold tick (count, total s):")
     for cmd, (count, secs) in sorted(doc["ticks"][0]["by_command"].items()):
         print(f"  {cmd:<40} {count:>5} {secs:>8.3f}")
@@ -296,14 +313,31 @@ def inner_main(args: argparse.Namespace) -> int:
     cli.apply = timed("apply", cli.apply)
     sense.sample = timed("sense", sense.sample)
     daemon_mod.tick = timed("decide", daemon_mod.tick)
-    daemon_mod.render_result = timed("render", daemon_mod.render_result)
-    store.commit_tick = timed("commit", store.commit_tick)
+    views = getattr(d, "views", None)  # the incremental renderer; older code renders render_result whole
+    if views is not None:
+        views.render = timed("render", views.render)
+    else:
+        daemon_mod.render_result = timed("render", daemon_mod.render_result)
+    commit = store.commit_tick
+    written: list = []
+
+    def counted_commit(*a, **kw):
+        written.append(kw.get("view"))
+        return commit(*a, **kw)
+
+    store.commit_tick = timed("commit", counted_commit)
 
     ticks = []
-    for name in ("cold", "steady", "reconfig"):
+    backfill = 0
+    for name in ("cold", "steady", "settled", "reconfig"):
+        if name == "settled":
+            while views is not None and views.unexplained and backfill < 100:
+                d.tick_once()
+                backfill += 1
         if name == "reconfig":
             slurm_mod.run_command(("scontrol", "reconfigure"), 60)
             _wait_reconfigured(args.nodes)
+        written.clear()
         timings.clear()
         by_command.clear()
         calls0 = cli.calls
@@ -324,6 +358,7 @@ def inner_main(args: argparse.Namespace) -> int:
                 "groups": len(updates),
                 "updated_nodes": sum(len(u.nodes) for u in updates),
                 "drains": sum(isinstance(a, DrainNode) for a in plan.actions),
+                **_view_counts(written[0] if written else None),
                 "tiers": dict(sorted(_count(dd.tier.value for dd in outcome.result.nodes.values()).items())),
                 "by_command": {k: v for k, v in by_command.items()},
             }
@@ -335,11 +370,19 @@ def inner_main(args: argparse.Namespace) -> int:
                 "samples": args.nodes,
                 "slurm_version": version,
                 "slurmctld_rss_mb_start": rss_start,
+                "backfill_ticks": backfill,
                 "ticks": ticks,
             }
         )
     )
     return 0
+
+
+def _view_counts(view) -> dict:
+    """View rows written and explanations rendered by one tick (incremental renderer only)."""
+    if view is None or not hasattr(view, "nodes"):
+        return {}
+    return {"rows": len(view.nodes), "explained": sum(1 for n in view.nodes if n[3] is not None)}
 
 
 def _count(items):
@@ -372,6 +415,9 @@ def main() -> int:
     parser.add_argument("--image", default=os.environ.get("FLEETYIELD_IMAGE", "fleetyield/slurm:22.05"))
     parser.add_argument("--json", help="write the raw figures here")
     parser.add_argument("--keep", action="store_true", help="keep the container")
+    parser.add_argument(
+        "--image-code", action="store_true", help="run the image's controller code, not this working tree's"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     return inner_main(args) if args.inner else host_main(args)

@@ -396,9 +396,7 @@ def gate_daemon(tmp: Path, cmds: FakeCommands, agent_port: int, auth: Path) -> D
 
     cfg = gate_config(tmp, agent_port, auth)
     scraper = AgentScraper(cfg.sense.url_template, cfg.sense.timeout_s, 8)
-    return Daemon(
-        cfg, SlurmCli(runner=cmds), scraper, Store(cfg.store.path), gate=GateAccess(cfg.gate_dir)
-    )
+    return Daemon(cfg, SlurmCli(runner=cmds), scraper, Store(cfg.store.path), gate=GateAccess(cfg.gate_dir))
 
 
 @pytest.fixture

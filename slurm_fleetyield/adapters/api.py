@@ -104,7 +104,7 @@ class StoreReadModel:
                 view = self._store.last_view()
                 if view is None:
                     return None
-                self._cached = (view["tick"], view)
+                self._cached = (view.get("tick", tick), view)
             return self._cached[1]
 
     def explanation(self, node: str) -> tuple[dict[str, Any], str] | None:
@@ -113,9 +113,9 @@ class StoreReadModel:
             return None
         if self._explain is not None:
             live = self._explain(node)
-            if live is not None and live[0] == view["tick"]:
+            if live is not None and live[0] == view.get("tick"):
                 return live[1], live[2]
-        entry = view["nodes"].get(node)
+        entry = (view.get("nodes") or {}).get(node)
         if entry is not None and "explain" in entry:  # a view from before schema 3: inline
             return entry["explain"], entry["explain_text"]
         stored = self._store.node_explanation(node)

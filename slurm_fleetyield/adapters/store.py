@@ -2,11 +2,14 @@
 
 Input: the daemon's tick outcome (state, processed event ids, log rows, the rendered result) and fatal
 events from the push listener. Output: the last committed state on restart, pending inbox events, and the
-read models the CLI and API serve (``last_result``, ``events``).
+read models the CLI and API serve (``last_view``, ``node_explanation``, ``events``).
 
-Tables: ``state`` (one row: ControllerState JSON + tick number), ``last_result`` (one row: node decisions,
-risks and explanations as JSON), ``events`` (append-only log, pruned to ``events_keep`` rows), ``inbox``
-(fatal events: id PK, payload, received_at, processed_at). Since schema 2 also: ``outcomes`` (the Epilog's
+Tables: ``state`` (one row: ControllerState JSON + tick number), ``view_header`` + ``view_nodes`` (since
+schema 3, the read model: the tick's header, and per node its row, floor and explanation, upserted only
+for nodes whose entry changed; ``views.ViewRenderer``), ``last_result`` (before schema 3 the whole read
+model as one JSON blob; still read when no ``view_header`` exists, written only by tools), ``events``
+(append-only log, pruned to ``events_keep`` rows), ``inbox`` (fatal events: id PK, payload, received_at,
+processed_at). Since schema 2 also: ``outcomes`` (the Epilog's
 job-outcome records as agents forwarded them: key PK, processed_at), ``attempts`` (job attempts delivered
 to the core, so a late record of another node of the same attempt is not delivered twice), ``ledger``
 (one row per settled job attempt, append-only), ``gate_marks`` (what the shell did with a gate decision:
@@ -17,11 +20,11 @@ Exactly once. Everything the core is handed from these tables (outcomes, denials
 in ``commit_tick``'s transaction together with the state that consumed it: a kill -9 before the commit
 hands it again to a core restarted from the previous state; after it, never again.
 
-Crash safety. ``commit_tick`` writes state + processed marks + log rows in ONE transaction, so a kill -9 at
-any point leaves either the previous tick or this one, never a mix. A crash between applying a plan to
-Slurm and committing is harmless: the next tick recomputes the plan as a diff against Slurm as observed,
-so actions already applied produce no action again, and unprocessed inbox events are simply taken again
-(the core also remembers processed event ids).
+Crash safety. ``commit_tick`` writes state + processed marks + log rows + the view in ONE transaction, so a
+kill -9 at any point leaves either the previous tick or this one, never a mix. A crash between applying a
+plan to Slurm and committing is harmless: the next tick recomputes the plan as a diff against Slurm as
+observed, so actions already applied produce no action again, and unprocessed inbox events are simply
+taken again (the core also remembers processed event ids).
 
 ``synchronous=FULL`` rather than NORMAL: in WAL mode NORMAL already survives kill -9 of this process (the
 WAL is in the OS page cache when COMMIT returns) and loses only the last commits on power loss or a kernel
@@ -40,12 +43,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from slurm_fleetyield.core.explain import explain_text
 from slurm_fleetyield.core.model import FatalEvent
 
-SCHEMA_VERSION = 2
-KNOWN_SCHEMAS = (0, 1, 2)  # 1 -> 2 only adds tables (CREATE IF NOT EXISTS)
+SCHEMA_VERSION = 3
+KNOWN_SCHEMAS = (0, 1, 2, 3)  # 1 -> 2 only adds tables (CREATE IF NOT EXISTS); 2 -> 3: _MIGRATIONS[3]
 ATTEMPT_SLOP_S = 300.0
 """Records of one job whose start times differ by less than this are one attempt (each node's Prolog has
 its own clock; a requeued attempt starts after the previous one ended, minutes later at least)."""
@@ -140,6 +144,29 @@ CREATE TABLE IF NOT EXISTS canary_seen (
 );
 """
 
+_MIGRATIONS: dict[int, str] = {
+    # 3: the view per node (``view_nodes``: one small row per node, upserted only when it changed) and its
+    # header (``view_header``), instead of one ``last_result`` JSON blob rewritten whole every tick. An
+    # older database keeps its ``last_result`` row: readers fall back to it until the first new commit.
+    3: """
+CREATE TABLE IF NOT EXISTS view_header (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    tick INTEGER NOT NULL,
+    time REAL NOT NULL,
+    header TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS view_nodes (
+    node TEXT PRIMARY KEY,
+    tick INTEGER NOT NULL,
+    row TEXT NOT NULL,
+    floor TEXT NOT NULL,
+    explain TEXT
+);
+""",
+}
+"""Schema version -> the SQL that brings a database of the version before it up to it (run in order, each
+in the transaction that sets ``user_version``)."""
+
 LEDGER_COLUMNS = (
     "job_id",
     "start",
@@ -202,6 +229,19 @@ def outcome_key(node: str, record: Mapping[str, Any]) -> str:
     return f"{record.get('job_id')}|{node}|{start!r}|{end!r}"
 
 
+class RenderedView(Protocol):
+    """One tick's view as ``views.ViewRenderer`` renders it (duck-typed: adapters do not import each other):
+    the header (the view without its nodes), and the nodes whose entry changed as (node, row JSON, floor
+    JSON, explanation JSON or None: not explained yet); ``deletes`` are nodes gone; ``replace`` drops every
+    stored node first."""
+
+    tick: int
+    header: Mapping[str, Any]
+    nodes: Sequence[tuple[str, str, str, str | None]]
+    deletes: Sequence[str]
+    replace: bool
+
+
 @dataclass(frozen=True, slots=True)
 class StoredState:
     tick: int
@@ -256,6 +296,12 @@ class Store:
             if version not in KNOWN_SCHEMAS:
                 raise StoreError(f"{self.path}: schema version {version}, this build knows {SCHEMA_VERSION}")
             conn.executescript(_SCHEMA)
+            for target in sorted(_MIGRATIONS):
+                if version < target:
+                    # executescript commits first; the DDL and the version bump then share one transaction
+                    conn.executescript(
+                        f"BEGIN IMMEDIATE; {_MIGRATIONS[target]} PRAGMA user_version = {target}; COMMIT;"
+                    )
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- connections ----------------------------------------------------------------------------------
@@ -351,8 +397,14 @@ class Store:
         log_rows: Sequence[LogRow] = (),
         last_result: Mapping[str, Any] | None = None,
         marks: TickMarks | None = None,
+        view: RenderedView | None = None,
     ) -> None:
-        """State + processed marks + log rows (+ the rendered result, + ``marks``) in one transaction."""
+        """State + processed marks + log rows (+ the rendered view, + ``marks``) in one transaction.
+
+        ``view`` (what the daemon writes): the header and only the changed nodes, by ``executemany``.
+        ``last_result`` (a whole view dict as ``views.render_result`` builds it, or any JSON-able dict):
+        written as one blob in ``last_result`` as before schema 3, for tools and tests.
+        """
         state_json = json.dumps(state, separators=(",", ":"), allow_nan=False)
         result_json = (
             None if last_result is None else json.dumps(last_result, separators=(",", ":"), allow_nan=False)
@@ -373,12 +425,35 @@ class Store:
                     "DO UPDATE SET tick = excluded.tick, time = excluded.time, result = excluded.result",
                     (tick, now, result_json),
                 )
+                conn.execute("DELETE FROM view_header")  # the newest view wins, whichever its form
+            if view is not None:
+                self._write_view(conn, view, tick, now)
             conn.execute(
                 "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (self._events_keep,)
             )
             conn.execute(
                 "DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (now - INBOX_KEEP_S,)
             )
+
+    @staticmethod
+    def _write_view(conn: sqlite3.Connection, view: RenderedView, tick: int, now: float) -> None:
+        header = json.dumps(view.header, separators=(",", ":"), allow_nan=False)
+        conn.execute("DELETE FROM last_result")  # a pre-3 blob (or a tool's) is superseded
+        conn.execute(
+            "INSERT INTO view_header (id, tick, time, header) VALUES (1, ?, ?, ?) ON CONFLICT (id) "
+            "DO UPDATE SET tick = excluded.tick, time = excluded.time, header = excluded.header",
+            (tick, now, header),
+        )
+        if view.replace:
+            conn.execute("DELETE FROM view_nodes")
+        else:
+            conn.executemany("DELETE FROM view_nodes WHERE node = ?", [(n,) for n in view.deletes])
+        conn.executemany(
+            "INSERT INTO view_nodes (node, tick, row, floor, explain) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (node) DO UPDATE SET tick = excluded.tick, row = excluded.row, "
+            "floor = excluded.floor, explain = excluded.explain",
+            [(n, tick, row, floor, x) for n, row, floor, x in view.nodes],
+        )
 
     @staticmethod
     def _apply_marks(conn: sqlite3.Connection, marks: TickMarks, tick: int, now: float) -> None:
@@ -561,13 +636,91 @@ class Store:
 
     # -- read models ----------------------------------------------------------------------------------
 
+    def _view_header(self) -> tuple[int, str] | None:
+        """(tick, header JSON) of the schema-3 view; None when there is none (or the database predates it:
+        a read-only open does not migrate)."""
+        try:
+            return self._conn().execute("SELECT tick, header FROM view_header WHERE id = 1").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+
     def last_result_tick(self) -> int | None:
+        found = self._view_header()
+        if found is not None:
+            return found[0]
         row = self._conn().execute("SELECT tick FROM last_result WHERE id = 1").fetchone()
         return None if row is None else row[0]
 
+    def last_view(self) -> dict[str, Any] | None:
+        """The last view without explanations: the header, ``nodes`` (name -> row) and ``floor`` (name ->
+        the floor's compact GPUs and proposal). From a pre-3 blob: the blob as it is (explanations inline)."""
+        conn = self._conn()
+        with self._snapshot(conn):
+            found = self._view_header()
+            if found is None:
+                row = conn.execute("SELECT result FROM last_result WHERE id = 1").fetchone()
+                return None if row is None else json.loads(row[0])
+            view = json.loads(found[1])
+            nodes: dict[str, Any] = {}
+            floor: dict[str, Any] = {}
+            for name, row_json, floor_json in conn.execute(
+                "SELECT node, row, floor FROM view_nodes ORDER BY node"
+            ):
+                nodes[name] = json.loads(row_json)
+                floor[name] = json.loads(floor_json)
+        return {**view, "nodes": nodes, "floor": floor}
+
+    def node_explanation(self, node: str) -> tuple[int, dict[str, Any]] | None:
+        """(tick the explanation was rendered at, its ``explain_dict`` document) of one node; None when the
+        node has none stored (unknown, or not explained yet: ``views.EXPLAIN_PER_TICK``)."""
+        try:
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT tick, explain FROM view_nodes WHERE node = ? AND explain IS NOT NULL", (node,)
+                )
+                .fetchone()
+            )
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+        return None if row is None else (row[0], json.loads(row[1]))
+
     def last_result(self) -> dict[str, Any] | None:
-        row = self._conn().execute("SELECT result FROM last_result WHERE id = 1").fetchone()
-        return None if row is None else json.loads(row[0])
+        """The whole last view, explanations inline (every node's: megabytes at fleet scale; for tools and
+        tests, the API and the CLI read ``last_view`` and ``node_explanation``)."""
+        conn = self._conn()
+        with self._snapshot(conn):
+            found = self._view_header()
+            if found is None:
+                row = conn.execute("SELECT result FROM last_result WHERE id = 1").fetchone()
+                return None if row is None else json.loads(row[0])
+            nodes = {}
+            for name, row_json, x in conn.execute("SELECT node, row, explain FROM view_nodes ORDER BY node"):
+                doc = None if x is None else json.loads(x)
+                nodes[name] = {
+                    **json.loads(row_json),
+                    "explain": doc,
+                    "explain_text": None if doc is None else explain_text(doc),
+                }
+        return {**json.loads(found[1]), "nodes": nodes}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+        """Several SELECTs from one snapshot (header and nodes of the same tick), unless a transaction is
+        already open on this connection."""
+        if conn.in_transaction:
+            yield
+            return
+        conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            conn.execute("COMMIT")
 
     def events(self, limit: int = 100, node: str | None = None) -> list[dict[str, Any]]:
         """Newest first."""

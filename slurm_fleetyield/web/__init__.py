@@ -63,9 +63,10 @@ def fleet_floor(view: Mapping[str, Any] | None) -> dict[str, Any]:
     if not view:
         return {"tick": None, "time": None, "dry_run": None, "summary": {}, "nodes": []}
     stages = view.get("lifecycle") or {}
+    floor = view.get("floor") or {}  # the store's view: proposal and compact GPUs per node
     nodes = []
     for name, n in view.get("nodes", {}).items():
-        explain = n.get("explain") or {}
+        explain = floor.get(name) or n.get("explain") or {}
         nodes.append(
             {
                 "node": name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -189,4 +190,61 @@ def test_outcomes_idempotent_and_ledger_totals(tmp_path):
     assert store.put_outcomes("gpu-02", [rec]) == (1, 0)  # another node's record of the job
     assert store.outcome_counts() == {"pending": 2, "processed": 0}
     assert store.ledger_totals()["jobs"] == 0
+    store.close()
+
+
+class _View:
+    def __init__(self, tick, nodes, deletes=(), replace=False):
+        self.tick, self.nodes, self.deletes, self.replace = tick, tuple(nodes), tuple(deletes), replace
+        self.header = {"tick": tick, "time": float(tick), "nodes": {}}
+
+
+def _node(name, tick, explain=True):
+    x = json.dumps({"node": name, "tick": tick}) if explain else None
+    return (name, json.dumps({"node": name, "tier": "green"}), json.dumps({"proposal": None, "gpus": []}), x)
+
+
+def test_view_upserts_only_the_given_nodes_in_the_tick_transaction(tmp_path):
+    store = Store(tmp_path / "fy.db")
+    store.commit_tick(1, 1.0, {"n": 1}, view=_View(1, [_node("a", 1), _node("b", 1)], replace=True))
+    store.commit_tick(2, 2.0, {"n": 2}, view=_View(2, [_node("b", 2, explain=False)]))
+    assert store.last_result_tick() == 2
+    assert store.node_explanation("a") == (1, {"node": "a", "tick": 1})  # untouched since tick 1
+    assert store.node_explanation("b") is None  # written without an explanation: none, never a stale one
+    view = store.last_view()
+    assert view["tick"] == 2 and set(view["nodes"]) == {"a", "b"} and view["floor"]["a"]["gpus"] == []
+    # a failing commit (NaN state) leaves the previous view, header and nodes
+    with pytest.raises(ValueError):
+        store.commit_tick(3, 3.0, {"bad": float("nan")}, view=_View(3, [], deletes=["a"]))
+    assert store.last_result_tick() == 2 and set(store.last_view()["nodes"]) == {"a", "b"}
+    store.commit_tick(4, 4.0, {"n": 4}, view=_View(4, [], deletes=["a"]))
+    assert set(store.last_view()["nodes"]) == {"b"}
+    store.close()
+
+
+def test_a_schema_2_database_is_read_then_migrated(tmp_path):
+    """A store written before schema 3 (one ``last_result`` blob) is read as it is, read-only (no
+    migration), and after migration until the daemon commits its first view."""
+    path = tmp_path / "fy.db"
+    legacy = {
+        "tick": 7,
+        "time": 7.0,
+        "nodes": {"a": {"node": "a", "tier": "green", "explain": {"node": "a"}}},
+    }
+    store = Store(path)
+    store.commit_tick(7, 7.0, {"n": 7}, last_result=legacy)
+    conn = store._conn()
+    conn.executescript("DROP TABLE view_header; DROP TABLE view_nodes; PRAGMA user_version = 2;")
+    store.close()
+    ro = Store(path, readonly=True)
+    assert ro.last_result_tick() == 7 and ro.last_view() == legacy and ro.node_explanation("a") is None
+    ro.close()
+    store = Store(path)
+    assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store.last_view() == legacy and store.load_state().tick == 7
+    store.commit_tick(8, 8.0, {"n": 8}, view=_View(8, [_node("a", 8)], replace=True))
+    assert store.last_result_tick() == 8 and store.last_view()["nodes"] == {
+        "a": {"node": "a", "tier": "green"}
+    }
+    assert store._conn().execute("SELECT COUNT(*) FROM last_result").fetchone()[0] == 0
     store.close()
