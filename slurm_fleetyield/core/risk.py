@@ -150,6 +150,11 @@ def assess(
         base = _adjust(base, mult.get("base", 1.0))
     yellow, red = rp.yellow_threshold, rp.red_threshold
     score = scorer.score
+    quiet_fields = scorer.quiet_fields
+    quiet_margin = scorer.quiet_margin
+    margin_enabled = scorer.margin_enabled
+    slowdown = scorer.slowdown
+    base_health = Health.BAD if base >= red else Health.WARN if base >= yellow else Health.OK
     exp = math.exp
     BAD, WARN, OK = Health.BAD, Health.WARN, Health.OK
     fatal_by_node: dict[str, list[Fatal]] = {}
@@ -172,6 +177,17 @@ def assess(
         for g in node.gpus:  # _gpu_risk, inlined: this loop runs once per GPU of the fleet
             r = g.reading
             gf = (fatal_gpu.get(r.uuid) or fatal_gpu.get(f"#{r.index}")) if fatal_gpu else None
+            if not gf and not n_hist and g.rates is None and g.growth is None:
+                fget = r.fields.get
+                if not any(map(fget, quiet_fields)):  # Scorer.score's quiet plan, inlined
+                    temp = fget(GPU_TEMP) if margin_enabled else None
+                    if temp is None or (
+                        quiet_margin is not None and (fget(SLOWDOWN_TEMP) or slowdown) - temp > quiet_margin
+                    ):  # nothing fires: the base probability
+                        gr = GpuRisk(name, r.index, r.uuid, r.model, base_health, base, ())
+                        survive *= 1.0 - base
+                        gpus.append(gr)
+                        continue
             n_gpu = history.count(r.uuid) if history else 0
             z, contributions = score(g, n_gpu, n_hist - n_gpu)
             if gf:
@@ -271,6 +287,10 @@ class Scorer:
             f for code, _n, arg, *_ in self.plan if code in (_LEVEL, _THROTTLE) for f in arg
         )
         self.quiet_plan = tuple(p for p in self.plan if p[0] not in (_LEVEL, _THROTTLE, _WINDOW))
+        # Of the quiet plan, without fatal history only the margin signal can fire: below this margin (None:
+        # the signal is disabled) a quiet GPU is scored in full, above it it has no contribution at all.
+        self.quiet_margin = next((p[4][0][0] for p in self.quiet_plan if p[0] == _MARGIN and p[4]), None)
+        self.margin_enabled = any(p[0] == _MARGIN for p in self.quiet_plan)
 
     def score(self, g: SensedGpu, n_gpu: int, n_node: int) -> tuple[float, tuple[Contribution, ...]]:
         z = self.base_logit

@@ -19,11 +19,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 
 from slurm_fleetyield.core.model import GpuReading, Health, LogEvent, NodeSample, Observations, fast_init
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS
-from slurm_fleetyield.core.state import Counters, GpuHistory
+from slurm_fleetyield.core.state import Counters, GpuHistory, GpuTrack, NodeHistory
 
 
 @fast_init
@@ -134,6 +135,7 @@ class _Tracker:
         self.xids = tuple(int(c.split(":", 1)[1]) for c in layout[self.n_counters :])
         self.xid_slots = tuple(range(self.n_counters, len(layout)))
         self.zero_xids = (0.0,) * len(self.xids)
+        self.pick = itemgetter(*self.counter_names)
         self.windows = params.trend_windows_s
         self.longest = params.longest_window_s
         self.resolution = params.history_resolution_s
@@ -179,56 +181,136 @@ class _Tracker:
     def node(
         self, sample: NodeSample, old: Mapping[str, GpuHistory]
     ) -> tuple[tuple[SensedGpu, ...], Mapping[str, GpuHistory]]:
+        if isinstance(old, NodeHistory) and sample.time > old.last_time and old.times:
+            return self._node_tracks(sample, old)
+        gpus, hist = self._node_plain(sample, old)
+        return gpus, NodeHistory.of(sample.time, hist)
+
+    def _raw(self, reading: GpuReading) -> Counters:
+        fields = reading.fields
+        xt = reading.xid_totals
+        try:  # every counter exported (the common case): one C-level lookup
+            counters = self.pick(fields)
+        except (KeyError, TypeError):
+            get = fields.get
+            counters = tuple(map(get, self.counter_names))
+        if xt:  # an XID never seen has total 0 (agents export the ones they saw): its first occurrence counts
+            xget = xt.get
+            return (*counters, *[xget(x, 0.0) for x in self.xids])
+        return counters + self.zero_xids
+
+    def _node_tracks(
+        self, sample: NodeSample, old: NodeHistory
+    ) -> tuple[tuple[SensedGpu, ...], Mapping[str, GpuHistory]]:
+        """``_node_plain`` over the compact node history (same values): a GPU whose counters did not move
+        keeps its ``GpuTrack`` object, and a node whose GPUs all did keeps its track mapping."""
+        t = sample.time
+        node_times = old.times
+        new_times, _cut, appended, _plan = self._timeline(t, node_times)
+        first_time = new_times[0]
+        n_new = len(new_times)
+        tracks = old.gpus
+        tget = tracks.get
+        out: list[SensedGpu] = []
+        hist: dict[str, GpuTrack | GpuHistory] = {}
+        kept = 0
+        raw_of = self._raw
+        for reading in sample.gpus:
+            raw = raw_of(reading)
+            uuid = reading.uuid
+            prev = tget(uuid)
+            if type(prev) is not GpuTrack:  # new GPU, or one kept as its own history: the plain path
+                g, h = self._gpu_plain(reading, raw, prev, t)
+                out.append(g)
+                m = len(h.times)
+                if h.last_time == t and 0 < m <= n_new and new_times[n_new - m :] == h.times:
+                    hist[uuid] = NodeHistory.of(t, {uuid: h}).gpus[uuid]  # type: ignore[attr-defined]
+                else:
+                    hist[uuid] = h
+                continue
+            last_raw = prev.last_raw
+            steps = prev.steps
+            if raw == last_raw:
+                raw = last_raw
+                adj = prev.last_adj
+                new_xids: tuple[tuple[int, float], ...] = ()
+                moved = False
+            else:
+                adj = _adjust(raw, last_raw, prev.last_adj)
+                new_xids = self._grown_xids(adj, prev.last_adj)
+                moved = True
+            if len(steps) == 1 and adj == steps[0][1]:
+                # nothing grew within the longest window (the common, healthy case)
+                out.append(SensedGpu(reading, raw, None, None, new_xids, False))
+            else:
+                ring = prev.ring(node_times)
+                points = prev.points(ring)
+                plan = self._timeline(t, ring)[3]
+                assert plan is not None
+                base_long = points[plan[0]]
+                if adj == base_long:
+                    out.append(SensedGpu(reading, raw, None, None, new_xids, False))
+                else:
+                    rates, growth = self._trend(adj, points, base_long, plan[1])
+                    out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
+            if appended:
+                if steps[-1][1] is not adj:
+                    steps = (*steps, (t, adj))
+                if len(steps) > 1 and steps[1][0] <= first_time:
+                    k = 1
+                    while k + 1 < len(steps) and steps[k + 1][0] <= first_time:
+                        k += 1
+                    steps = steps[k:]
+            if moved or steps is not prev.steps:
+                prev = GpuTrack(raw, adj, steps)
+            else:
+                kept += 1
+            hist[uuid] = prev
+        if kept == len(hist) == len(tracks):
+            return tuple(out), NodeHistory(t, new_times, tracks)
+        return tuple(out), NodeHistory(t, new_times, hist)
+
+    def _gpu_plain(
+        self, reading: GpuReading, raw: Counters, prev: GpuHistory | None, t: float
+    ) -> tuple[SensedGpu, GpuHistory]:
+        """One GPU of ``_node_plain``."""
+        if prev is None:
+            return SensedGpu(reading, raw, None, None, (), True), GpuHistory(t, raw, raw, (t,), (raw,))
+        last_adj = prev.last_adj
+        times, cut, appended, plan = self._timeline(t, prev.times)
+        if t <= prev.last_time:
+            adj, h, new_xids = last_adj, prev, ()
+        else:
+            if raw == prev.last_raw:
+                adj, new_xids = last_adj, ()
+            else:
+                adj = _adjust(raw, prev.last_raw, last_adj)
+                new_xids = self._grown_xids(adj, last_adj)
+            if appended:
+                points = prev.points
+                points = (*points[cut:], adj) if cut else (*points, adj)
+            else:
+                times, points = prev.times, prev.points
+            h = GpuHistory(t, raw, adj, times, points)
+        if plan is None:
+            return SensedGpu(reading, raw, None, None, new_xids, False), h
+        base_long = prev.points[plan[0]]
+        if adj == base_long:
+            return SensedGpu(reading, raw, None, None, new_xids, False), h
+        rates, growth = self._trend(adj, prev.points, base_long, plan[1])
+        return SensedGpu(reading, raw, rates, growth, new_xids, False), h
+
+    def _node_plain(
+        self, sample: NodeSample, old: Mapping[str, GpuHistory]
+    ) -> tuple[tuple[SensedGpu, ...], dict[str, GpuHistory]]:
         t = sample.time
         out: list[SensedGpu] = []
         hist: dict[str, GpuHistory] = {}
-        names = self.counter_names
-        xids = self.xids
-        zero_xids = self.zero_xids
         oget = old.get
-        timeline = self._timeline
         for reading in sample.gpus:
-            get = reading.fields.get
-            xt = reading.xid_totals
-            # An XID never seen has total 0 (agents export the ones they saw), so its first occurrence counts.
-            if xt:
-                xget = xt.get
-                raw = (*map(get, names), *[xget(x, 0.0) for x in xids])
-            else:
-                raw = (*map(get, names), *zero_xids)
-            uuid = reading.uuid
-            prev = oget(uuid)
-            if prev is None:
-                h = GpuHistory(t, raw, raw, (t,), (raw,))
-                out.append(SensedGpu(reading, raw, None, None, (), True))
-                hist[uuid] = h
-                continue
-            last_adj = prev.last_adj
-            times, cut, appended, plan = timeline(t, prev.times)
-            if t <= prev.last_time:  # the same sample again: nothing new, trends as last computed
-                adj, h, new_xids = last_adj, prev, ()
-            else:
-                if raw == prev.last_raw:
-                    adj, new_xids = last_adj, ()
-                else:
-                    adj = _adjust(raw, prev.last_raw, last_adj)
-                    new_xids = self._grown_xids(adj, last_adj)
-                if appended:
-                    points = prev.points
-                    points = (*points[cut:], adj) if cut else (*points, adj)
-                else:
-                    times, points = prev.times, prev.points
-                h = GpuHistory(t, raw, adj, times, points)
-            if plan is None:
-                out.append(SensedGpu(reading, raw, None, None, new_xids, False))
-            else:
-                base_long = prev.points[plan[0]]
-                if adj == base_long:  # nothing grew within the longest window (the common, healthy case)
-                    out.append(SensedGpu(reading, raw, None, None, new_xids, False))
-                else:
-                    rates, growth = self._trend(adj, prev.points, base_long, plan[1])
-                    out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
-            hist[uuid] = h
+            g, h = self._gpu_plain(reading, self._raw(reading), oget(reading.uuid), t)
+            out.append(g)
+            hist[reading.uuid] = h
         return tuple(out), hist
 
     def _grown_xids(self, adj: Counters, last: Counters) -> tuple[tuple[int, float], ...]:

@@ -7,7 +7,9 @@ trimmed to the longest trend window, fatal history to ``fatal_history_days``, dr
 processed event ids to ``max_processed_event_ids``; lifecycle memories, open proposals, denials and open
 predictions are at most one per node; settled job ids and pending intervals have their own bounds.
 
-Version 2 added ``lifecycle``, ``lifecycle_drained``, ``proposals``, ``denials``, ``settle`` and ``learn``.
+Version 2 added ``lifecycle``, ``lifecycle_drained``, ``proposals``, ``denials``, ``settle`` and ``learn``;
+``premium`` (premium widening, core/premium.py) is optional within version 2: a state without it lends
+nothing.
 A version-1 state still loads: a node it remembers as quarantined by us (drained by us, tier quarantined)
 becomes a QUARANTINED lifecycle memory whose cause is its last fatal XID, so it enters remediation instead of
 staying drained forever.
@@ -15,7 +17,8 @@ staying drained forever.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -64,6 +67,96 @@ class GpuHistory:
     points: tuple[Counters, ...] = ()
 
 
+@fast_init
+@dataclass(frozen=True, slots=True)
+class GpuTrack:
+    """Compact trend memory of one GPU inside a ``NodeHistory`` (the node holds ``last_time`` and the ring of
+    times): the stored points as run-length ``steps``, ``(time, point)`` wherever the stored point changed,
+    the first one at or before the GPU's first ring time. A GPU whose counters did not move keeps the very
+    same object from tick to tick (nothing to rebuild, nothing new for the garbage collector)."""
+
+    last_raw: Counters
+    last_adj: Counters
+    steps: tuple[tuple[float, Counters], ...]
+
+    def ring(self, node_times: tuple[float, ...]) -> tuple[float, ...]:
+        """This GPU's ring of times: the node's, from the GPU's first stored point on."""
+        first = self.steps[0][0]
+        if first <= node_times[0]:
+            return node_times
+        return node_times[bisect_left(node_times, first) :]
+
+    def points(self, times: tuple[float, ...]) -> tuple[Counters, ...]:
+        steps = self.steps
+        if len(steps) == 1:
+            return (steps[0][1],) * len(times)
+        out = []
+        k, last = 0, len(steps) - 1
+        for t in times:
+            while k < last and steps[k + 1][0] <= t:
+                k += 1
+            out.append(steps[k][1])
+        return tuple(out)
+
+    def history(self, last_time: float, node_times: tuple[float, ...]) -> GpuHistory:
+        times = self.ring(node_times)
+        return GpuHistory(last_time, self.last_raw, self.last_adj, times, self.points(times))
+
+
+class NodeHistory(Mapping[str, GpuHistory]):
+    """The trend memory of one node's GPUs, as the sense stage keeps it: one ring of times for the node and a
+    ``GpuTrack`` per GPU that follows it (a GPU that does not, e.g. one that appeared between two stored
+    points, is kept as its own ``GpuHistory``). Reads as ``uuid -> GpuHistory`` like a plain mapping."""
+
+    __slots__ = ("gpus", "last_time", "times")
+
+    def __init__(
+        self, last_time: float, times: tuple[float, ...], gpus: Mapping[str, GpuTrack | GpuHistory]
+    ) -> None:
+        self.last_time = last_time
+        self.times = times
+        self.gpus = gpus
+
+    def __getitem__(self, uuid: str) -> GpuHistory:
+        g = self.gpus[uuid]
+        if isinstance(g, GpuTrack):
+            return g.history(self.last_time, self.times)
+        return g
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.gpus)
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self.gpus
+
+    def __repr__(self) -> str:
+        return f"NodeHistory({dict(self)!r})"
+
+    @staticmethod
+    def of(last_time: float, histories: Mapping[str, GpuHistory]) -> Mapping[str, GpuHistory]:
+        """The compact form of per-GPU histories sampled at ``last_time`` (the plain mapping if none was)."""
+        rings = [h.times for h in histories.values() if h.last_time == last_time and h.times]
+        if not rings:
+            return histories
+        times = max(rings, key=len)
+        n = len(times)
+        gpus: dict[str, GpuTrack | GpuHistory] = {}
+        for uuid, h in histories.items():
+            m = len(h.times)
+            if h.last_time == last_time and 0 < m <= n and times[n - m :] == h.times:
+                steps: list[tuple[float, Counters]] = []
+                for t, p in zip(h.times, h.points, strict=True):
+                    if not steps or steps[-1][1] != p:
+                        steps.append((t, p))
+                gpus[uuid] = GpuTrack(h.last_raw, h.last_adj, tuple(steps))
+            else:
+                gpus[uuid] = h
+        return NodeHistory(last_time, times, gpus)
+
+
 @dataclass(frozen=True, slots=True)
 class OpenProposal:
     """A drain proposal the gate made and no one has decided yet (one per node at most)."""
@@ -96,6 +189,18 @@ class SettleMemory:
 
     settled: tuple[int, ...] = ()
     pending: tuple[tuple[float, float | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PremiumMemory:
+    """Premium widening (core/premium.py): premium nodes lent fy_ok_decode (sorted), since when decode has
+    been waiting without a break (None: not waiting), and when it last waited (the return hysteresis)."""
+
+    lent: tuple[str, ...] = ()
+    waiting_since: float | None = None
+    last_waiting: float | None = None
+    gang_nodes: int = 0  # nodes of the largest premium-needing job seen lately (sizes the reserve)
+    gang_seen: float | None = None  # when a job of that size was last seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +254,7 @@ class ControllerState:
     denials: Mapping[str, Denial] = field(default_factory=dict)  # node -> last denial (within cooldown)
     settle: SettleMemory = field(default_factory=SettleMemory)
     learn: LearnMemory = field(default_factory=LearnMemory)
+    premium: PremiumMemory = field(default_factory=PremiumMemory)
 
     @staticmethod
     def empty() -> ControllerState:
@@ -178,6 +284,13 @@ class ControllerState:
                 "pending": [[a, b] for a, b in self.settle.pending],
             },
             "learn": _learn_to_dict(self.learn),
+            "premium": {
+                "lent": list(self.premium.lent),
+                "waiting_since": self.premium.waiting_since,
+                "last_waiting": self.premium.last_waiting,
+                "gang_nodes": self.premium.gang_nodes,
+                "gang_seen": self.premium.gang_seen,
+            },
         }
 
     @staticmethod
@@ -215,6 +328,7 @@ class ControllerState:
                 tuple((float(a), None if b is None else float(b)) for a, b in st.get("pending", ())),
             ),
             learn=_learn_from_dict(data.get("learn") or {}),
+            premium=_premium_from_dict(data.get("premium") or {}),
         )
 
     def __eq__(self, other: object) -> bool:  # mappings compare by content, whatever their concrete type
@@ -223,6 +337,18 @@ class ControllerState:
         return self.to_dict() == other.to_dict()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _premium_from_dict(d: Mapping[str, Any]) -> PremiumMemory:
+    """Absent in states written before premium widening: nothing lent."""
+    since, last = d.get("waiting_since"), d.get("last_waiting")
+    return PremiumMemory(
+        tuple(str(n) for n in d.get("lent", ())),
+        None if since is None else float(since),
+        None if last is None else float(last),
+        int(d.get("gang_nodes", 0)),
+        None if d.get("gang_seen") is None else float(d["gang_seen"]),
+    )
 
 
 def _memory_to_dict(m: NodeMemory) -> dict[str, Any]:
