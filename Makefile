@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster
+.PHONY: venv test unit lint up down demo clean-cluster ab
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -40,3 +40,8 @@ demo: up
 clean-cluster:
 	$(CLUSTER)/down.sh --images
 	rm -rf $(CLUSTER)/build
+
+# A/B on the docker cluster (`make up` first): bare Slurm vs Slurm + FleetYield on the same chaos timelines.
+SEEDS ?= 0,1,2
+ab: $(STAMP)
+	$(VENV)/bin/fleetyield chaos ab --seeds $(SEEDS) --out chaos-ab

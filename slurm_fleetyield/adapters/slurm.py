@@ -729,6 +729,9 @@ class SlurmCli:
                 action.node,
                 f"--constraint={spec.constraint}",
                 "--exclusive",
+                # A canary's verdict is its one run on this node: a drain's requeue (quarantine requeues
+                # running jobs) must not turn a failed check into a re-run or a CANCELLED.
+                "--no-requeue",
                 f"--time={_time_limit(limit)}",
                 f"--job-name={action.job_name}",
                 "--comment=fy:canary",

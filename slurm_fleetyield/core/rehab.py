@@ -42,6 +42,7 @@ from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold
 from slurm_fleetyield.core.quarantine import RUNNING_STATES, Drains, Fatal
+from slurm_fleetyield.core.quarantine import _most_specific as most_specific
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState
 
@@ -91,11 +92,14 @@ def rehabilitate(
 ) -> Rehab:
     lp = params.lifecycle
     red = params.risk.red_threshold
-    fatal: dict[str, Fatal] = {}
+    findings: dict[str, list[Fatal]] = {}
     for f in drains.processed:
         slurm = obs.slurm.get(f.node)
-        if f.node not in fatal and slurm is not None and (f.node in drains.draining or slurm.drained_by_us):
-            fatal[f.node] = f
+        if slurm is not None and (f.node in drains.draining or slurm.drained_by_us):
+            findings.setdefault(f.node, []).append(f)
+    # The episode's cause is the most specific finding (an XID 79 push over the 'GPU missing' seen with it),
+    # the same choice as the drain reason's.
+    fatal: dict[str, Fatal] = {node: most_specific(fs) for node, fs in findings.items()}
     failed: dict[str, list[str]] = {}
     failed_drains = {fa.node for fa in obs.failed_actions if fa.kind == "drain"}
     for fa in obs.failed_actions:
@@ -276,8 +280,10 @@ def _remediated(
     settle = 0.0 if a.remediation is Remediation.GPU_RESET else lp.reboot_settle_s  # type: ignore[attr-defined]
     if s.sample_time <= a.started_at + settle:
         return False
+    # Fatal evidence from before the remediation took effect (this tick's own findings are recorded at the
+    # attempt's start; a reboot's settle window still shows the pre-reboot node) is what was remediated.
     nm = state.nodes.get(name)
-    return not (nm is not None and any(t >= a.started_at for t in nm.fatal_times))
+    return not (nm is not None and any(t > a.started_at + settle for t in nm.fatal_times))
 
 
 def _jobs_index(obs: Observations) -> dict[str, tuple]:

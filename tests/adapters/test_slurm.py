@@ -371,6 +371,7 @@ def test_rehab_commands():
         "gpu-01",
         "--constraint=fy_canary",
         "--exclusive",
+        "--no-requeue",
         "--time=6",
         "--job-name=fy_canary_abc123",
         "--comment=fy:canary",

@@ -68,3 +68,53 @@ def test_scraped_xid_already_pushed_does_not_drain_again_after_resume() -> None:
     t += 1
     result = tick(state, Observations(t, slurm(), sample(t, xid79_gpu=3)), params, t, rng)
     assert not drains(result), [d.reason for d in drains(result)]
+
+
+# --- Found by the docker rehabilitation tests (tests/integration/test_rehab_gate_ledger.py) ---
+
+
+def _xid79_quarantine(
+    params: Params, rng: random.Random, t: float, *, scrape_missing: int | None = 3
+) -> tuple[ControllerState, float]:
+    """A healthy node, then XID 79 pushed on GPU 3 (with the reused scrape showing GPU 3 gone, or not yet):
+    drained."""
+    state = tick(ControllerState.empty(), Observations(t, slurm(), sample(t)), params, t, rng).state
+    t += 2
+    events = (
+        FatalEvent("0a", NODE, t, "gpu_missing", gpu=3, message="GPU fell off the bus (XID 79)"),
+        FatalEvent("ff", NODE, t, "xid", gpu=3, xid=79, message="GPU has fallen off the bus"),
+    )
+    obs = Observations(t, slurm(), sample(t - 2, missing=scrape_missing), fatal_events=events)
+    result = tick(state, obs, params, t, rng)
+    assert drains(result)
+    return result.state, t
+
+
+def test_lifecycle_cause_is_the_xid_not_the_gpu_missing_seen_with_it() -> None:
+    params, rng = Params(), random.Random(0)
+    state, _ = _xid79_quarantine(params, rng, 1000.0)
+    cause = state.lifecycle[NODE].cause
+    assert cause is not None and (cause.kind, cause.xid, cause.gpu) == ("xid", 79, 3), cause
+    assert state.lifecycle[NODE].reason.startswith("fleetyield: XID 79 gpu 3"), state.lifecycle[NODE].reason
+
+
+def test_gpu_missing_seen_when_the_reboot_starts_does_not_block_remediation_ok() -> None:
+    from slurm_fleetyield.core.plan import RebootNode, ResumeNode, SubmitCanary
+
+    params, rng = Params(), random.Random(0)
+    # The push tick reuses a scrape from before the fault (as the daemon does on a push) ...
+    state, t = _xid79_quarantine(params, rng, 1000.0, scrape_missing=None)
+    reason = state.lifecycle[NODE].reason
+    # ... so the next tick's scrape is the first to show GPU 3 gone: new fatal evidence, recorded at this
+    # tick's time, which is also the start of the reboot this tick decides (Slurm shows it drained, empty).
+    t += 2
+    result = tick(state, Observations(t, slurm("IDLE+DRAIN", reason), sample(t, missing=3)), params, t, rng)
+    assert any(isinstance(a, RebootNode) for a in result.plan.actions), result.plan.actions
+    state = result.state
+    reason = state.lifecycle[NODE].reason
+    # Back after the reboot: responding, drained by us, all 8 GPUs in a sample taken after the settle time.
+    t += params.lifecycle.reboot_settle_s + 5
+    result = tick(state, Observations(t, slurm("IDLE+DRAIN", reason), sample(t)), params, t, rng)
+    kinds = {type(a) for a in result.plan.actions}
+    assert {ResumeNode, SubmitCanary} <= kinds, result.plan.actions
+    assert result.state.lifecycle[NODE].stage.value == "canary"

@@ -172,6 +172,7 @@ class Cluster:
         if jobs:
             self.exec("slurmctld", "scancel", *jobs, check=False)
         self.fy_service(CONTROLLER, "controller", "stop")
+        self.wait_no_reboot(timeout)
         # Fresh fake GPUs (faults, counters, fatal.json and the push spool gone), slurmd untouched.
         with ThreadPoolExecutor(len(NODES)) as pool:
             list(pool.map(lambda n: self.fy_service(n, "agent", "restart", "--wipe"), NODES))
@@ -181,6 +182,7 @@ class Cluster:
             interval=0.2,
             what="an empty job queue",
         )
+        self.wait_no_reboot(timeout)
         for node, fields in self.node_info().items():
             state = fields.get("State", "")
             if "DRAIN" in state or "DOWN" in state or "FAIL" in state:
@@ -189,6 +191,24 @@ class Cluster:
             self.poll(lambda n=node: self.metrics(n), timeout=60, interval=0.1, what=f"{node}'s agent")
         self.fy_service(CONTROLLER, "controller", "restart", "--wipe")
         self.poll(self.world_is_clean, timeout=timeout, interval=0.2, what="a clean, labelled cluster")
+
+    def wait_no_reboot(self, timeout: float = 120) -> None:
+        """Until no node is rebooting (the ladder's ``scontrol reboot``: fleetyield-docker-reboot restarts
+        the node's container) or not responding: such a node can be neither exec'd into nor resumed."""
+
+        def settled() -> bool:
+            for node in NODES:
+                running = subprocess.run(
+                    [self.docker, "inspect", "-f", "{{.State.Running}}", node], capture_output=True, text=True
+                ).stdout.strip()
+                if running != "true":
+                    return False
+            states = [f.get("State", "") for f in self.node_info().values()]
+            return not any(
+                w in st for st in states for w in ("REBOOT", "NOT_RESPONDING", "POWERING", "UNKNOWN")
+            )
+
+        self.poll(settled, timeout=timeout, interval=0.2, what="no node rebooting or not responding")
 
     def world_is_clean(self) -> bool:
         info = self.node_info()

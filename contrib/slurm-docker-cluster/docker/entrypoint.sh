@@ -165,6 +165,24 @@ slurmd)
     [[ -c /dev/nvidia$i ]] || mknod -m 0666 "/dev/nvidia$i" c 195 "$i"
   done
   install -d /var/spool/slurmd /var/lib/fleetyield-agent /run/fleetyield/hpc-jobs
+  # Checkpoint convention (prolog_epilog/epilog.py): jobs write `date +%s > .../ckpt/$SLURM_JOB_ID`.
+  install -d -m 1733 /var/spool/fleetyield/ckpt
+  # Booting after `scontrol reboot` (docker/fleetyield-docker-reboot.sh left the marker): power-cycle
+  # every fake GPU before the agent starts, and let slurmd report this start as the boot time (-b), which
+  # is what tells slurmctld that the reboot it issued is done.
+  slurmd_args=()
+  if [[ -e /var/spool/fleetyield-reboot/requested ]]; then
+    log "booting after a reboot requested by slurmctld: power-cycling the fake GPUs, slurmd -b"
+    if command -v fleetyield-agent >/dev/null; then
+      for ((i = 0; i < ${FLEETYIELD_GPUS:-8}; i++)); do
+        fleetyield-agent reset --gpu "$i" --backend fake --state-dir /var/lib/fleetyield-agent >/dev/null 2>&1 \
+          || log "WARNING: power-on reset of fake GPU $i failed"
+      done
+    fi
+    echo "$(date +%s.%N) booted: fake GPUs power-cycled, slurmd -b" >>/var/log/fleetyield/reboot.log
+    rm -f /var/spool/fleetyield-reboot/requested
+    slurmd_args=(-b)
+  fi
   if command -v fleetyield-agent >/dev/null && fleetyield-agent --help >/dev/null 2>&1; then
     push=()
     if [[ -n ${FLEETYIELD_PUSH_URL:-} ]]; then
@@ -182,7 +200,7 @@ slurmd)
     log "WARNING: fleetyield-agent is not installed in this image; node agent not started"
   fi
   wait_for slurmctld slurmctld_up
-  main_process slurmd -D
+  main_process slurmd -D "${slurmd_args[@]}"
   ;;
 controller)
   # The FleetYield controller: slurm client + munge key + /etc/fleetyield/fleetyield.toml + the push

@@ -6,20 +6,23 @@
 #     start    let the supervisor start it again (within ~0.1 s) and wait until it runs
 #     restart  stop + start; --wipe: delete its state in between
 #                agent:      the fake GPU state, fatal.json and the push spool (/var/lib/fleetyield-agent)
-#                controller: the SQLite store (/var/lib/fleetyield/fleetyield.db*)
+#                controller: the SQLite store (/var/lib/fleetyield/fleetyield.db*) and the gate
+#                            (/var/lib/fleetyield/gate: proposals, nonces, audit log; not admin/ keys)
 #     status   "running <pid>" (exit 0) or "stopped" (exit 3)
+#     kill9    crash it: SIGKILL, no clean shutdown, and let the supervisor start it again at once (no
+#              crash backoff, so crash tests can kill it many times in a row); prints the killed pid
 # How: the entrypoint's supervise() keeps the child's pid in /run/fleetyield/NAME.pid and does not
 # (re)start it while /run/fleetyield/NAME.disabled exists.
 set -euo pipefail
 RUN_DIR=/run/fleetyield
-usage() { echo "usage: fy-service agent|controller status|stop|start|restart [--wipe]" >&2; exit 2; }
+usage() { echo "usage: fy-service agent|controller status|stop|start|restart [--wipe]|kill9" >&2; exit 2; }
 (($# >= 2)) || usage
 name=$1 op=$2 wipe=0
 [[ ${3:-} == --wipe ]] && wipe=1
 case "$name" in
   agent) state=(/var/lib/fleetyield-agent) ;;
   controller) state=(/var/lib/fleetyield/fleetyield.db /var/lib/fleetyield/fleetyield.db-wal
-                     /var/lib/fleetyield/fleetyield.db-shm) ;;
+                     /var/lib/fleetyield/fleetyield.db-shm /var/lib/fleetyield/gate) ;;
   *) usage ;;
 esac
 pidfile="$RUN_DIR/$name.pid" flag="$RUN_DIR/$name.disabled"
@@ -54,7 +57,7 @@ wipe_state() {
   if [[ $name == agent ]]; then
     find "${state[0]}" -mindepth 1 -delete
   else
-    rm -f "${state[@]}"
+    rm -rf "${state[@]}"
   fi
 }
 
@@ -63,5 +66,12 @@ case "$op" in
   stop) stop ;;
   start) start ;;
   restart) stop; ((wipe)) && wipe_state; start ;;
+  kill9)
+    pid=$(running_pid) || { echo "fy-service: $name is not running" >&2; exit 3; }
+    touch "$flag"  # the supervisor then treats the exit as requested: no backoff
+    kill -KILL "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
+    echo "$pid"
+    start ;;
   *) usage ;;
 esac
