@@ -212,6 +212,15 @@ def _write_job_state(config: lib.HookConfig, env: Mapping[str, str], job_id: str
     lib.atomic_write(os.path.join(directory, f"{job_id}.json"), json.dumps(state, sort_keys=True).encode())
 
 
+def is_canary(env: Mapping[str, str]) -> bool:
+    """A FleetYield canary: submitted by root (the controller) with the canary job name or constraint."""
+    if env.get("SLURM_JOB_UID", "").strip() != "0":
+        return False
+    name = env.get("SLURM_JOB_NAME", "")
+    constraints = env.get("SLURM_JOB_CONSTRAINTS", "")
+    return name.startswith("fy_canary_") or "fy_canary" in constraints.replace("&", ",").split(",")
+
+
 def run(env: Mapping[str, str], log: lib.Logger) -> int:
     """The prolog proper. Returns the exit status; raises ``HookTimeout`` at the deadline."""
     started = time.monotonic()
@@ -229,7 +238,12 @@ def run(env: Mapping[str, str], log: lib.Logger) -> int:
         log("ERROR", f"SLURM_JOB_ID {job_id!r} missing or invalid (not run by slurmd?); allowing")
         return EXIT_ALLOW
 
-    # (a) the node agent's pending fatal events: local file, checked first.
+    # (a) the node agent's pending fatal events: local file, checked first. FleetYield's own canary jobs
+    # (root, named fy_canary_* or constrained to fy_canary) are let through: they ARE the check of a node
+    # with pending events; refusing them would make Slurm drain it as "Prolog error", out of our hands.
+    if is_canary(env):
+        log("INFO", f"canary job {job_id}: fatal-marker check skipped (the canary is the check)")
+        return EXIT_ALLOW
     try:
         fatal = read_fatal(config.agent_state_dir, log)
     except lib.HookTimeout:

@@ -7,7 +7,7 @@ this tick (``ledger``) and the risk model's track record (``calibration``). The 
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
-route -> gate (proposals) -> plan -> remember -> settle -> learn.
+premium widening -> route -> gate (proposals) -> plan -> remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
 of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
@@ -25,6 +25,7 @@ from slurm_fleetyield.core import (
     gate,
     learn,
     memory,
+    premium,
     price,
     profile,
     quarantine,
@@ -45,7 +46,7 @@ from slurm_fleetyield.core.model import (
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Plan
 from slurm_fleetyield.core.signals import channel_layout
-from slurm_fleetyield.core.state import ControllerState, LearnMemory, SettleMemory
+from slurm_fleetyield.core.state import ControllerState, LearnMemory, PremiumMemory, SettleMemory
 
 __all__ = ["LogEvent", "NodeDecision", "TickResult", "tick"]
 
@@ -94,7 +95,8 @@ def tick(
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
-    decisions, updates = route.route(obs, priced, envelopes)
+    pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
+    decisions, updates = route.route(obs, priced, envelopes, pw.lent, pw.reason)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
     actions = (*updates, *_merge_drains(drains.drains, rh.drains), *rh.actions, *proposed.actions)
@@ -104,8 +106,8 @@ def tick(
     learned, calibration = learn.learn(
         state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now
     )
-    new_state = _next_state(remembered, rh, proposed, decided, settled, learned)
-    events = (*sensed.events, *drains.events, *decided.events, *rh.events, *priced.events, *proposed.events)
+    new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw.memory)
+    events = tuple(e for stage in (sensed, drains, decided, rh, priced, pw, proposed) for e in stage.events)
     return TickResult(
         new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calibration
     )
@@ -118,6 +120,7 @@ def _next_state(
     decided: gate.Decided,
     settled: SettleMemory,
     learned: LearnMemory,
+    lending: PremiumMemory,
 ) -> ControllerState:
     return replace(
         remembered,
@@ -127,6 +130,7 @@ def _next_state(
         denials=decided.denials,
         settle=settled,
         learn=learned,
+        premium=lending,
     )
 
 

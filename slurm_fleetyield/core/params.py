@@ -196,7 +196,7 @@ class ProfileParams(BaseModel):
         ("h100", "h200", "b200", "gb200"),
         description="A node is premium when Slurm's gpu_type or any NVML model name contains one of these "
         "(case-insensitive substring). Premium nodes are priced last so that cheap work fills other "
-        "nodes first, and never admit decode.",
+        "nodes first, and admit decode only when lent by premium widening (see premium).",
     )
     nvlink_gpu_models: tuple[str, ...] = Field(
         ("sxm", "hbm3", "h200", "b200", "gb200", "nvl"),
@@ -327,6 +327,57 @@ class PriceParams(BaseModel):
             if not 1 <= w < 2**31:
                 raise ValueError(f"weight of tier {k!r} must be in 1..2^31-1, got {w!r}")
         return v
+
+
+class PremiumParams(BaseModel):
+    """Premium widening (core/premium.py): lend fy_ok_decode to premium nodes while decode is stuck and no
+    premium-needing work waits. The reservation is a shadow price (weights), not a wall."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        True,
+        description="Lend fy_ok_decode to idle premium nodes when pending decode fits no non-premium node "
+        "and no premium-needing job (settle.premium_needing_classes) is pending. Off: the old wall (decode "
+        "never on premium GPUs), which on a decode-heavy fleet leaves premium GPUs idle while decode queues "
+        "(simulated: -17% net goodput on the openb workload, docs/simulator.md).",
+    )
+    reserve_nodes: int = Field(
+        1,
+        ge=0,
+        description="Never lend the last this-many eligible premium nodes. Lent decode is not preempted when "
+        "premium work arrives (Slurm preemption is out of scope), so the reserve is what a newly submitted "
+        "premium job can start on at once.",
+    )
+    reserve_fraction: float = Field(
+        0.10,
+        ge=0,
+        lt=1,
+        description="... nor this fraction of them (rounded up); the larger of the two applies. 10%: one "
+        "node in ten stays unlent, enough for a typical finetune without waiting for decode to drain.",
+    )
+    gang_memory_s: float = Field(
+        7 * 86_400.0,
+        gt=0,
+        description="The reserve also covers the largest premium-needing job (in nodes) seen running or "
+        "pending within this window: lent decode is not preempted, so a gang must find its nodes unlent. "
+        "A week: longer than the gap between gangs of a training program, short enough to forget a one-off.",
+    )
+    lend_after_s: float = Field(
+        300.0,
+        ge=0,
+        description="Decode must have been waiting (not fitting any fy_ok_decode node) for this long, across "
+        "consecutive ticks, before a premium node is lent: a burst that the next scheduling passes absorb "
+        "never touches premium GPUs. Five minutes: many Slurm scheduling passes, short against decode "
+        "service lifetimes.",
+    )
+    hysteresis_s: float = Field(
+        1800.0,
+        ge=0,
+        description="A lent node is returned only after decode has not been waiting for this long (premium "
+        "demand withdraws at once). Half an hour: features do not flap with a queue that drains and "
+        "refills between ticks.",
+    )
 
 
 class GateParams(BaseModel):
@@ -468,6 +519,7 @@ class Params(BaseModel):
     quarantine: QuarantineParams = Field(default_factory=QuarantineParams, description="Drains and caps.")
     lifecycle: LifecycleParams = Field(default_factory=LifecycleParams, description="Rehabilitation.")
     gate: GateParams = Field(default_factory=GateParams, description="Drain proposals.")
+    premium: PremiumParams = Field(default_factory=PremiumParams, description="Premium widening.")
     settle: SettleParams = Field(default_factory=SettleParams, description="Job ledger.")
     learn: LearnParams = Field(default_factory=LearnParams, description="Recalibration and lemons.")
 

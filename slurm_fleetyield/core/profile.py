@@ -4,8 +4,9 @@ Input: sensed nodes (per-GPU readings and rates), the Slurm view (``gpu_type``) 
 Output: one ``Envelope`` per node: premium or not, NVLink present and clean, HBM complete and healthy.
 
 Workload classes and the envelope each needs (``route`` turns these into admission features):
-- decode (inference): memory-bandwidth bound, small, latency sensitive. Needs healthy HBM; must not use
-  premium GPUs (their NVLink and HBM capacity are wasted on it).
+- decode (inference): memory-bandwidth bound, small, latency sensitive. Needs healthy HBM; kept off premium
+  GPUs (their NVLink and HBM capacity are wasted on it) unless decode is stuck and no premium-needing work
+  waits: then core/premium.py lends it premium nodes (a shadow price, not a wall).
 - pretrain (gangs): bound by NVLink collectives and expensive to lose (not checkpoint-cheap). Needs every
   GPU's NVLink clean and a green node.
 - finetune: bound by HBM capacity. Needs full HBM (no lost capacity, no pending or failed remaps).

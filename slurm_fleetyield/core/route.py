@@ -19,7 +19,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 | fy_ok_train        | tier green and NVLink intact: fy_nvlink_full, or a board without NVLink (L40S...)  |
 |                    | (gangs that need NVLink also ask for fy_nvlink_full explicitly)                    |
 | fy_ok_finetune     | tier green and fy_hbm_full                                                         |
-| fy_ok_decode       | tier green, fy_nonpremium and fy_hbm_full (decode never on premium GPUs)           |
+| fy_ok_decode       | tier green and fy_hbm_full, and fy_nonpremium -- or a premium node lent to waiting |
+|                    | decode by core/premium.py (no premium-needing job pending; a reserve stays unlent)  |
 | fy_canary          | tier canary (only rehabilitation probes)                                           |
 | fy_lemon           | repeated fatal failures (core/learn.py): no fy_ok_train / fy_ok_finetune /          |
 |                    | fy_ok_decode (off gangs and premium-class work); fy_ok_batch kept when healthy     |
@@ -42,10 +43,12 @@ from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
+_DECODE = f"{FY_PREFIX}ok_decode"
 
 
-def fy_features(tier: Tier, env: Envelope, lemon: bool = False) -> tuple[str, ...]:
-    """The fy_ features of a node in ``tier`` with envelope ``env`` (``lemon``: see learn), sorted."""
+def fy_features(tier: Tier, env: Envelope, lemon: bool = False, lent: bool = False) -> tuple[str, ...]:
+    """The fy_ features of a node in ``tier`` with envelope ``env`` (``lemon``: see learn; ``lent``: a
+    premium node lent fy_ok_decode by core/premium.py), sorted."""
     f = [f"{FY_PREFIX}tier_{tier.value}", f"{FY_PREFIX}premium" if env.premium else f"{FY_PREFIX}nonpremium"]
     if env.nvlink_full:
         f.append(f"{FY_PREFIX}nvlink_full")
@@ -60,7 +63,7 @@ def fy_features(tier: Tier, env: Envelope, lemon: bool = False) -> tuple[str, ..
             f.append(f"{FY_PREFIX}ok_train")
         if env.hbm_full:
             f.append(f"{FY_PREFIX}ok_finetune")
-            if not env.premium:
+            if not env.premium or lent:
                 f.append(f"{FY_PREFIX}ok_decode")
     if tier is Tier.CANARY:
         f.append(f"{FY_PREFIX}canary")
@@ -68,25 +71,36 @@ def fy_features(tier: Tier, env: Envelope, lemon: bool = False) -> tuple[str, ..
 
 
 def route(
-    obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]
+    obs: Observations,
+    priced: Priced,
+    envelopes: Mapping[str, Envelope],
+    lent: frozenset[str] = frozenset(),
+    lent_reason: str = "",
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
+    """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why."""
     decisions: dict[str, NodeDecision] = {}
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
     cache: dict[
-        tuple[Tier, bool, bool, bool, bool], tuple[str, ...]
+        tuple[Tier, bool, bool, bool, bool, bool], tuple[str, ...]
     ] = {}  # most nodes share a handful of these
     for name in sorted(obs.slurm):
         slurm = obs.slurm[name]
         pn = priced.nodes[name]
         env = envelopes.get(name, Envelope())
+        is_lent = name in lent
+        reason = pn.reason
         if pn.keep_fy is not None:
             fy = pn.keep_fy
+            if env.premium and not is_lent and _DECODE in fy:  # a loan ends even while the node is dark
+                fy = tuple(f for f in fy if f != _DECODE)
         else:
             tier = pn.feature_tier or pn.tier
-            key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon)
+            key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon, is_lent)
             fy = cache.get(key)
             if fy is None:
-                fy = cache[key] = fy_features(tier, env, pn.lemon)
+                fy = cache[key] = fy_features(tier, env, pn.lemon, is_lent)
+        if is_lent:
+            reason = f"{reason}; fy_ok_decode lent (premium widening: {lent_reason})"
         admin = slurm.admin_features
         features = (*admin, *fy)
         managed = pn.managed and _slurm_known(slurm)
@@ -99,7 +113,7 @@ def route(
             features,
             pn.weight,
             "+".join(sorted(slurm.states)),
-            pn.reason,
+            reason,
             pn.evidence,
             env,
             managed,

@@ -82,6 +82,7 @@ class SimSlurm:
         self.out = 0  # nodes drained or down (no new work)
         self.canaries: dict[str, tuple[str, int]] = {}  # node -> (token, count) of the submitted round
         self._canary_job = 900_000_000
+        self.pending: Callable[[], Sequence[JobView]] | None = None  # the queue, as squeue shows it
 
     # ---- SlurmPort -------------------------------------------------------------------------------------
 
@@ -106,10 +107,19 @@ class SimSlurm:
         return self._views
 
     def read_jobs(self) -> Sequence[JobView]:
-        return tuple(
-            JobView(p.job_id, "RUNNING", p.nodes, p.requeue, WorkloadClass(p.workload), p.gpus_per_node)
+        """Running jobs (``gpus``: the whole job's, as ``squeue --json`` reports), then the pending ones."""
+        running = tuple(
+            JobView(
+                p.job_id,
+                "RUNNING",
+                p.nodes,
+                p.requeue,
+                WorkloadClass(p.workload),
+                p.gpus_per_node * len(p.nodes),
+            )
             for p in sorted(self.running.values(), key=lambda p: p.job_id)
         )
+        return running + tuple(self.pending()) if self.pending is not None else running
 
     def apply(self, plan: Plan) -> ApplyReport:
         results = []

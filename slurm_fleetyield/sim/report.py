@@ -12,8 +12,10 @@ after quiet corruption; ``failures_hitting_jobs`` = interruptions of running job
 ``premium_misuse_gpu_h`` = GPU-hours of work that does not need premium GPUs (decode, batch, finetune) on
 premium nodes while premium-needing work (pretrain gangs) waited; ``queue_delay_h`` per class = mean wait to
 first start; ``drained_gpu_h`` = GPU-hours of nodes drained or down; ``gap_closed`` =
-(policy - baseline) / (oracle - baseline) of net goodput, per seed, then averaged (undefined when the oracle
-does not beat the baseline on that seed).
+(policy - baseline) / (oracle - baseline) of net goodput, per seed, then averaged. It is undefined on a seed
+where the oracle beats the baseline by less than ``GAP_MIN_FRACTION`` of the baseline's net goodput (a ratio
+over a near-zero gap is noise, not a result: 0.1 GPU-h of headroom would turn a 5 GPU-h loss into "-50x"),
+and reported as n/a with that reason when it is undefined on more than half the seeds.
 The CI is mean +/- t(0.975, n-1) x sd / sqrt(n) over seeds.
 """
 
@@ -73,6 +75,7 @@ SCALARS = (
 )
 TABLE = (
     "net_goodput_gpu_h",
+    "net_vs_baseline",
     "wasted_gpu_h",
     "failures_hitting_jobs",
     "premium_misuse_gpu_h",
@@ -96,11 +99,30 @@ def ci(xs: Sequence[float]) -> dict[str, float]:
     return {"mean": mean, "lo": mean - h, "hi": mean + h, "n": n}
 
 
+GAP_MIN_FRACTION = 0.01
+"""The oracle must beat the baseline by 1% of the baseline's net goodput for gap_closed to mean anything."""
+
+
 def _gap(m: Mapping[str, Any], base: Mapping[str, Any], oracle: Mapping[str, Any]) -> float:
-    d = oracle["net_goodput_gpu_h"] - base["net_goodput_gpu_h"]
-    if d <= 0:
+    b = base["net_goodput_gpu_h"]
+    d = oracle["net_goodput_gpu_h"] - b
+    if d <= GAP_MIN_FRACTION * abs(b) or d <= 0:
         return math.nan
-    return (m["net_goodput_gpu_h"] - base["net_goodput_gpu_h"]) / d
+    return (m["net_goodput_gpu_h"] - b) / d
+
+
+def _gap_row(results: Mapping[int, Mapping[str, Mapping[str, Any]]], p: str) -> dict[str, Any]:
+    seeds = sorted(results)
+    gaps = [_gap(results[s][p], results[s]["baseline"], results[s]["oracle"]) for s in seeds]
+    undefined = sum(1 for g in gaps if not math.isfinite(g))
+    row: dict[str, Any] = ci(gaps) if undefined * 2 <= len(seeds) else dict(ci([]))
+    row["undefined_seeds"] = undefined
+    if undefined * 2 > len(seeds):
+        row["na_reason"] = (
+            f"oracle within {GAP_MIN_FRACTION:.0%} of baseline net goodput on {undefined}/{len(seeds)} "
+            "seeds: no headroom to close (compare net goodput directly)"
+        )
+    return row
 
 
 def build(cfg: Any, results: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
@@ -113,13 +135,19 @@ def build(cfg: Any, results: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> d
             row[k] = ci([results[s][p][k] for s in seeds])
         classes = sorted(results[seeds[0]][p]["queue_delay_h"])
         row["queue_delay_h"] = {c: ci([results[s][p]["queue_delay_h"][c] for s in seeds]) for c in classes}
+        if "baseline" in results[seeds[0]]:
+            row["net_vs_baseline"] = ci([_rel(results[s][p], results[s]["baseline"]) for s in seeds])
         if "baseline" in results[seeds[0]] and "oracle" in results[seeds[0]]:
-            row["gap_closed"] = ci(
-                [_gap(results[s][p], results[s]["baseline"], results[s]["oracle"]) for s in seeds]
-            )
+            row["gap_closed"] = _gap_row(results, p)
         out["policies"][p] = row
     out["per_seed"] = {str(s): {p: {k: results[s][p][k] for k in SCALARS} for p in policies} for s in seeds}
     return _round(out)
+
+
+def _rel(m: Mapping[str, Any], base: Mapping[str, Any]) -> float:
+    """Net goodput relative to the baseline's, per seed (0.05 = 5% more)."""
+    b = base["net_goodput_gpu_h"]
+    return (m["net_goodput_gpu_h"] - b) / abs(b) if b else math.nan
 
 
 def _round(x: Any) -> Any:
@@ -146,7 +174,9 @@ def table(rep: Mapping[str, Any]) -> str:
         cells = [p]
         for k in TABLE:
             c = row.get(k)
-            if not c or c["mean"] is None:
+            if c and c.get("na_reason"):
+                cells.append("n/a*")
+            elif not c or c["mean"] is None:
                 cells.append("-")
             else:
                 cells.append(f"{c['mean']:.3g} [{_f(c['lo'])}, {_f(c['hi'])}]")
@@ -156,7 +186,15 @@ def table(rep: Mapping[str, Any]) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     lines.append("")
+    reasons = {
+        r["gap_closed"]["na_reason"]
+        for r in rep["policies"].values()
+        if r.get("gap_closed", {}).get("na_reason")
+    }
+    for why in sorted(reasons):
+        lines.append(f"* gap_closed n/a: {why}")
     lines.append(
+        "net_vs_baseline: (policy - baseline) / baseline net goodput, per seed; "
         "queue delay (h, mean over seeds): "
         + "; ".join(
             f"{p}: "
@@ -223,8 +261,14 @@ def sweep_table(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> str:
         for p, row in rep["policies"].items():
             g, gc = row["net_goodput_gpu_h"], row.get("gap_closed")
             gtxt = f"{g['mean']:.4g} [{_f(g['lo'])}, {_f(g['hi'])}]"
-            ctxt = (
-                "-" if not gc or gc["mean"] is None else f"{gc['mean']:.3f} [{_f(gc['lo'])}, {_f(gc['hi'])}]"
-            )
+            if gc and gc.get("na_reason"):
+                ctxt = f"n/a ({gc['na_reason']})"
+            elif not gc or gc["mean"] is None:
+                ctxt = "-"
+            else:
+                ctxt = f"{gc['mean']:.3f} [{_f(gc['lo'])}, {_f(gc['hi'])}]"
+            r = row.get("net_vs_baseline")
+            if r and r["mean"] is not None:
+                gtxt += f" ({r['mean']:+.1%})"
             lines.append(f"{share:>6.2f}  {p:<14} {gtxt:<34} {ctxt}")
     return "\n".join(lines) + "\n"

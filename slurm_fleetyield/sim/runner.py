@@ -19,8 +19,12 @@ Policies:
 - ``oracle``: knows every future fault: drains a node ``oracle_lead_s`` before each fault (checkpointing
   first: no progress lost), swaps the GPU, and routes with the core's own feature/weight functions fed the
   true state (lemon nodes yellow). The upper bound.
-- ablations: ``fy_no_premium`` (decode gets fy_ok_finetune: no premium reservation), ``fy_no_yellow`` (batch
-  needs fy_tier_green too: no yellow reclaim), ``fy_no_drain`` (proposals never approved).
+- ablations: ``fy_no_premium`` (decode gets fy_ok_finetune: no premium reservation at all),
+  ``fy_no_widening`` (``premium.enabled = False``: the old wall, decode never on premium GPUs),
+  ``fy_no_yellow`` (batch needs fy_tier_green too: no yellow reclaim), ``fy_no_drain`` (proposals never
+  approved).
+The core sees the queue as ``squeue`` shows it: running jobs with their nodes and GPUs, and every pending job
+with its class and GPUs (premium widening, core/premium.py, decides from them).
 
 Control interval: a tick every ``control_interval_s`` (default 900 s = 15 simulated minutes) plus an
 immediate tick on every pushed fatal event (the live daemon ticks every 30 s and at once on a push; 15 min
@@ -51,9 +55,11 @@ from slurm_fleetyield.core.model import (
     Envelope,
     FatalEvent,
     GpuReading,
+    JobView,
     NodeSample,
     Observations,
     Tier,
+    WorkloadClass,
 )
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Plan
@@ -69,8 +75,16 @@ from slurm_fleetyield.sim import faults as fm
 from slurm_fleetyield.sim import traces
 from slurm_fleetyield.sim.cluster import SimSlurm
 
-POLICIES = ("baseline", "fleetyield", "oracle", "fy_no_premium", "fy_no_yellow", "fy_no_drain")
-FY_POLICIES = frozenset({"fleetyield", "fy_no_premium", "fy_no_yellow", "fy_no_drain"})
+POLICIES = (
+    "baseline",
+    "fleetyield",
+    "oracle",
+    "fy_no_premium",
+    "fy_no_widening",
+    "fy_no_yellow",
+    "fy_no_drain",
+)
+FY_POLICIES = frozenset({"fleetyield", "fy_no_premium", "fy_no_widening", "fy_no_yellow", "fy_no_drain"})
 PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
 OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
 ADMIN_CONSTRAINT = {"pretrain": ("h100",)}  # gangs need NVLink boards under every policy (an admin feature)
@@ -124,6 +138,13 @@ class SimConfig:
         d = asdict(self)
         d["faults"] = asdict(self.faults)
         return d
+
+
+def policy_params(policy: str) -> Params:
+    """Default ``Params``; ``fy_no_widening`` switches premium widening off (the old wall)."""
+    if policy == "fy_no_widening":
+        return Params(premium={"enabled": False})
+    return Params()
 
 
 # ---- inputs shared by all policies of a seed -------------------------------------------------------------
@@ -220,7 +241,7 @@ def controller_step(
 
 
 class _JobState:
-    __slots__ = ("done", "extra", "first_start", "job", "run_id", "started")
+    __slots__ = ("done", "extra", "finished", "first_start", "job", "run_id", "started")
 
     def __init__(self, job: traces.Job) -> None:
         self.job = job
@@ -229,6 +250,7 @@ class _JobState:
         self.started: float | None = None
         self.first_start: float | None = None
         self.run_id = 0
+        self.finished = False  # completed: its work is already counted as useful
 
 
 class Simulation:
@@ -236,7 +258,7 @@ class Simulation:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.cfg, self.policy, self.inp = cfg, policy, inputs
-        self.params = params or Params()
+        self.params = params or policy_params(policy)
         self.now = 0.0
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -253,6 +275,8 @@ class Simulation:
                 )
             )
         self.slurm = SimSlurm(specs, self._requeue_from_drain, cfg.bf_max_job_test)
+        self.slurm.pending = self._pending_views
+        self._views: dict[int, JobView] = {}
         self.jobs: dict[int, _JobState] = {}
         self.queue: list[tuple[float, int]] = []  # (submit, job_id), priority order
         self.constraint: dict[str, frozenset[str]] = {
@@ -308,6 +332,16 @@ class Simulation:
         self.misuse_gpus = 0  # GPUs of non-premium-needing work on premium nodes
         self.pending_premium = 0  # queued premium-needing jobs
         self._last_t = 0.0
+
+    def _pending_views(self) -> tuple[JobView, ...]:
+        out = []
+        for _submit, jid in self.queue:
+            v = self._views.get(jid)
+            if v is None:
+                j = self.jobs[jid].job
+                v = self._views[jid] = JobView(jid, "PENDING", (), True, WorkloadClass(j.workload), j.gpus)
+            out.append(v)
+        return tuple(out)
 
     def _class_features(self, c: str) -> tuple[str, ...]:
         if self.policy == "baseline":
@@ -368,7 +402,7 @@ class Simulation:
                 self.m["useful_gpu_h"] += (
                     js.job.gpus * min(horizon - js.started + js.done, js.job.duration) / HOUR
                 )
-            elif js.done:
+            elif js.done and not js.finished:  # interrupted, waiting in the queue: its retained progress
                 self.m["useful_gpu_h"] += js.job.gpus * js.done / HOUR
         return self._metrics()
 
@@ -439,6 +473,7 @@ class Simulation:
         self._release(js)
         js.done = js.job.duration
         js.extra = 0.0
+        js.finished = True
         self.m["useful_gpu_h"] += js.job.gpu_hours
         self.m["jobs_completed"] += 1
 

@@ -243,3 +243,23 @@ def test_console_script_entry_point(node: Any) -> None:
         pytest.skip("fleetyield-prolog console script not installed (pip install -e .)")
     proc = subprocess.run([script], env=node.env(), capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "allowed"),
+    [
+        ({"SLURM_JOB_UID": "0", "SLURM_JOB_NAME": "fy_canary_ab12"}, True),
+        ({"SLURM_JOB_UID": "0", "SLURM_JOB_CONSTRAINTS": "fy_canary"}, True),
+        ({"SLURM_JOB_UID": "1000", "SLURM_JOB_NAME": "fy_canary_ab12"}, False),  # a user cannot pose as one
+        ({"SLURM_JOB_UID": "0", "SLURM_JOB_NAME": "train"}, False),  # root's other jobs are gated too
+    ],
+)
+def test_controller_canary_passes_pending_fatal_events(
+    node: Any, hook: Any, extra: dict[str, str], allowed: bool
+) -> None:
+    # The canary is the check of a node with pending events: refusing it would let Slurm drain the node as
+    # "Prolog error", which FleetYield must then treat as someone else's drain.
+    node.write_fatal([FATAL_79])
+    env = node.env()
+    env.update(extra)
+    assert (hook("prolog", env).rc == 0) is allowed

@@ -1,4 +1,4 @@
-"""Whole runs: determinism, and the ordering oracle >= fleetyield >= baseline where precursors are visible."""
+"""Whole runs: determinism, the oracle as an upper bound, and useful work counted once."""
 
 from __future__ import annotations
 
@@ -46,8 +46,25 @@ def test_oracle_beats_fleetyield_beats_baseline_with_visible_precursors() -> Non
     rep = report.build(runner.make_config(**SMALL), results)
     net = {p: rep["policies"][p]["net_goodput_gpu_h"]["mean"] for p in ("baseline", "fleetyield", "oracle")}
     hits = {p: rep["policies"][p]["failures_hitting_jobs"]["mean"] for p in net}
-    assert net["oracle"] >= net["fleetyield"] >= net["baseline"], net
+    # The oracle bounds both. FleetYield >= baseline on net goodput is NOT asserted: it only held while the
+    # runner counted every completed job twice (fixed with premium widening); with honest accounting this
+    # 16-node synthetic fleet gives baseline 30,680 vs fleetyield 28,890 GPU-h (docs/simulator.md).
+    assert net["oracle"] >= max(net["fleetyield"], net["baseline"]), net
     assert hits["oracle"] <= hits["fleetyield"] <= hits["baseline"], hits
+
+
+def test_completed_work_is_counted_once() -> None:
+    cfg = runner.make_config(**{**SMALL, "days": 4})
+    sim = runner.Simulation(cfg, "baseline", runner.build_inputs(cfg))
+    m = sim.run()
+    expect = 0.0
+    for js in sim.jobs.values():
+        j = js.job
+        if js.started is not None:
+            expect += j.gpus * min(cfg.horizon_s - js.started + js.done, j.duration) / 3600
+        else:
+            expect += j.gpus * js.done / 3600
+    assert abs(m["useful_gpu_h"] - expect) < 1e-6 * max(1.0, expect)
 
 
 def test_unknown_policy_and_option_are_errors() -> None:

@@ -1,0 +1,1 @@
+"""Chaos service: seeded, replayable timelines of jobs, GPU faults and implants against a live cluster."""
