@@ -14,7 +14,9 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-TITAN_CSV = "/work/shared/data/titan-gpu-lifetimes/gc_full.csv"
+from slurm_fleetyield.sim.data import titan_csv
+
+TITAN_CSV = str(titan_csv())
 
 
 @dataclass(frozen=True, slots=True)

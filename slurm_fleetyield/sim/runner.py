@@ -74,6 +74,7 @@ from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.sim import faults as fm
 from slurm_fleetyield.sim import traces
 from slurm_fleetyield.sim.cluster import SimSlurm
+from slurm_fleetyield.sim.data import openb_pods
 
 POLICIES = (
     "baseline",
@@ -117,7 +118,7 @@ class SimConfig:
     days: float = 30.0
     seed: int = 0
     workload: str = "openb"  # openb | synthetic | path to a generic/sacct trace
-    openb_path: str = "/work/shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv"
+    openb_path: str = str(openb_pods())
     load: float = 0.7  # offered GPU-hours / fleet GPU-hours
     gpu_scale: int = 8
     max_duration_h: float = 72.0

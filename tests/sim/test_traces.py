@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from slurm_fleetyield.sim import traces
+from slurm_fleetyield.sim.data import openb_pods
 
-OPENB = Path("/work/shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv")
+OPENB = openb_pods()
 
 
 @pytest.mark.skipif(not OPENB.exists(), reason="shared data not mounted")
