@@ -83,27 +83,7 @@ def verify(
     max_skew_s: float = 300,
 ) -> AgentEventBatch:
     """Check a push request and return its parsed batch, or raise ``SignatureError``."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    node = lowered.get(NODE_HEADER.lower())
-    timestamp = lowered.get(TIMESTAMP_HEADER.lower())
-    signature = lowered.get(SIGNATURE_HEADER.lower())
-    if not node:
-        raise SignatureError(f"missing {NODE_HEADER} header")
-    if not timestamp:
-        raise SignatureError(f"missing {TIMESTAMP_HEADER} header")
-    if not signature:
-        raise SignatureError(f"missing {SIGNATURE_HEADER} header")
-    try:
-        ts = int(timestamp)
-    except ValueError:
-        raise SignatureError(f"bad {TIMESTAMP_HEADER} header: {timestamp!r} is not unix seconds") from None
-    if abs(now - ts) > max_skew_s:
-        raise SignatureError(f"stale timestamp: {ts} is {now - ts:+.0f}s from now (max skew {max_skew_s:g}s)")
-    if not signature.startswith(SIGNATURE_PREFIX):
-        raise SignatureError(f"bad {SIGNATURE_HEADER} header: expected '{SIGNATURE_PREFIX}<hex>'")
-    expected = sign(secret, timestamp, body)
-    if not hmac.compare_digest(expected.encode(), signature.encode()):
-        raise SignatureError("bad signature: body, timestamp or secret do not match")
+    node = verify_signed(secret, headers, body, now, max_skew_s)
     try:
         batch = AgentEventBatch.model_validate_json(body)
     except ValidationError as exc:
