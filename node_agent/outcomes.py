@@ -26,7 +26,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from node_agent.protocol import MAX_OUTCOMES_PER_BATCH, OutcomeBatch, signed_headers
+from node_agent.protocol import MAX_OUTCOMES_PER_BATCH, OutcomeBatch
+from node_agent.push import post_signed
 
 log = logging.getLogger(__name__)
 DEFAULT_OUTCOMES_DIR = Path("/var/spool/fleetyield/outcomes")
@@ -106,11 +107,8 @@ class OutcomeForwarder:
             chunk, items = items[:MAX_OUTCOMES_PER_BATCH], items[MAX_OUTCOMES_PER_BATCH:]
             records = [r if r.get("node") in (None, self.node) else {**r, "node": None} for _, r in chunk]
             body = OutcomeBatch(node=self.node, records=records).model_dump_json().encode()
-            headers = signed_headers(self.secret, self.node, int(self.clock()), body)
-            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    resp.read()
+                post_signed(self.url, self.secret, self.node, body, self.clock(), self.timeout_s)
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 self.failures += 1
                 log.warning("outcome forward to %s failed (%d record(s) kept): %s", self.url, len(chunk), exc)

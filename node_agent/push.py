@@ -55,6 +55,16 @@ def spooled(state_dir: Path) -> list[tuple[Path, AgentEvent]]:
     return out
 
 
+
+def post_signed(url: str, secret: bytes, node: str, body: bytes, now: float, timeout_s: float) -> None:
+    """POST ``body`` signed with the push scheme (``protocol.signed_headers``); raises on any failure
+    (``urllib.error.URLError``, ``OSError``, ``ValueError``), so the caller keeps its spool files."""
+    headers = signed_headers(secret, node, int(now), body)
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        resp.read()
+
+
 class Pusher:
     def __init__(
         self,
@@ -96,11 +106,8 @@ class Pusher:
         while items:
             chunk, items = items[:MAX_BATCH], items[MAX_BATCH:]
             body = AgentEventBatch(node=self.node, events=[e for _, e in chunk]).model_dump_json().encode()
-            headers = signed_headers(self.secret, self.node, int(self.clock()), body)
-            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    resp.read()
+                post_signed(self.url, self.secret, self.node, body, self.clock(), self.timeout_s)
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 self.failures += 1
                 log.warning("push to %s failed (%d event(s) stay spooled): %s", self.url, len(chunk), exc)
