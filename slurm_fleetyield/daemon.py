@@ -180,6 +180,8 @@ class Daemon:
         self._last_sample_time = float("-inf")
         self._live: dict[str, Any] = {"slurm_ok": None, "consecutive_failures": 0, "last_error": None}
         self._live_lock = threading.Lock()
+        self._ticked = threading.Condition()
+        self._last_tick_started = float("-inf")  # clock() at the start of the last committed tick
         self.views = ViewRenderer()  # renders only the nodes that changed since the last committed tick
         self._explained: tuple[int, TickResult] | None = None  # the last committed tick, for live explain
         self.stats.set_ledger(store.ledger_totals())
@@ -289,6 +291,9 @@ class Daemon:
             )
         with self._live_lock:
             self._live.update(last_attempt=now, slurm_ok=slurm_ok, tick=self.tick_no)
+        with self._ticked:
+            self._last_tick_started = now
+            self._ticked.notify_all()
         log.info(
             "tick",
             extra={
@@ -404,6 +409,21 @@ class Daemon:
             return None
         doc = explain_dict(node, explained[1])
         return explained[0], doc, explain_text(doc)
+
+    def wait_tick_after(self, since: float, timeout_s: float) -> bool:
+        """Block until a tick that started at or after ``since`` (clock time) has committed, or the timeout.
+
+        The push listener calls it after waking the loop on a failed attestation verdict, so that the
+        node's drain is applied before the verdict goes back to the Epilog that asked: Slurm gives a node
+        to the next job only once its Epilog has finished, so the drain then always comes first."""
+        deadline = self.monotonic() + timeout_s
+        with self._ticked:
+            while self._last_tick_started < since:
+                left = deadline - self.monotonic()
+                if left <= 0 or self.stop_event.is_set():
+                    return False
+                self._ticked.wait(min(left, 0.1))
+        return True
 
     def live(self) -> dict[str, Any]:
         with self._live_lock:
@@ -563,6 +583,7 @@ def build(
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),
             attest=attest,
+            settle=daemon.wait_tick_after if attest is not None else None,
         )
         servers.append(ingest)
     if config.api.enabled:

@@ -256,32 +256,56 @@ def implant_module(state_dir: Path, name: str) -> Path:
 class HandoverLoop:
     """Re-attest at agent start and every ``interval_s`` (keeps an idle node's verdict from going stale).
 
-    Failures are logged and retried at the next interval; the Epilog's hand-over stays the one that
+    A failed exchange (controller down or restarting, node not enrolled yet) is logged and retried after
+    ``retry_initial_s``, doubling up to ``retry_max_s`` (never beyond ``interval_s``), until one succeeds:
+    a node that boots while its controller is away gets its first verdict within a minute of the
+    controller's return, not 15 minutes later (the Prolog denies a node without one). A verdict that
+    *fails* is an answer, not an error: it is not retried early. The Epilog's hand-over stays the one that
     matters between tenants. ``stop()`` joins the thread.
     """
 
-    def __init__(self, attestor: Attestor, secret: bytes, interval_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        attestor: Attestor,
+        secret: bytes,
+        interval_s: float = 900.0,
+        retry_initial_s: float = 1.0,
+        retry_max_s: float = 60.0,
+    ) -> None:
         self.attestor = attestor
         self.secret = secret
         self.interval_s = interval_s
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
         self.last: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def run_once(self) -> None:
+    def run_once(self) -> bool:
+        """One exchange; True when the controller answered with a verdict (pass or fail)."""
         import logging
 
         try:
             self.last = self.attestor.handover(None, self.secret)
+            return True
         except (AttestError, OSError, ValueError) as exc:
             self.last = {"status": "error", "error": str(exc)}
             logging.getLogger(__name__).warning("attestation hand-over failed: %s", exc)
+            return False
+
+    def next_delay(self, ok: bool, failures: int) -> float:
+        """Seconds to the next exchange after ``failures`` consecutive failed ones (0 after a success)."""
+        if ok:
+            return self.interval_s
+        return min(self.retry_initial_s * 2 ** max(failures - 1, 0), self.retry_max_s, self.interval_s)
 
     def start(self) -> None:
         def loop() -> None:
+            failures = 0
             while not self._stop.is_set():
-                self.run_once()
-                self._stop.wait(self.interval_s)
+                ok = self.run_once()
+                failures = 0 if ok else failures + 1
+                self._stop.wait(self.next_delay(ok, failures))
 
         self._thread = threading.Thread(target=loop, name="fleetyield-attest", daemon=True)
         self._thread.start()

@@ -59,6 +59,10 @@ from slurm_fleetyield.core.model import FatalEvent
 log = logging.getLogger(__name__)
 APPROVALS_PATH = "/v1/approvals"
 ATTEST_PREFIX = "/v1/attest/"
+SETTLE_TIMEOUT_S = 1.0
+"""How long a failed verdict's answer waits for the tick that drains the node (the Epilog that asked is
+waiting for it; under the agent's 1.5 s request timeout). Past it the answer goes anyway and the Prolog's
+own verdict check is what keeps the next tenant off the node."""
 ATTEST_MAX_BODY_BYTES = 4 << 20
 """A quote carries every record's value (persistence manifests); = attest.verify.MAX_QUOTE_BYTES."""
 
@@ -114,8 +118,10 @@ class IngestServer:
         authorized_keys: str | None = None,
         alertmanager: AlertmanagerWebhook | None = None,
         attest: AttestRoute | None = None,
+        settle: Callable[[float, float], bool] | None = None,
     ) -> None:
         self.attest = attest
+        self.settle = settle  # Daemon.wait_tick_after: a failed verdict is answered once its drain is applied
         self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
         self.alertmanager = alertmanager
         self.gate_dir = gate_dir
@@ -250,7 +256,10 @@ class IngestServer:
             fields = {"node": doc.get("node"), "status": doc["status"], "reasons": doc.get("reasons")}
             log.info("attestation verdict", extra={"fy": fields})
             if doc["status"] != "pass" and doc.get("authenticated"):
+                stored = self.clock()  # the verdict is stored: a tick starting from now on drains the node
                 self.wake.set()  # drain now, not at the next scheduled tick: the next job may be starting
+                if self.settle is not None and not self.settle(stored, SETTLE_TIMEOUT_S):
+                    log.warning("attestation failure: drain not applied in time", extra={"fy": fields})
         return status, doc
 
     def handle_alertmanager(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:

@@ -261,6 +261,8 @@ class Cause:
             return f"approved drain {self.detail}".rstrip()
         if self.kind == "gpu_missing":
             return "GPU missing"
+        if self.kind == "attestation_failed" and self.detail:  # keep the differing records in every reason
+            return f"attestation failed ({self.detail})"
         return f"{self.kind.replace('_', ' ')}{gpu}"
 
 

@@ -127,6 +127,24 @@ def test_periodic_loop_reattests_and_survives_a_down_controller(wired: tuple[Att
     loop.stop()
 
 
+def test_loop_retries_a_failed_exchange_soon_with_backoff(wired: tuple[Attestor, str]) -> None:
+    """A node that boots while its controller is away must not wait the full interval for a verdict."""
+    from node_agent.attest.service import HandoverLoop
+
+    att, _ = wired
+    loop = HandoverLoop(att, SECRET, interval_s=900, retry_initial_s=1, retry_max_s=60)
+    assert [loop.next_delay(False, n) for n in (1, 2, 3, 7, 8, 20)] == [1, 2, 4, 60, 60, 60]
+    assert loop.next_delay(True, 0) == 900
+    assert HandoverLoop(att, SECRET, interval_s=5).next_delay(False, 10) == 5  # never beyond the interval
+    down = att.cfg.model_copy(update={"controller_url": "http://127.0.0.1:9"})
+    up, att.cfg = att.cfg, down
+    assert loop.run_once() is False and loop.last["status"] == "error"
+    att.cfg = up
+    assert loop.run_once() is True and loop.last["status"] == "pass"
+    implant_module(att.state_dir, "rootkit_y")
+    assert loop.run_once() is True and loop.last["status"] == "fail"  # a failed verdict is an answer
+
+
 def test_epilog_asks_the_agent_over_its_socket(
     tmp_path: Path, wired: tuple[Attestor, str], clock: Clock
 ) -> None:

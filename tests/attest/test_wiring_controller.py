@@ -78,6 +78,43 @@ def test_a_failed_verdict_wakes_the_daemon(listener: str, attestor: Attestor, wa
     assert verdict["status"] == "fail" and verdict["authenticated"] and wake.is_set()
 
 
+def test_a_failed_verdict_is_answered_after_the_drain_tick(
+    tmp_path: Path, ctl: Controller, attestor: Attestor
+) -> None:
+    """The listener holds a failed verdict's answer until a tick that started after it committed (the
+    Epilog waiting for it returns only once the node is drained); a pass is answered at once."""
+    calls: list[tuple[float, float]] = []
+    store = Store(tmp_path / "fy.db")
+    srv = IngestServer(
+        "127.0.0.1", 0, SECRET, store, threading.Event(), attest=ctl.service,
+        settle=lambda since, timeout: calls.append((since, timeout)) is None,
+    )  # fmt: skip
+    srv.start()
+    try:
+        url = f"http://127.0.0.1:{srv.port}"
+        assert _exchange(url, attestor)[1]["status"] == "pass" and calls == []
+        implant_module(attestor.state_dir, "rootkit_x")
+        before = time.time()
+        assert _exchange(url, attestor)[1]["status"] == "fail"
+        ((since, timeout),) = calls
+        assert since >= before and 0 < timeout < 1.5  # under the agent's request timeout
+    finally:
+        srv.stop()
+        store.close()
+
+
+def test_daemon_wait_tick_after(tmp_path: Path, ctl: Controller) -> None:
+    daemon = _daemon(tmp_path, ctl, FakeCommands([NODE]))
+    since = time.time()
+    assert daemon.wait_tick_after(since, 0.05) is False  # no tick yet
+    done = threading.Thread(target=daemon.tick_once)
+    done.start()
+    assert daemon.wait_tick_after(since, 30) is True
+    done.join()
+    assert daemon.wait_tick_after(time.time() + 3600, 0.05) is False  # a tick from the past does not count
+    daemon.store.close()
+
+
 def test_listener_refuses_what_it_must(listener: str) -> None:
     body = json.dumps({"node": NODE}).encode()
     assert _post(listener + "/v1/attest/nonce", body)[0] == 401  # unsigned
@@ -143,7 +180,9 @@ def test_daemon_tick_turns_a_failed_verdict_into_one_drain(
     assert daemon.store.pending() == []
     # what follows is the lifecycle's (the same as after a fatal XID): the default ladder's first rung
     assert (
-        cmds.drains()[-1][4] == "Reason=fleetyield: attestation failed; quarantined, remediation 1/3 (reboot)"
+        cmds.drains()[-1][4] == (
+            "Reason=fleetyield: attestation failed (kernel/modules); quarantined, remediation 1/3 (reboot)"
+        )
     )
     daemon.store.close()
 
