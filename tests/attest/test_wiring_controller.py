@@ -179,10 +179,8 @@ def test_daemon_tick_turns_a_failed_verdict_into_one_drain(
     assert [a for a in again.result.plan.actions if a.kind == "drain" and a.cause == "fatal"] == []
     assert daemon.store.pending() == []
     # what follows is the lifecycle's (the same as after a fatal XID): the default ladder's first rung
-    assert (
-        cmds.drains()[-1][4] == (
-            "Reason=fleetyield: attestation failed (kernel/modules); quarantined, remediation 1/3 (reboot)"
-        )
+    assert cmds.drains()[-1][4] == (
+        "Reason=fleetyield: attestation failed (kernel/modules); quarantined, remediation 1/3 (reboot)"
     )
     daemon.store.close()
 
