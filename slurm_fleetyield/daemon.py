@@ -6,7 +6,8 @@ the controller's metrics.
 
 One tick: read Slurm (nodes, jobs) -> scrape the GPU nodes Slurm lists -> take pending inbox events ->
 take the intake (``intake.py``: canary results from sacct/squeue, gate decisions from the Gatekeeper,
-job outcomes forwarded by the agents) and the previous tick's failed actions -> ``tick`` -> execute the
+job outcomes forwarded by the agents), the previous tick's failed actions and the results of power actions
+that ran off the tick (Redfish worker threads; the nodes still in flight too) -> ``tick`` -> execute the
 plan (``executor.py``: Slurm, agent resets, gate proposals; ``DryRunSlurm`` when dry-run) -> commit state +
 processed events + intake marks + ledger rows + log rows + rendered result in one transaction -> publish
 to metrics. A Slurm read failure gives
@@ -43,11 +44,18 @@ from slurm_fleetyield.adapters.views import ViewRenderer, ledger_row
 from slurm_fleetyield.config import Config, read_secret
 from slurm_fleetyield.core.explain import explain_dict, explain_text
 from slurm_fleetyield.core.loop import TickResult, tick
-from slurm_fleetyield.core.model import FailedAction, FatalEvent, NodeSample, Observations, SlurmNode
+from slurm_fleetyield.core.model import (
+    ConfirmedAction,
+    FailedAction,
+    FatalEvent,
+    NodeSample,
+    Observations,
+    SlurmNode,
+)
 from slurm_fleetyield.core.quarantine import ATTESTATION_FAILED
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.executor import Executor, GateAccess
-from slurm_fleetyield.ports import ApplyReport, SensePort, SlurmPort
+from slurm_fleetyield.ports import ActionResult, ApplyReport, SensePort, SlurmPort
 
 if TYPE_CHECKING:  # sushy is imported only when [redfish] is enabled, cryptography when [attest] is
     from slurm_fleetyield.adapters.redfish import RedfishExecutor
@@ -162,6 +170,7 @@ class Daemon:
             record_proposals_in_dry_run=config.gate.record_in_dry_run,
         )
         self._failed_actions: tuple[FailedAction, ...] = ()
+        self._background: tuple[ActionResult, ...] = ()  # off-tick results not yet committed by a tick
         self._pending_logged_at = float("-inf")
         self.sense = sense
         self.store = store
@@ -223,6 +232,12 @@ class Daemon:
             self._attest_intake(now)
         pending = tuple(self.store.pending())
         extra = self._intake(nodes, now) if slurm_ok else intake_mod.Intake()
+        in_flight, finished = self.executor.background()
+        self._background += finished
+        done = self._background if slurm_ok else ()
+        done_failed = tuple(
+            FailedAction(r.action.kind, _action_node(r.action), r.detail) for r in done if not r.ok
+        )
         obs = Observations(
             time=now,
             slurm=nodes,
@@ -233,7 +248,11 @@ class Daemon:
             canary_results=tuple(extra.canary_results),
             gate_decisions=tuple(extra.gate_decisions),
             outcomes=tuple(extra.outcomes),
-            failed_actions=self._failed_actions if slurm_ok else (),
+            failed_actions=self._failed_actions + done_failed if slurm_ok else (),
+            confirmed_actions=tuple(
+                ConfirmedAction(r.action.kind, _action_node(r.action), r.detail) for r in done if r.ok
+            ),
+            in_flight=in_flight,
         )
         result = tick(self.state, obs, self.config.core, now, self.rng)
         report = self.executor.apply(result.plan, now) if slurm_ok and result.plan.actions else ApplyReport()
@@ -241,7 +260,7 @@ class Daemon:
         duration = self.monotonic() - t0
         rows = [LogRow(e.time, e.kind, e.node, e.message, dict(e.data)) for e in result.events]
         rows.extend(extra.rows)
-        for r in report.results:
+        for r in (*done, *report.results):
             kind = "dry_run" if self.dry_run else ("applied" if r.ok else "apply_failed")
             rows.append(
                 LogRow(
@@ -273,6 +292,8 @@ class Daemon:
         except BaseException:
             self.views.forget()  # unknown what the store holds now: the next tick rewrites every node
             raise
+        if slurm_ok:
+            self._background = ()  # committed with this tick (log rows) and seen by its core
         if view is not None:
             self.views.accept(view)
             self._explained = (self.tick_no, result)
@@ -552,6 +573,8 @@ def build(
     closers.append(gate.close)
     holder: list[Daemon] = []
     redfish = build_redfish(config, slurm, gate, lambda: holder[0], dry_run=dry)
+    if redfish is not None:
+        closers.insert(0, redfish.close)  # let a power cycle in flight finish (bounded) before the rest
     attest = build_attest(config)
     if attest is not None:
         closers.append(attest.store.close)

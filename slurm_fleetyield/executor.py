@@ -5,8 +5,14 @@ Input: a ``Plan`` from ``tick``, the Slurm port, the agent control client, the g
 tick as ``Observations.failed_actions``.
 
 Routing: Slurm actions (update, drain, resume, reboot, submit/cancel canary) go to the Slurm adapter;
-``ResetGpu`` to the node's agent (signed ``POST /v1/control/reset``); ``ProposeDrain`` and
-``WithdrawProposal`` to the gate (``Gatekeeper``). A failing action never stops the next one.
+``ResetGpu`` to the node's agent (signed ``POST /v1/control/reset``); ``PowerCycle`` to the node's BMC
+(Redfish); ``ProposeDrain`` and ``WithdrawProposal`` to the gate (``Gatekeeper``). A failing action never
+stops the next one.
+
+Off the tick: a power cycle takes tens of seconds to minutes (ForceOff, wait, dwell, On, wait, retries), so
+the Redfish executor only admits it here (safety, rate limit, audit) and performs it in a worker thread.
+``background()`` hands its finished results and the nodes still in flight to the daemon, which feeds them to
+the next tick as ``Observations.failed_actions`` / ``confirmed_actions`` / ``in_flight``.
 
 Dry-run: nothing changes in Slurm and no agent is asked to reset (the commands and requests are logged, and
 reported as ``dry-run: not executed``). Proposals and withdrawals ARE recorded in the gate when
@@ -210,7 +216,13 @@ class Executor:
             return ActionResult(
                 action, False, ("redfish", "power_cycle", action.node), "no Redfish adapter configured"
             )
-        return self.redfish.run(action)
+        return self.redfish.start(action)
+
+    def background(self) -> tuple[frozenset[str], tuple[ActionResult, ...]]:
+        """(nodes with a power action still running, results finished since the last call)."""
+        if self.redfish is None:
+            return frozenset(), ()
+        return self.redfish.collect()
 
     def _gate(self, action: ProposeDrain | WithdrawProposal, now: float) -> ActionResult:
         command = ("gate", action.kind, action.proposal_id, action.node)

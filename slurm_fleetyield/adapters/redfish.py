@@ -30,6 +30,7 @@ sushy only, and scrubbed (with its basic-auth form) from every error text this m
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import re
 import time
@@ -657,30 +658,149 @@ def _is_read_timeout(exc: BaseException) -> bool:
 
 class RedfishExecutor:
     """Runs ``PowerCycle`` actions; failures come back as ``ActionResult(ok=False)`` (the next tick turns
-    them into REMEDIATION_FAILED: next rung, or NEEDS_HUMAN after max_remediation_attempts)."""
+    them into REMEDIATION_FAILED: next rung, or NEEDS_HUMAN after max_remediation_attempts).
 
-    def __init__(self, power: PowerController, *, dry_run: bool = False) -> None:
+    ``run`` does the whole cycle in the caller's thread (tens of seconds, minutes with retries and a slow
+    BMC). ``start`` is what the daemon uses: it admits the action in the caller's thread (safety read from
+    Slurm, rate limit, the ``started`` audit entry: no BMC call, so a refusal is this tick's failure) and
+    performs it in a worker thread, so the tick never waits on a BMC. ``collect`` hands the finished
+    results to the next tick (ok: REMEDIATION_STARTED, the node boots from then on; failed:
+    REMEDIATION_FAILED) together with the nodes still in flight (no REMEDIATION_OK while the power may
+    not even be cut yet). One action per node at a time: a second one while the first runs fails at once.
+    """
+
+    def __init__(
+        self,
+        power: PowerController,
+        *,
+        dry_run: bool = False,
+        spawn: Callable[[Callable[[], None]], Any] | None = None,
+    ) -> None:
+        import threading
+
         self.power = power
         self.dry_run = dry_run
+        self._spawn = spawn or _spawn_thread
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight: dict[str, PowerCycle] = {}
+        self._finished: list[ActionResult] = []
 
     def command(self, action: PowerCycle) -> tuple[str, ...]:
         bmc = self.power.config.bmc_for(action.node)
         return ("redfish", PowerOp.POWER_CYCLE.value, action.node, bmc.address if bmc else "(no BMC)")
 
-    def run(self, action: PowerCycle) -> ActionResult:
-        command = self.command(action)
+    def _not_run(self, action: PowerCycle, command: tuple[str, ...]) -> ActionResult | None:
         if not self.power.config.enabled:
             return ActionResult(action, False, command, "redfish.enabled is false: power cycle not executed")
         if self.dry_run:
             log.info("dry-run: would power cycle %s through %s", action.node, command[-1])
             return ActionResult(action, True, command, "dry-run: not executed")
+        return None
+
+    def run(self, action: PowerCycle) -> ActionResult:
+        """The whole power cycle, in this thread."""
+        command = self.command(action)
+        skipped = self._not_run(action, command)
+        if skipped is not None:
+            return skipped
         try:
             result = self.power.act(action.node, PowerOp.POWER_CYCLE, reason=action.reason)
         except (BmcError, PowerRefused, BmcConfigError) as exc:
             return ActionResult(action, False, command, str(exc))
-        return ActionResult(
-            action, True, command, f"power cycled in {result.duration_s:.1f}s, power {result.power_state}"
-        )
+        return _done(action, command, result)
+
+    def start(self, action: PowerCycle) -> ActionResult:
+        """Admit here, perform in a worker thread; the result comes later through ``collect``."""
+        command = self.command(action)
+        skipped = self._not_run(action, command)
+        if skipped is not None:
+            return skipped
+        with self._lock:
+            if action.node in self._in_flight:
+                return ActionResult(
+                    action, False, command, f"a power action on {action.node} is still in flight"
+                )
+            self._in_flight[action.node] = action  # claimed before admit: no second one slips in
+        try:
+            admitted = self.power.admit(action.node, PowerOp.POWER_CYCLE, reason=action.reason)
+        except (PowerRefused, BmcConfigError) as exc:
+            self._release(action.node)
+            return ActionResult(action, False, command, str(exc))
+        except BaseException:
+            self._release(action.node)
+            raise
+        try:
+            self._spawn(lambda: self._perform(action, command, admitted))
+        except Exception as exc:  # no thread: the audited "started" gets its result here
+            self._perform_failed(action, command, admitted, f"cannot start a worker: {exc}")
+            return ActionResult(action, False, command, f"cannot start a worker thread: {exc}")
+        return ActionResult(action, True, command, "power cycle started off the tick; result follows")
+
+    def collect(self) -> tuple[frozenset[str], tuple[ActionResult, ...]]:
+        """(nodes still in flight, results finished since the last call), taken under one lock: a node
+        finishing in between is in both, never in neither."""
+        with self._lock:
+            finished, self._finished = tuple(self._finished), []
+            return frozenset(self._in_flight), finished
+
+    def in_flight(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._in_flight)
+
+    def close(self, timeout_s: float = 10.0) -> frozenset[str]:
+        """Wait up to ``timeout_s`` for actions in flight (a cycle cut in half can leave a node off; the
+        ladder's timeout and the next attempt recover it). Returns the nodes still in flight."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._in_flight and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            left_over = frozenset(self._in_flight)
+        if left_over:
+            log.error("stopping with BMC power actions in flight: %s", ", ".join(sorted(left_over)))
+        return left_over
+
+    def _perform(self, action: PowerCycle, command: tuple[str, ...], admitted: Admission) -> None:
+        try:
+            result = _done(action, command, self.power.perform(admitted))
+        except BmcError as exc:  # audited by perform
+            result = ActionResult(action, False, command, str(exc))
+        except Exception as exc:  # a bug or an unexpected library error: the tick must still hear of it
+            log.exception("BMC power action on %s crashed", action.node)
+            result = ActionResult(action, False, command, f"{type(exc).__name__}: {exc}")
+        self._finish(action.node, result)
+
+    def _perform_failed(
+        self, action: PowerCycle, command: tuple[str, ...], admitted: Admission, detail: str
+    ) -> None:
+        with contextlib.suppress(Exception):
+            self.power._audit(
+                action.node, admitted.op, "error:NotStarted", 0.0, admitted.bmc.address, detail, action.reason
+            )
+        self._release(action.node)
+
+    def _finish(self, node: str, result: ActionResult) -> None:
+        with self._lock:
+            self._in_flight.pop(node, None)
+            self._finished.append(result)
+            self._idle.notify_all()
+
+    def _release(self, node: str) -> None:
+        with self._lock:
+            self._in_flight.pop(node, None)
+            self._idle.notify_all()
+
+
+def _done(action: PowerCycle, command: tuple[str, ...], result: PowerResult) -> ActionResult:
+    return ActionResult(
+        action, True, command, f"power cycled in {result.duration_s:.1f}s, power {result.power_state}"
+    )
+
+
+def _spawn_thread(fn: Callable[[], None]) -> None:
+    import threading
+
+    threading.Thread(target=fn, name="fleetyield-bmc", daemon=True).start()
 
 
 def default_rate_limit_state(gate_dir: str | Path) -> Path:

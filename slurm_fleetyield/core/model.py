@@ -338,6 +338,17 @@ class FailedAction:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfirmedAction:
+    """A remediation that runs off the tick (a BMC power cycle) and has finished successfully since the last
+    tick. ``kind``: the action's ``kind`` (power_cycle). The lifecycle takes it as REMEDIATION_STARTED: the
+    node's boot starts now, so the attempt's clock (deadline, settle window) restarts from this tick."""
+
+    kind: str
+    node: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Observations:
     """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O."""
 
@@ -350,7 +361,9 @@ class Observations:
     canary_results: tuple[CanaryResult, ...] = ()
     gate_decisions: tuple[GateDecision, ...] = ()
     outcomes: tuple[JobOutcome, ...] = ()
-    failed_actions: tuple[FailedAction, ...] = ()
+    failed_actions: tuple[FailedAction, ...] = ()  # earlier actions that failed (off-tick ones: when done)
+    confirmed_actions: tuple[ConfirmedAction, ...] = ()
+    in_flight: frozenset[str] = frozenset()  # nodes whose remediation still runs off the tick: not judged yet
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ Events are derived per node and folded in order, each derived from the memory th
 1. FATAL (quarantine acted on fatal evidence: drained it, or it was already drained by us) or APPROVED_DRAIN
    (subject to the drain caps like any new drain; held: a ``Hold`` and retried next tick);
 2. DRAINED (QUARANTINED since an earlier tick, Slurm shows it drained by us, no job running),
-   REMEDIATION_FAILED (a remediation of the last plan failed to apply), REMEDIATION_OK (REMEDIATING,
+   REMEDIATION_FAILED (a remediation of the last plan failed to apply, or one running off the tick - a
+   BMC power cycle - finished failing), REMEDIATION_STARTED (one running off the tick finished: the attempt's
+   clock restarts now), REMEDIATION_OK (REMEDIATING, no remediation of it still running off the tick,
    responding, a fresh sample newer than the attempt start - ``reboot_settle_s`` later after a reboot -
    no GPU missing, no fatal since), CANARY_PASSED/FAILED (results of the current round, each job once),
    INCIDENT (risk >= red in canary or probation),
@@ -105,6 +107,7 @@ def rehabilitate(
     for fa in obs.failed_actions:
         if fa.kind in REMEDIATION_KINDS:
             failed.setdefault(fa.node, []).append(f"{fa.kind}: {fa.detail}".rstrip(": "))
+    confirmed = {ca.node for ca in obs.confirmed_actions if ca.kind in REMEDIATION_KINDS}
     canaries: dict[str, list] = {}
     for c in obs.canary_results:
         canaries.setdefault(c.node, []).append(c)
@@ -175,9 +178,13 @@ def rehabilitate(
             fold(Event(EventKind.DRAINED))
         if m.stage is Stage.REMEDIATING and name in failed:
             fold(Event(EventKind.REMEDIATION_FAILED, detail="; ".join(failed[name])))
+        elif m.stage is Stage.REMEDIATING and name in confirmed:
+            # the power came back just now: the node boots from here, so samples count from here on
+            fold(Event(EventKind.REMEDIATION_STARTED))
         elif (
             m.stage is Stage.REMEDIATING
             and not emitted_drain
+            and name not in obs.in_flight  # the power may not even be cut yet: its scrapes prove nothing
             and _remediated(name, m, slurm, sensed, state, fatal, lp)
         ):
             fold(Event(EventKind.REMEDIATION_OK))

@@ -32,7 +32,7 @@ from slurm_fleetyield.adapters.redfish import (
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_BMC = ROOT / "contrib" / "redfish" / "fake_bmc.py"
 USER, PASSWORD = "fy-admin", "Pa55:w0rd/with@odd=chars"
-NODES = [f"gpu-{i:02d}" for i in range(1, 13)]
+NODES = [f"gpu-{i:02d}" for i in range(1, 15)]
 STUCK = "gpu-stuck"
 
 

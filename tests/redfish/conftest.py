@@ -16,7 +16,7 @@ from bmc_rig import NODES, STUCK, Emulator, write_credentials
 
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    """One emulator for the session: gpu-01..gpu-12 (each test uses its own nodes) and gpu-stuck."""
+    """One emulator for the session: gpu-01..gpu-14 (each test uses its own nodes) and gpu-stuck."""
     emu = Emulator(tmp_path_factory.mktemp("sushy")).start([*NODES, STUCK], stuck=(STUCK,))
     yield emu
     emu.stop()

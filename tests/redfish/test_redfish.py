@@ -305,7 +305,68 @@ def test_daemon_executor_routes_power_cycle_to_the_bmc(
     )
     report = wired.apply(Plan((action,)), 0.0)
     assert [r.ok for r in report.results] == [True] and report.results[0].command[0] == "redfish"
+    assert report.results[0].detail.startswith("power cycle started off the tick")
     assert NoSlurm.seen == []  # only routed actions: the Slurm port is not called at all
+    assert wired.redfish is not None and wired.redfish.close(timeout_s=60) == frozenset()
+    in_flight, done = wired.background()
+    assert in_flight == frozenset() and [(r.ok, r.action) for r in done] == [(True, action)]
+    assert done[0].detail.startswith("power cycled in")
     bare = Executor(NoSlurm(), store).apply(Plan((action,)), 0.0)
     assert [(r.ok, r.detail) for r in bare.results] == [(False, "no Redfish adapter configured")]
     store.close()
+
+
+class QueuedSpawn:
+    """The worker-thread seam: keeps the work instead of starting a thread; the test runs it when it likes."""
+
+    def __init__(self) -> None:
+        self.work: list = []
+
+    def __call__(self, fn) -> None:  # type: ignore[no-untyped-def]
+        self.work.append(fn)
+
+    def run_all(self) -> None:
+        work, self.work = self.work, []
+        for fn in work:
+            fn()
+
+
+def test_start_admits_without_touching_the_bmc_and_reports_through_collect(
+    emulator: Emulator, creds_file: Path
+) -> None:
+    audit = RecordingAudit()
+    spawn = QueuedSpawn()
+    ex = RedfishExecutor(make_controller(make_config(emulator, creds_file), audit=audit), spawn=spawn)
+    action = PowerCycle("gpu-13", "fleetyield: XID 79 gpu 3; remediation 1/2 (power_cycle)")
+    r = ex.start(action)
+    # admitted (safety, rate limit, audit) in the caller's thread, but not one request to the BMC yet
+    assert r.ok and r.detail.startswith("power cycle started off the tick")
+    assert ex.power.bmc_calls == 0 and audit.results("gpu-13") == ["started"]
+    assert ex.collect() == (frozenset({"gpu-13"}), ())
+    second = ex.start(PowerCycle("gpu-13", "again"))
+    assert not second.ok and second.detail == "a power action on gpu-13 is still in flight"
+    assert len(spawn.work) == 1 and audit.results("gpu-13") == ["started"]  # the second one never admitted
+    spawn.run_all()  # the worker: ForceOff, wait Off, dwell, On, wait On
+    assert ex.power.bmc_calls > 0 and audit.results("gpu-13") == ["started", "ok"]
+    in_flight, done = ex.collect()
+    assert in_flight == frozenset() and [(d.ok, d.action) for d in done] == [(True, action)]
+    assert ex.collect() == (frozenset(), ())  # handed over once
+
+
+def test_start_failures_refused_at_once_or_reported_when_done(emulator: Emulator, creds_file: Path) -> None:
+    spawn = QueuedSpawn()
+
+    def busy(node: str, op: PowerOp) -> SafetyContext:
+        return SafetyContext(node, running_jobs=(42,))
+
+    refused = RedfishExecutor(make_controller(make_config(emulator, creds_file), safety=busy), spawn=spawn)
+    r = refused.start(PowerCycle("gpu-14", "r"))
+    assert not r.ok and "refused (safety)" in r.detail and "42" in r.detail
+    assert spawn.work == [] and refused.in_flight() == frozenset()  # nothing left behind
+    stuck = RedfishExecutor(make_controller(make_config(emulator, creds_file, on_timeout_s=1.0)), spawn=spawn)
+    assert stuck.start(PowerCycle(STUCK, "r")).ok
+    spawn.run_all()
+    _, (done,) = stuck.collect()
+    assert not done.ok and done.detail.startswith("BmcTimeout: power_cycle on gpu-stuck")
+    assert done.action.kind == "power_cycle"  # the daemon feeds it back: REMEDIATION_FAILED
+    assert stuck.close(timeout_s=0) == frozenset()

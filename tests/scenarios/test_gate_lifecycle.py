@@ -14,6 +14,7 @@ from slurm_fleetyield.core.lifecycle import Stage
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import (
     CanaryResult,
+    ConfirmedAction,
     FailedAction,
     GateDecision,
     JobOutcome,
@@ -254,6 +255,65 @@ def test_remediation_failure_escalates_and_repeated_failures_retire_with_rma():
     assert d.cause == "retire" and "RETIRED after 3 failures" in d.reason and "RMA" in d.reason
     res = r.tick()
     assert res.nodes["gpu002"].tier.value == "retired" and res.plan.of_kind("reboot") == ()
+
+
+def power_cycling(r: Loop, f: Fleet) -> tuple[TickResult, float]:
+    """XID 79 on gpu002 with the power-cycle-only ladder -> quarantine -> drained -> PowerCycle planned."""
+    r.tick()
+    f.push("gpu002", 79, 3, r.now)
+    r.tick()
+    res = r.tick()  # DRAINED (nothing ran on it): the ladder's only rung
+    (pc,) = res.plan.of_kind("power_cycle")
+    assert pc.node == "gpu002" and "remediation 1/2 (power_cycle)" in pc.reason
+    return res, r.now
+
+
+POWER_ONLY = {
+    "power_cycle_enabled": True,
+    "ladders": {"xid_79": ["power_cycle"]},
+    "max_remediation_attempts": 2,
+}
+
+
+def test_power_cycle_off_the_tick_is_judged_only_once_it_finished():
+    f = Fleet(10)
+    r = Loop(f, quiet_history_params(lifecycle=POWER_ONLY))
+    _, started = power_cycling(r, f)
+    busy = frozenset({"gpu002"})
+    # The BMC is still cycling: the agent keeps answering (the power is not cut yet, or the node is not up
+    # again), and those fresh samples must not count as "back".
+    while r.now < started + 600:
+        res = r.tick(in_flight=busy)
+        assert res.plan.of_kind("resume") == () and r.state.lifecycle["gpu002"].stage is Stage.REMEDIATING
+    res = r.tick(confirmed_actions=(ConfirmedAction("power_cycle", "gpu002", "power cycled in 31.0s"),))
+    confirmed = r.now
+    attempt = r.state.lifecycle["gpu002"].attempts[-1]
+    assert (attempt.started_at, attempt.deadline) == (confirmed, confirmed + 1200.0)
+    assert res.plan.of_kind("resume") == ()
+    res = r.until(confirmed + 90)  # within reboot_settle_s (120 s) of the power coming back: proves nothing
+    assert res.plan.of_kind("resume") == ()
+    res = r.until(confirmed + 150)
+    while not res.plan.of_kind("resume"):
+        res = r.tick()
+    assert r.state.lifecycle["gpu002"].stage is Stage.CANARY and res.plan.of_kind("submit_canary")
+
+
+def test_power_cycle_failing_off_the_tick_escalates_to_needs_human():
+    f = Fleet(10)
+    r = Loop(f, quiet_history_params(lifecycle=POWER_ONLY))
+    power_cycling(r, f)
+    err = "BmcAuthError: power_cycle on gpu002 via http://bmc:8000: credentials refused (401)"
+    r.tick(in_flight=frozenset({"gpu002"}))
+    res = r.tick(failed_actions=(FailedAction("power_cycle", "gpu002", err),))  # reported when done
+    (pc,) = res.plan.of_kind("power_cycle")
+    assert "remediation 2/2 (power_cycle)" in pc.reason
+    res = r.tick(failed_actions=(FailedAction("power_cycle", "gpu002", err),))
+    lc = r.state.lifecycle["gpu002"]
+    assert lc.stage is Stage.NEEDS_HUMAN and res.plan.of_kind("power_cycle") == ()
+    (d,) = res.plan.of_kind("drain")
+    assert d.cause == "needs_human" and "power_cycle: failed, power_cycle: failed" in d.reason
+    res = r.tick()
+    assert res.nodes["gpu002"].tier.value == "quarantined" and res.plan.of_kind("resume") == ()
 
 
 def test_retired_node_does_not_count_against_the_drain_cap():
