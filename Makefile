@@ -41,7 +41,12 @@ clean-cluster:
 	$(CLUSTER)/down.sh --images
 	rm -rf $(CLUSTER)/build
 
-# A/B on the docker cluster (`make up` first): bare Slurm vs Slurm + FleetYield on the same chaos timelines.
+# A/B on the docker cluster (`make up` first; hold /tmp/fy-cluster.lock around it when sharing the cluster):
+# bare Slurm vs Slurm + FleetYield on the same chaos timelines, AB_DURATION s each (the 1,800 s profile scaled
+# down: work 16-80 s at 240; ~5-6 min per seed and arm), then README's A/B block from docs/ab/ab.json.
 SEEDS ?= 0,1,2
+AB_DURATION ?= 240
+AB_OUT ?= docs/ab
 ab: $(STAMP)
-	$(VENV)/bin/fleetyield chaos ab --seeds $(SEEDS) --out chaos-ab
+	$(VENV)/bin/fleetyield chaos ab --seeds $(SEEDS) --duration $(AB_DURATION) --out $(AB_OUT)
+	$(VENV)/bin/fleetyield chaos report $(AB_OUT)/ab.json --readme README.md

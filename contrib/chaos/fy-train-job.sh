@@ -8,7 +8,10 @@
 #   FY_CKPT_DIR    epilog checkpoint spool [/var/spool/fleetyield/ckpt]
 #   FY_FATAL_FILE  the node agent's fatal marker [/var/lib/fleetyield-agent/fatal.json]
 # Progress file <FY_PROGRESS_DIR>/<job id>: "<work done at the last checkpoint> <unix time> <state>"; a requeued
-# job (same id) resumes from it. Checkpoint convention (prolog_epilog/epilog.py):
+# job (same id) resumes from it. Every checkpoint also appends "<unix time> <work done>" to
+# <FY_PROGRESS_DIR>/<job id>.ckpts: the chaos ledger reads the checkpoints of every attempt from there (the
+# same source in both A/B arms, whether or not a controller collects the epilog's records). Checkpoint
+# convention of the epilog (prolog_epilog/epilog.py), kept too:
 #   date +%s > /var/spool/fleetyield/ckpt/$SLURM_JOB_ID
 # Exit codes: 0 done, 86 crashed on a GPU fault (the chaos ledger and the NHC emulation read this).
 set -u
@@ -46,6 +49,7 @@ PY
 checkpoint() {
   now=$(date +%s)
   echo "$1 $now running" > "$PROG.tmp" && mv "$PROG.tmp" "$PROG"
+  echo "$now $1" >> "$PROG.ckpts"
   date +%s > "$CKPT_DIR/$JOB"
 }
 

@@ -1,10 +1,11 @@
 #!/bin/bash
 # NHC emulation for the bare-Slurm arm of `fleetyield chaos ab`: drain a node after a job on it failed with a
-# GPU fault (exit 86 from fy-train-job.sh, or the node agent's fatal marker non-empty), as a site's Node Health
-# Check would. Runs in slurmctld; polls sacct. Usage: nhc-drain.sh [interval_s] [since]
+# GPU fault (exit 86 from fy-train-job.sh), as a site's Node Health Check would: the bare arm learns of a fault
+# only from a job that died of it. Runs in slurmctld; polls sacct. Usage: nhc-drain.sh [interval_s] [since]
+# since: only jobs since then (default: this script's start, so a previous run's failures drain nothing).
 INTERVAL=${1:-5}
 echo $$ > /shared/fy-chaos/nhc.pid  # `fleetyield chaos ab` stops this script by this pid
-SINCE=${2:-now-1hours}
+SINCE=${2:-$(date +%Y-%m-%dT%H:%M:%S)}
 declare -A seen
 while true; do
   while IFS='|' read -r id state code nodes; do

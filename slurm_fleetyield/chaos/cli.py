@@ -2,30 +2,55 @@
 
 ``timeline SEED`` prints the plan (no cluster needed); ``run`` executes one timeline and logs it;
 ``replay LOG`` re-executes the timeline recorded in a log's header; ``ab --seeds 0,1,2`` runs bare Slurm and
-Slurm + FleetYield on the same timelines and prints the side-by-side ledger (``make ab``).
+Slurm + FleetYield on the same timelines and prints the side-by-side ledger (``make ab``); ``report AB_JSON``
+renders its Markdown table (``--readme``: into README.md). ``--duration D`` scales the default 1,800 s profile
+(job work, checkpoint intervals) to a D-second run (``TimelineParams.for_duration``). ``run``, ``replay`` and
+``ab`` leave the cluster as ``make up`` does (controller on, fresh state, every node green).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import click
 
 from slurm_fleetyield.chaos import ab as ab_mod
 from slurm_fleetyield.chaos import log as log_mod
+from slurm_fleetyield.chaos import report as report_mod
 from slurm_fleetyield.chaos.runner import docker_exec
-from slurm_fleetyield.chaos.timeline import TimelineParams, generate
+from slurm_fleetyield.chaos.timeline import Timeline, TimelineParams, generate
 
 
 def _params(duration: float, jobs: int, faults: int, implants: int) -> TimelineParams:
-    return TimelineParams(duration_s=duration, jobs=jobs, faults=faults, implants=implants)
+    if duration <= 0 or jobs < 0 or faults < 0 or implants < 0:
+        raise click.BadParameter(
+            f"--duration must be > 0 and counts >= 0 (got duration={duration}, jobs={jobs}, "
+            f"faults={faults}, implants={implants})"
+        )
+    return TimelineParams.for_duration(duration, jobs=jobs, faults=faults, implants=implants)
+
+
+def _run_restoring(tl: Timeline, arm: str, out_dir: str) -> dict:  # type: ignore[type-arg]
+    try:
+        return ab_mod.run_arm(tl, arm, docker_exec, Path(out_dir))
+    except ab_mod.ChaosError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        ab_mod.Cluster(docker_exec, tl.params.nodes).restore()
 
 
 def _opts(f):  # type: ignore[no-untyped-def]
     for o in reversed(
         [
-            click.option("--duration", default=1800.0, show_default=True, help="Seconds of timeline."),
+            click.option(
+                "--duration",
+                default=1800.0,
+                show_default=True,
+                help="Seconds of timeline; job work and checkpoints scale with it (1800: work 120-600 s).",
+            ),
             click.option("--jobs", default=24, show_default=True),
             click.option("--faults", default=3, show_default=True, help="GPU faults injected (simulated)."),
             click.option("--implants", default=0, show_default=True),
@@ -58,7 +83,7 @@ def run_cmd(
 ) -> None:
     """Run one timeline on the cluster in one arm; log to OUT/chaos-<arm>-s<seed>.jsonl."""
     tl = generate(seed, _params(duration, jobs, faults, implants))
-    res = ab_mod.run_arm(tl, arm, docker_exec, Path(out_dir))
+    res = _run_restoring(tl, arm, out_dir)
     click.echo(json.dumps(res["totals"], sort_keys=True, indent=1))
 
 
@@ -72,19 +97,66 @@ def replay_cmd(log_path: str, out_dir: str) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     arm = next(r for r in recs if r.get("type") == "header").get("arm", "fleetyield")
-    res = ab_mod.run_arm(tl, arm, docker_exec, Path(out_dir))
+    res = _run_restoring(tl, arm, out_dir)
     click.echo(json.dumps(res["totals"], sort_keys=True, indent=1))
 
 
 @chaos.command("ab")
 @click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds.")
-@click.option("--drain-timeout", default=1800.0, show_default=True, help="Max wait for jobs after a run.")
+@click.option(
+    "--drain-timeout",
+    type=float,
+    default=None,
+    help="Max wait for a run's jobs after its last event, then they are cancelled [default: --duration].",
+)
 @_opts
 def ab_cmd(
-    seeds: str, drain_timeout: float, duration: float, jobs: int, faults: int, implants: int, out_dir: str
+    seeds: str,
+    drain_timeout: float | None,
+    duration: float,
+    jobs: int,
+    faults: int,
+    implants: int,
+    out_dir: str,
 ) -> None:
     """Bare Slurm vs Slurm + FleetYield on the same timelines; writes OUT/ab.json and the logs."""
-    ss = [int(s) for s in seeds.split(",") if s.strip()]
+    try:
+        ss = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    if not ss:
+        raise click.BadParameter("--seeds names no seed")
     tp = _params(duration, jobs, faults, implants)
-    summary = ab_mod.ab(ss, docker_exec, Path(out_dir), tp, drain_timeout_s=drain_timeout)
+    argv = sys.argv[1:]
+    command = shlex.join(["fleetyield", *argv]) if argv[:2] == ["chaos", "ab"] else ""
+    try:
+        summary = ab_mod.ab(
+            ss, docker_exec, Path(out_dir), tp, drain_timeout_s=drain_timeout, command=command
+        )
+    except ab_mod.ChaosError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(summary["table"], nl=False)
+
+
+@chaos.command("report")
+@click.argument("ab_json", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--readme", type=click.Path(exists=True, dir_okay=False), help="Replace the A/B block in this file."
+)
+def report_cmd(ab_json: str, readme: str | None) -> None:
+    """Render AB_JSON (written by `chaos ab`) as Markdown; with --readme, write it into that file."""
+    try:
+        summary = json.loads(Path(ab_json).read_text())
+        block = report_mod.render(summary)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"{ab_json}: not an A/B summary ({exc})") from None
+    if readme is None:
+        click.echo(block, nl=False)
+        return
+    path = Path(readme)
+    try:
+        new = report_mod.splice(path.read_text(), block)
+    except ValueError as exc:
+        raise click.ClickException(f"{readme}: {exc}") from None
+    path.write_text(new)
+    click.echo(f"wrote the A/B block into {readme}")

@@ -6,6 +6,12 @@ and the premium node names. Output: ``LedgerEntry`` per job attempt, settled by 
 (the same pure function the controller uses), and their ``totals``. The same code settles both arms of an
 A/B run, so the bare-Slurm arm is measured by the identical rule.
 
+Checkpoints come from the job script's own log (``<progress dir>/<job id>.ckpts``, ``parse_ckpt_logs``), the
+same source in both arms: the epilog's records are forwarded to (and deleted for) a running controller only.
+A job attempt that FAILED with ``GPU_FAULT_EXIT`` (the job script's "my GPU faulted" code) adds a fault at its
+end on its nodes: a job that starts on a GPU that faulted earlier and crashes at once was lost to the
+hardware too, although the injection happened before it started.
+
 What is measured: Slurm's real placements, states, times and exit codes. What is simulated: the GPU faults
 (raised in the node agents' fake backend) and the work (``fy-train-job.sh`` sleeps).
 """
@@ -21,6 +27,7 @@ from slurm_fleetyield.core.settle import settle_job, totals
 from slurm_fleetyield.core.state import ControllerState, NodeMemory
 
 SACCT_FIELDS = "JobID,State,ExitCode,Submit,Start,End,NodeList,AllocTRES,Comment"
+GPU_FAULT_EXIT = 86  # contrib/chaos/fy-train-job.sh: crashed because one of its GPUs faulted
 _NULL = {"", "Unknown", "None", "N/A"}
 
 
@@ -119,6 +126,26 @@ def outcomes(
     return out, tuple(pending)
 
 
+def parse_ckpt_logs(text: str) -> list[dict[str, object]]:
+    """``grep -H . <dir>/*.ckpts`` output (``<path>/<job id>.ckpts:<unix time> <work done>``) as
+    ``{"job_id", "last_checkpoint"}`` records, one per checkpoint; malformed lines are skipped."""
+    out: list[dict[str, object]] = []
+    for line in text.splitlines():
+        path, sep, rest = line.partition(":")
+        name = path.rsplit("/", 1)[-1]
+        fields = rest.split()
+        if not sep or not name.endswith(".ckpts") or not fields:
+            continue
+        job = name[: -len(".ckpts")]
+        try:
+            t = float(fields[0])
+        except ValueError:
+            continue
+        if job.isdigit():
+            out.append({"job_id": job, "last_checkpoint": t})
+    return out
+
+
 def ledger(
     sacct_text: str,
     outcome_records: Sequence[Mapping[str, object]],
@@ -137,6 +164,10 @@ def ledger(
     hist: dict[str, list[tuple[float, str]]] = {}
     for node, t in faults:
         hist.setdefault(node, []).append((t, ""))
+    for o in jobs:
+        if o.state == "FAILED" and o.exit_code == GPU_FAULT_EXIT:
+            for node in o.node_list:
+                hist.setdefault(node, []).append((o.end, "job crashed on a GPU fault"))
     state = ControllerState(
         nodes={
             n: NodeMemory(Tier.UNKNOWN, 0.0, "chaos", fatal_history=tuple(sorted(h))) for n, h in hist.items()
@@ -145,6 +176,7 @@ def ledger(
     entries = [settle_job(o, state, pending, sp) for o in jobs]
     return entries, totals(tuple(entries)) | {
         "jobs": float(len(entries)),
+        "completed": float(sum(e.state == "COMPLETED" for e in entries)),
         "failures": float(sum(e.failure for e in entries)),
         "hardware_failures": float(sum(e.cause in ("hardware", "node_fail", "drain") for e in entries)),
     }

@@ -19,6 +19,13 @@ Exec = Callable[[Sequence[str]], tuple[int, str]]
 CTL = "slurmctld"
 SHARED = "/shared/fy-chaos"
 JOB_SCRIPT = f"{SHARED}/fy-train-job.sh"
+AGENT_STATE_DIR = "/var/lib/fleetyield-agent"  # the node agents' --state-dir in the docker cluster
+IMPLANT_MODULE = "fy_chaos_implant"
+
+
+def progress_dir(run_tag: str) -> str:
+    """Where one run's jobs keep their progress and checkpoint logs (shared volume, one dir per run)."""
+    return f"{SHARED}/runs/{run_tag}/progress"
 
 
 def docker_exec(argv: Sequence[str], timeout: float = 60.0) -> tuple[int, str]:
@@ -31,7 +38,10 @@ def docker_exec(argv: Sequence[str], timeout: float = 60.0) -> tuple[int, str]:
 
 def command(e: Event, run_tag: str) -> tuple[str, ...]:
     if e.kind == "submit":
-        env = f"--export=ALL,FY_WORK_S={int(e.work_s)},FY_CKPT_S={int(e.ckpt_s)}"
+        env = (
+            f"--export=ALL,FY_WORK_S={int(e.work_s)},FY_CKPT_S={int(e.ckpt_s)},"
+            f"FY_PROGRESS_DIR={progress_dir(run_tag)}"
+        )
         requeue = "--requeue" if e.requeue else "--no-requeue"
         return (
             "docker", "exec", CTL, "sbatch", "--parsable", f"--job-name=fy-chaos-{run_tag}-{e.ref}",
@@ -39,10 +49,11 @@ def command(e: Event, run_tag: str) -> tuple[str, ...]:
             env, JOB_SCRIPT,
         )  # fmt: skip
     if e.kind == "fault":
-        return ("docker", "exec", e.node, "fleetyield-agent", "fault", "inject", "--gpu", str(e.gpu),
-                "--xid", str(e.xid))  # fmt: skip
+        return ("docker", "exec", e.node, "fleetyield-agent", "fault", "inject", "--state-dir",
+                AGENT_STATE_DIR, "--gpu", str(e.gpu), "--xid", str(e.xid))  # fmt: skip
     if e.kind == "implant":
-        return ("docker", "exec", e.node, "fleetyield-agent", "attest", "implant")
+        return ("docker", "exec", e.node, "fleetyield-agent", "attest", "implant", "--state-dir",
+                AGENT_STATE_DIR, "--module", IMPLANT_MODULE)  # fmt: skip
     raise ValueError(f"unknown chaos event kind {e.kind!r}")
 
 

@@ -8,6 +8,15 @@ Input: ``TimelineParams`` (duration, nodes, job mix, fault and implant counts) a
   fake backend raises it; real placements and job outcomes follow from it);
 - ``implant``: ``fleetyield-agent attest implant`` on a node (skipped when the agent lacks the command).
 Nothing here does I/O: the runner turns events into commands.
+
+Time scale: the defaults describe a ``REFERENCE_S`` (1,800 s) run with jobs of 120-600 s of work.
+``TimelineParams.for_duration(D)`` keeps that shape and shrinks (or stretches) it by ``D / REFERENCE_S``:
+job work and checkpoint intervals are scaled by the same factor (checkpoint intervals rounded to whole
+seconds, at least 1 s, because the job script counts whole seconds), arrivals stay in the first 60% of the run
+and faults in ``fault_window`` (both shares of ``duration_s``), so the job mix, the load on the cluster and
+where faults land relative to the work are the same at any scale. What does not scale: Slurm's own
+latencies, the controller's 2 s loop and its rehabilitation ladder (~40 s in the docker cluster), so a short
+run gives those fixed costs a larger share. ``make ab`` uses ``D = 240`` (work 16-80 s).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from typing import Any
 CLASSES = ("decode", "pretrain", "finetune", "batch")
 FAULT_XIDS = (79, 48, 95, 119)  # Llama 3 GPU-attributable mix: faulty GPU, HBM3, SRAM, GSP (by weight)
 FAULT_WEIGHTS = (148, 72, 19, 17)
+REFERENCE_S = 1800.0  # the run length the default work and checkpoint figures are written for
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,20 @@ class TimelineParams:
     faults: int = 3
     implants: int = 0
     fault_window: tuple[float, float] = (0.2, 0.8)  # faults land in this share of the run (jobs are running)
+
+    @staticmethod
+    def for_duration(duration_s: float, **kw: Any) -> TimelineParams:
+        """The default profile scaled to a ``duration_s`` run (module docstring); ``kw`` override fields."""
+        if not duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
+        base = TimelineParams()
+        f = duration_s / REFERENCE_S
+        scaled = {
+            "duration_s": float(duration_s),
+            "work_s": (round(base.work_s[0] * f, 1), round(base.work_s[1] * f, 1)),
+            "ckpt_s": {k: float(max(1, round(v * f))) if v > 0 else 0.0 for k, v in base.ckpt_s.items()},
+        }
+        return TimelineParams(**(scaled | kw))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -29,18 +29,72 @@ def test_same_seed_same_timeline_other_seed_differs():
 
 
 class FakeCluster:
-    """exec: answers sbatch with increasing job ids; a virtual clock advanced by sleep."""
+    """exec for the driver's unit tests, on a virtual clock advanced by sleep: sbatch answers increasing job
+    ids and each job runs ``job_s``; squeue/sacct/scontrol answer from that; the controller's restart labels
+    every node green; ``held``: job ids that squeue shows held until released."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_s: float = 30.0, held: tuple[int, ...] = ()) -> None:
         self.t = 1_000.0
         self.calls: list[tuple[str, ...]] = []
         self.next_id = 100
+        self.job_s = job_s
+        self.jobs: dict[int, float] = {}  # id -> end
+        self.held = set(held)
+        self.cancelled: set[int] = set()
+        self.nodes = {
+            n: {"State": "IDLE+DRAIN", "AvailableFeatures": "h100,fy_tier_green", "Weight": "1100"}
+            for n in ab.PREMIUM_NODES | {"gpu-l40s-1", "gpu-l40s-2"}
+        }
+
+    def _update(self, argv) -> None:  # type: ignore[no-untyped-def]
+        kv = dict(a.split("=", 1) for a in argv if "=" in a)
+        for n in kv["NodeName"].split(","):
+            if kv.get("State") == "RESUME":
+                self.nodes[n]["State"] = "IDLE"
+            if "AvailableFeatures" in kv:
+                self.nodes[n]["AvailableFeatures"] = kv["AvailableFeatures"]
+            if "Weight" in kv:
+                self.nodes[n]["Weight"] = kv["Weight"]
 
     def exec(self, argv):  # type: ignore[no-untyped-def]
-        self.calls.append(tuple(argv))
+        argv = tuple(argv)
+        self.calls.append(argv)
         if "sbatch" in argv:
             self.next_id += 1
+            self.jobs[self.next_id] = self.t + self.job_s
             return 0, str(self.next_id)
+        if argv[:2] == ("docker", "inspect"):
+            return 0, "true"
+        if "show" in argv and "node" in argv:
+            return 0, "\n".join(
+                f"NodeName={n} State={f['State']} AvailableFeatures={f['AvailableFeatures']} "
+                f"ActiveFeatures={f['AvailableFeatures']} Weight={f['Weight']} Reason=a b"
+                for n, f in sorted(self.nodes.items())
+            )
+        if "update" in argv:
+            self._update(argv)
+        if "restart" in argv and "controller" in argv:
+            for f in self.nodes.values():
+                f["AvailableFeatures"] = "x,fy_tier_green"
+        if "release" in argv:
+            self.held.discard(int(argv[-1]))
+        if "scancel" in argv:
+            for j in argv[argv.index("scancel") + 1 :]:
+                self.cancelled.add(int(j))
+        if "squeue" in argv:
+            for j in self.held & set(self.jobs):  # a held job does not run
+                self.jobs[j] = max(self.jobs[j], self.t + self.job_s)
+            live = [j for j, end in self.jobs.items() if end > self.t and j not in self.cancelled]
+            return 0, "\n".join(
+                f"{j}|PENDING|launch_failed_requeued_held" if j in self.held else f"{j}|RUNNING|None"
+                for j in live
+            )
+        if "sacct" in argv:
+            rows = [ledger.SACCT_FIELDS.replace(",", "|")]
+            for j, end in self.jobs.items():
+                st = "CANCELLED" if j in self.cancelled else "COMPLETED"
+                rows.append(f"{j}|{st}|0:0|{end - 60}|{end - 30}|{end}|gpu-l40s-1|gres/gpu=1|fy:batch")
+            return 0, "\n".join(rows)
         return 0, ""
 
     def sleep(self, s: float) -> None:
@@ -139,13 +193,31 @@ def test_ledger_from_recorded_sacct_uses_core_settle():
 
 def test_arm_setup_bare_disables_and_emulates_nhc_fleetyield_enables():
     bare = [" ".join(c) for c in ab.setup_commands("bare", ("gpu-h100-1",))]
-    assert any("controller stop" in c for c in bare)
     assert any("touch /etc/slurm/fleetyield.disabled" in c for c in bare)
     assert any("nhc-drain.sh" in c and "-d" in c for c in bare)
+    # slurm.conf's own features and weight, and a Prolog that consults neither controller nor fatal marker
+    assert any("AvailableFeatures=h100,nvlink" in c and "Weight=10" in c for c in bare)
+    assert any("controller_url =" in c and ab.HOOKS_ORIG in c for c in bare)
     assert not any("pkill" in c or "killall" in c for c in bare)
     fy = [" ".join(c) for c in ab.setup_commands("fleetyield", ("gpu-h100-1",))]
     assert any("rm -f /etc/slurm/fleetyield.disabled" in c for c in fy)
-    assert any("controller start" in c for c in fy)
+    assert any("controller restart --wipe" in c for c in fy)  # no state carried over between arms
+    assert any(f"mv -f {ab.HOOKS_ORIG} {ab.HOOKS_CONF}" in c for c in fy)
+    try:
+        ab.setup_commands("nope", ("gpu-h100-1",))
+    except ValueError as exc:
+        assert "unknown arm" in str(exc)
+    else:
+        raise AssertionError("an unknown arm was accepted")
+
+
+def test_slurm_conf_nodes_and_node_info():
+    conf = ab.slurm_conf_nodes()
+    assert conf["gpu-h100-2"] == {"features": "h100,nvlink", "weight": "10"}
+    assert conf["gpu-l40s-1"] == {"features": "l40s", "weight": "1"}
+    info = ab.node_info("NodeName=a Arch=x State=IDLE+DRAIN AvailableFeatures=h100,fy_ok_batch Reason=x y z")
+    assert info["a"]["State"] == "IDLE+DRAIN" and ab.has_fy_feature(info["a"])
+    assert not ab.has_fy_feature({"AvailableFeatures": "h100,nvlink", "ActiveFeatures": "h100"})
 
 
 def test_run_arm_on_a_fake_cluster_writes_log_and_result(tmp_path: Path):
@@ -153,6 +225,88 @@ def test_run_arm_on_a_fake_cluster_writes_log_and_result(tmp_path: Path):
     tl = generate(1, TimelineParams(jobs=3, faults=1, duration_s=60))
     res = ab.run_arm(tl, "bare", fc.exec, tmp_path, lambda: fc.t, fc.sleep, drain_timeout_s=60)
     assert res["type"] == "result" and set(res["job_ids"]) == {e.ref for e in tl.events if e.kind == "submit"}
+    assert res["totals"]["completed"] == 3 and res["totals"]["unfinished"] == 0
     tl2, recs = chaos_log.read(tmp_path / "chaos-bare-s1.jsonl")
     assert tl2 == tl and recs[-1]["type"] == "result"
     assert isinstance(Timeline.from_dict(tl.to_dict()), Timeline)
+    # the bare arm ran on slurm.conf's features and weights: the log shows the nodes as the run started
+    nodes = next(r for r in recs if r["type"] == "nodes")["nodes"]
+    assert nodes["gpu-h100-1"] == {"State": "IDLE", "AvailableFeatures": "h100,nvlink", "Weight": "10"}
+    # reset came first: controller stopped, agents wiped (fresh fake GPUs), drained nodes resumed
+    text = [" ".join(c) for c in fc.calls]
+    first_sbatch = next(i for i, c in enumerate(text) if "sbatch" in c)
+    for what in ("controller stop", "agent restart --wipe", "State=RESUME"):
+        assert any(what in c for c in text[:first_sbatch]), what
+
+
+def test_fleetyield_arm_waits_for_labels_releases_held_jobs_and_cancels_at_the_deadline(tmp_path: Path):
+    fc = FakeCluster(job_s=30.0, held=(101,))
+    tl = generate(2, TimelineParams(jobs=2, faults=0, duration_s=60))
+    res = ab.run_arm(tl, "fleetyield", fc.exec, tmp_path, lambda: fc.t, fc.sleep, drain_timeout_s=120)
+    recs = list(chaos_log.records(tmp_path / "chaos-fleetyield-s2.jsonl"))
+    assert any(r["type"] == "wait" and "labelling" in r["what"] for r in recs)
+    assert any(r["type"] == "operator_release" and r["command"][-1] == "101" for r in recs)
+    assert res["unfinished"] == [] and res["totals"]["completed"] == 2
+    # a job that never ends is cancelled at the deadline and counted as it stands
+    fc = FakeCluster(job_s=10_000.0)
+    res = ab.run_arm(tl, "fleetyield", fc.exec, tmp_path, lambda: fc.t, fc.sleep, drain_timeout_s=30)
+    assert res["unfinished"] == ["101", "102"] and res["totals"]["unfinished"] == 2
+    assert fc.cancelled == {101, 102}
+
+
+def test_ab_restores_the_cluster_even_when_an_arm_fails(tmp_path: Path):
+    fc = FakeCluster()
+    real = fc.exec
+
+    def broken(argv):  # type: ignore[no-untyped-def]
+        if "nhc-drain.sh" in " ".join(argv) and "-d" in argv:
+            fc.calls.append(tuple(argv))
+            return 1, "boom"
+        return real(argv)
+
+    try:
+        ab.ab([0], broken, tmp_path, TimelineParams(jobs=1, faults=0, duration_s=30), lambda: fc.t, fc.sleep)
+    except ab.ChaosError as exc:
+        assert "boom" in str(exc)
+    else:
+        raise AssertionError("a failed setup command was ignored")
+    text = [" ".join(c) for c in fc.calls]
+    last = max(i for i, c in enumerate(text) if "nhc-drain.sh" in c and " -d " in c)
+    assert any("controller restart --wipe" in c for c in text[last:])
+    assert any(f"mv -f {ab.HOOKS_ORIG}" in c for c in text[last:])
+
+
+def test_for_duration_scales_work_and_checkpoints():
+    tp = TimelineParams.for_duration(240)
+    assert tp.duration_s == 240 and tp.work_s == (16.0, 80.0)
+    assert tp.ckpt_s == {"decode": 0.0, "pretrain": 8.0, "finetune": 8.0, "batch": 4.0}
+    assert TimelineParams.for_duration(1800) == TimelineParams()
+    assert TimelineParams.for_duration(10).ckpt_s["batch"] == 1.0  # whole seconds, at least 1
+    assert TimelineParams.for_duration(240, jobs=5).jobs == 5
+    tl = generate(0, tp)
+    assert all(e.at_s <= 0.8 * 240 for e in tl.events)
+    for bad in (0, -5):
+        try:
+            TimelineParams.for_duration(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"duration {bad} accepted")
+
+
+def test_ckpt_logs_and_gpu_fault_exit_in_the_ledger():
+    from datetime import datetime
+
+    ck = datetime.fromisoformat("2026-01-01T00:02:00").timestamp()
+    recs = ledger.parse_ckpt_logs(
+        f"/shared/fy-chaos/runs/x/progress/104.ckpts:{ck:.0f} 60\n"
+        "/shared/fy-chaos/runs/x/progress/104.ckpts:garbage\nnoise\n/p/abc.ckpts:1 2\n"
+    )
+    assert recs == [{"job_id": "104", "last_checkpoint": ck}]
+    # job 104 FAILED with exit 86 and no injected fault: still a hardware loss (its GPU faulted), and so is
+    # 102's first attempt, requeued on the same node at that time; with another exit code neither is
+    entries, tot = ledger.ledger(SACCT, recs, [], ab.PREMIUM_NODES)
+    _, tot_none = ledger.ledger(SACCT.replace("|86:0|", "|1:0|"), recs, [], ab.PREMIUM_NODES)
+    assert tot["hardware_failures"] == 2 and tot_none["hardware_failures"] == 0
+    e104 = next(e for e in entries if e.job_id == 104)
+    assert (e104.useful_gpu_s, e104.wasted_gpu_s) == (2 * 60, 2 * 180)
+    assert tot["completed"] == 3 and tot_none["wasted_gpu_s"] == 0
