@@ -14,6 +14,13 @@ Slurm behaviour modelled (what FleetYield steers):
   estimates, a simplification), and later jobs may start now only if they end before that time or do not
   touch the reserved nodes. At most ``bf_max_job_test`` queued jobs are tested per pass (Slurm's
   ``bf_max_job_test``).
+Cost (the scheduler runs up to once a simulated minute over a queue of thousands): a pass scans only the
+nodes with free GPUs (``_open``), per constraint once; a job whose shape (constraint, GPUs per node, nodes)
+is no easier than one that already failed for lack of capacity in this pass fails without a scan (capacity
+only shrinks within a pass); the EASY reservation is computed only when a later job could use a node it
+might reserve, from per-node ready times cached until a job starts, ends or moves its end on that node; the
+candidate lists per constraint are kept sorted incrementally instead of rebuilt on every feature change.
+The result is the same as the plain scan (``tests/sim/test_cluster.py`` compares them on random queues).
 Simplified: one partition, no priorities/fair share/preemption, GPUs are the only resource (CPUs and memory
 are never the constraint), a drained node's running jobs finish normally, job requeue keeps the original
 submit time as priority.
@@ -21,6 +28,9 @@ submit time as priority.
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -77,7 +87,13 @@ class SimSlurm:
         self.bf_max_job_test = bf_max_job_test
         self._views: dict[str, SlurmNode] = {}
         self._dirty: set[str] = set(self.nodes)
-        self._cand: dict[frozenset[str], list[SimNode]] = {}
+        self._cand: dict[frozenset[str], list[SimNode]] = {}  # usable nodes per constraint, by rank
+        self._cand_rank: dict[frozenset[str], list[tuple[int, str]]] = {}  # their ranks (bisect)
+        self._open: dict[str, SimNode] = {k: n for k, n in self.nodes.items() if n.free > 0}
+        self._ready: dict[str, list[float]] = {}  # node -> [earliest time >= g GPUs are free], -inf: now
+        self._job_views: dict[int, JobView] = {}  # running job -> its squeue view
+        self._started: list[int] = []  # started since the last read_jobs (views still to build)
+        self._running_views: tuple[JobView, ...] | None = None  # None: a job started or ended since
         self.calls = 0
         self.out = 0  # nodes drained or down (no new work)
         self.canaries: dict[str, tuple[str, int]] = {}  # node -> (token, count) of the submitted round
@@ -108,17 +124,22 @@ class SimSlurm:
 
     def read_jobs(self) -> Sequence[JobView]:
         """Running jobs (``gpus``: the whole job's, as ``squeue --json`` reports), then the pending ones."""
-        running = tuple(
-            JobView(
-                p.job_id,
-                "RUNNING",
-                p.nodes,
-                p.requeue,
-                WorkloadClass(p.workload),
-                p.gpus_per_node * len(p.nodes),
-            )
-            for p in sorted(self.running.values(), key=lambda p: p.job_id)
-        )
+        running = self._running_views
+        if running is None:
+            views = self._job_views
+            for jid in self._started:
+                p = self.running.get(jid)
+                if p is not None and jid not in views:
+                    views[jid] = JobView(
+                        jid,
+                        "RUNNING",
+                        p.nodes,
+                        p.requeue,
+                        WorkloadClass(p.workload),
+                        p.gpus_per_node * len(p.nodes),
+                    )
+            self._started.clear()
+            running = self._running_views = tuple([views[j] for j in sorted(self.running)])
         return running + tuple(self.pending()) if self.pending is not None else running
 
     def apply(self, plan: Plan) -> ApplyReport:
@@ -170,18 +191,19 @@ class SimSlurm:
     def set_features(self, name: str, features: tuple[str, ...], weight: int) -> None:
         n = self.nodes[name]
         if n.features != features or n.weight != weight:
+            self._leave(n)
             n.features, n.weight = features, weight
             n.feature_set, n.rank = frozenset(features), (weight, name)
             self._dirty.add(name)
-            self._cand.clear()
+            self._enter(n)
 
     def set_drain(self, name: str, reason: str) -> None:
         n = self.nodes[name]
         if not n.drain or n.reason != reason:
             self.out += not (n.drain or n.down)
+            self._leave(n)
             n.drain, n.reason = True, reason
             self._dirty.add(name)
-            self._cand.clear()
 
     def resume(self, name: str) -> None:
         n = self.nodes[name]
@@ -189,16 +211,38 @@ class SimSlurm:
             n.drain, n.reason = False, ""
             self.out -= not n.down
             self._dirty.add(name)
-            self._cand.clear()
+            self._enter(n)
 
     def set_down(self, name: str, down: bool) -> None:
         n = self.nodes[name]
         if n.down != down:
             if not n.drain:
                 self.out += 1 if down else -1
+            self._leave(n)
             n.down = down
             self._dirty.add(name)
-            self._cand.clear()
+            self._enter(n)
+
+    def _leave(self, n: SimNode) -> None:
+        """Take ``n`` out of the cached candidate lists (before its rank, features or usability change)."""
+        for c, lst in self._cand.items():
+            ranks = self._cand_rank[c]
+            i = bisect.bisect_left(ranks, n.rank)
+            if i < len(lst) and lst[i] is n:
+                del lst[i], ranks[i]
+
+    def _enter(self, n: SimNode) -> None:
+        """Put ``n`` into the cached candidate lists it qualifies for (after a change)."""
+        if n.drain or n.down:
+            return
+        for c, lst in self._cand.items():
+            if c <= n.feature_set:
+                ranks = self._cand_rank[c]
+                i = bisect.bisect_left(ranks, n.rank)
+                if i < len(lst) and lst[i] is n:
+                    continue
+                lst.insert(i, n)
+                ranks.insert(i, n.rank)
 
     def usable(self, name: str) -> bool:
         n = self.nodes[name]
@@ -213,16 +257,35 @@ class SimSlurm:
             n = self.nodes[name]
             n.free -= gpus_per_node
             assert n.free >= 0, (name, n.free)
+            if not n.free:
+                self._open.pop(name, None)
             self.on_node[name].add(job_id)
             self._dirty.add(name)
+            self._ready.pop(name, None)
         self.running[job_id] = Placed(job_id, nodes, gpus_per_node, end, workload)
+        self._started.append(job_id)
+        self._running_views = None
 
     def finish(self, job_id: int) -> Placed:
         p = self.running.pop(job_id)
+        self._job_views.pop(job_id, None)
+        self._running_views = None
         for name in p.nodes:
-            self.nodes[name].free += p.gpus_per_node
+            n = self.nodes[name]
+            n.free += p.gpus_per_node
+            if n.free:
+                self._open[name] = n
             self.on_node[name].discard(job_id)
             self._dirty.add(name)
+            self._ready.pop(name, None)
+        return p
+
+    def extend(self, job_id: int, seconds: float) -> Placed:
+        """A running job now ends ``seconds`` later (redone work after a quiet corruption)."""
+        p = self.running[job_id]
+        p.end += seconds
+        for name in p.nodes:
+            self._ready.pop(name, None)
         return p
 
     def jobs_on(self, name: str) -> tuple[int, ...]:
@@ -240,9 +303,10 @@ class SimSlurm:
                     for n in self.nodes.values()
                     if constraint <= n.feature_set and not n.drain and not n.down
                 ),
-                key=lambda n: n.rank,
+                key=_rank,
             )
             self._cand[constraint] = c
+            self._cand_rank[constraint] = [n.rank for n in c]
         return c
 
     def schedule(
@@ -251,20 +315,46 @@ class SimSlurm:
         """One scheduling pass over ``queue`` (job_id, constraint, nodes, gpus_per_node, remaining seconds),
         already in priority order. Returns the placements (the caller calls ``start``)."""
         placed: list[tuple[int, tuple[str, ...]]] = []
-        shadow: float | None = None
+        blocked = False  # a job could not start: its reservation holds for the rest of the pass
+        pending: tuple[list[SimNode], int, int, dict[str, int]] | None = None  # reservation, not yet computed
+        shadow = float("inf")
         reserved: frozenset[str] = frozenset()
         tested = 0
         taken: dict[str, int] = {}  # GPUs given out in this pass (start() is called by the caller later)
+        opened: dict[frozenset[str], list[SimNode]] = {}  # candidates with free GPUs, per constraint
+        failed: dict[frozenset[str], list[tuple[int, int]]] = {}  # (gpn, nodes) short of capacity
         for job_id, constraint, nn, gpn, remaining in queue:
             if tested >= self.bf_max_job_test:
                 break
             tested += 1
-            cand = self.candidates(constraint)
+            worse = failed.get(constraint)
+            if worse is not None and any(gpn >= g and nn >= k for g, k in worse):
+                continue  # no easier than a job that found too few nodes: capacity only shrank since
+            if gpn > 0:  # a node without free GPUs cannot take the job: scan only the open ones
+                cand = opened.get(constraint)
+                if cand is None:
+                    cand = opened[constraint] = sorted(
+                        (
+                            n
+                            for n in self._open.values()
+                            if constraint <= n.feature_set and not n.drain and not n.down
+                        ),
+                        key=_rank,
+                    )
+            else:
+                cand = self.candidates(constraint)
             pick: list[str] = []
+            skipped = False
+            late = now + remaining
             for n in cand:
                 if n.free - taken.get(n.name, 0) >= gpn:
-                    if shadow is not None and n.name in reserved and now + remaining > shadow:
-                        continue
+                    if blocked:
+                        if pending is not None:
+                            shadow, reserved = self._reservation(*pending, now)
+                            pending = None
+                        if n.name in reserved and late > shadow:
+                            skipped = True
+                            continue
                     pick.append(n.name)
                     if len(pick) == nn:
                         break
@@ -273,30 +363,57 @@ class SimSlurm:
                     taken[name] = taken.get(name, 0) + gpn
                 placed.append((job_id, tuple(pick)))
                 continue
-            if shadow is None:  # the first blocked job: reserve the earliest nodes for it (EASY backfill)
-                shadow, reserved = self._reservation(cand, nn, gpn, now, taken)
+            if not skipped:
+                failed.setdefault(constraint, []).append((gpn, nn))
+            if not blocked:  # the first blocked job: reserve the earliest nodes for it (EASY backfill)
+                blocked = True
+                pending = (self.candidates(constraint), nn, gpn, dict(taken))
         return placed
 
+    def _ready_times(self, n: SimNode) -> list[float]:
+        """``[g]``: the earliest time node ``n`` has ``g`` GPUs free (-inf: now), from its jobs' end times;
+        shorter than ``g + 1`` when it never will."""
+        r = self._ready.get(n.name)
+        if r is None:
+            free = n.free
+            r = [-math.inf] * (free + 1)
+            running = self.running
+            for end, g in sorted((running[j].end, running[j].gpus_per_node) for j in self.on_node[n.name]):
+                free += g
+                while len(r) <= free:
+                    r.append(end)
+            self._ready[n.name] = r
+        return r
+
     def _reservation(
-        self, cand: list[SimNode], nn: int, gpn: int, now: float, taken: Mapping[str, int]
+        self, cand: list[SimNode], nn: int, gpn: int, taken: Mapping[str, int], now: float
     ) -> tuple[float, frozenset[str]]:
         avail: list[tuple[float, tuple[int, str], str]] = []
+        ready = self._ready_times
         for n in cand:
-            free = n.free - taken.get(n.name, 0)
-            if free >= gpn:
-                avail.append((now, n.rank, n.name))
-                continue
-            ends = sorted((self.running[j].end, self.running[j].gpus_per_node) for j in self.on_node[n.name])
-            t = None
-            for end, g in ends:
-                free += g
+            if n.name in taken:
+                free = n.free - taken[n.name]
                 if free >= gpn:
-                    t = end
-                    break
-            if t is not None:
-                avail.append((t, n.rank, n.name))
+                    avail.append((now, n.rank, n.name))
+                    continue
+                ends = sorted(
+                    (self.running[j].end, self.running[j].gpus_per_node) for j in self.on_node[n.name]
+                )
+                for end, g in ends:
+                    free += g
+                    if free >= gpn:
+                        avail.append((end, n.rank, n.name))
+                        break
+                continue
+            r = ready(n)
+            if gpn < len(r):
+                t = r[gpn]
+                avail.append((now if t == -math.inf else t, n.rank, n.name))
         if len(avail) < nn:
             return float("inf"), frozenset()
-        avail.sort()
-        chosen = avail[:nn]
+        chosen = heapq.nsmallest(nn, avail)
         return chosen[-1][0], frozenset(name for _, _, name in chosen)
+
+
+def _rank(n: SimNode) -> tuple[int, str]:
+    return n.rank

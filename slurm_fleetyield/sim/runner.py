@@ -280,6 +280,7 @@ class Simulation:
         self._views: dict[int, JobView] = {}
         self.jobs: dict[int, _JobState] = {}
         self.queue: list[tuple[float, int]] = []  # (submit, job_id), priority order
+        self.queue_views: list[JobView] = []  # the same jobs as squeue shows them, same order
         self.constraint: dict[str, frozenset[str]] = {
             c: frozenset(ADMIN_CONSTRAINT.get(c, ()) + self._class_features(c)) for c in traces.CLASSES
         }
@@ -335,14 +336,17 @@ class Simulation:
         self._last_t = 0.0
 
     def _pending_views(self) -> tuple[JobView, ...]:
-        out = []
-        for _submit, jid in self.queue:
-            v = self._views.get(jid)
-            if v is None:
-                j = self.jobs[jid].job
-                v = self._views[jid] = JobView(jid, "PENDING", (), True, WorkloadClass(j.workload), j.gpus)
-            out.append(v)
-        return tuple(out)
+        if len(self.queue_views) != len(self.queue):  # the queue was replaced wholesale (tests do)
+            self.queue_views = [self._view(self.jobs[jid].job) for _, jid in self.queue]
+        return tuple(self.queue_views)
+
+    def _view(self, j: traces.Job) -> JobView:
+        v = self._views.get(j.job_id)
+        if v is None:
+            v = self._views[j.job_id] = JobView(
+                j.job_id, "PENDING", (), True, WorkloadClass(j.workload), j.gpus
+            )
+        return v
 
     def _class_features(self, c: str) -> tuple[str, ...]:
         if self.policy == "baseline":
@@ -414,7 +418,10 @@ class Simulation:
         self._enqueue(js)
 
     def _enqueue(self, js: _JobState) -> None:
-        bisect.insort(self.queue, (js.job.submit, js.job.job_id))
+        key = (js.job.submit, js.job.job_id)
+        i = bisect.bisect_right(self.queue, key)
+        self.queue.insert(i, key)
+        self.queue_views.insert(i, self._view(js.job))
         if js.job.workload in PREMIUM_NEEDING:
             self.pending_premium += 1
         self._want_sched()
@@ -431,7 +438,8 @@ class Simulation:
         if not self.queue:
             return
         q = []
-        for _submit, jid in self.queue[: self.cfg.bf_max_job_test]:
+        head = self.queue[: self.cfg.bf_max_job_test]
+        for _submit, jid in head:
             js = self.jobs[jid]
             j = js.job
             q.append(
@@ -441,7 +449,9 @@ class Simulation:
         if not placed:
             return
         started = {jid for jid, _ in placed}
-        self.queue = [e for e in self.queue if e[1] not in started]
+        n = len(head)  # every placed job is in the head: rebuild only that part of the queue
+        self.queue_views[:n] = [v for v in self.queue_views[:n] if v.job_id not in started]
+        self.queue[:n] = [e for e in head if e[1] not in started]
         for jid, nodes in placed:
             js = self.jobs[jid]
             j = js.job
@@ -518,8 +528,7 @@ class Simulation:
                 self.m["failures_hitting_jobs"] += 1
                 # the job now ends later: move its END
                 js.run_id += 1
-                p = self.slurm.running[jid]
-                p.end += redo
+                p = self.slurm.extend(jid, redo)
                 self.push(p.end, END, (jid, js.run_id))
             return
         n = self.slurm.nodes[node]
