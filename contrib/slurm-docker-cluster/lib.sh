@@ -7,6 +7,7 @@
 #   UP_TIMEOUT      seconds to wait for every node to be idle (default 300)
 #   LABEL_TIMEOUT   seconds to wait for the controller to label every node (default 120)
 #   COMPOSE_PROJECT_NAME  default "fleetyield"
+#   FLEETYIELD_ATTEST     1: up.sh switches tenant attestation on (attest.sh on); default 0 (off)
 
 CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$CLUSTER_DIR/../.." && pwd)

@@ -209,4 +209,7 @@ log "starting containers (compose project $COMPOSE_PROJECT_NAME)"
 compose up -d --remove-orphans 2>&1 | sed 's/^/  /' >&2
 wait_idle
 wait_labelled
+if [[ ${FLEETYIELD_ATTEST:-0} == 1 ]]; then
+  "$CLUSTER_DIR/attest.sh" on # enrol, baseline, switch on, wait for every node's first verdict
+fi
 log "cluster up: ${#NODES[@]} nodes registered and labelled by the controller after $((SECONDS - T0)) s"

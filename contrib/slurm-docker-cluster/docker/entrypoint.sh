@@ -189,9 +189,13 @@ slurmd)
       setup_push_secret
       push=(--push-url "$FLEETYIELD_PUSH_URL" --push-secret-file "$PUSH_SECRET")
     fi
+    # /etc/fleetyield/agent.toml: empty unless attestation is on (its [attest] table, `fy-attest node on`);
+    # read at every (re)start of the agent.
+    config=()
+    [[ -f /etc/fleetyield/agent.toml ]] && config=(--config /etc/fleetyield/agent.toml)
     # Stop/start/wipe it with `fy-service agent stop|start|restart [--wipe]` (slurmd keeps running).
     # shellcheck disable=SC2086
-    supervise agent fleetyield-agent serve --backend fake \
+    supervise agent fleetyield-agent serve "${config[@]}" --backend fake \
       --gpus "${FLEETYIELD_GPUS:-8}" --model "${FLEETYIELD_GPU_MODEL:-h100}" \
       --seed "${FLEETYIELD_AGENT_SEED:-0}" --hostname "$(hostname)" --port 9400 \
       --state-dir /var/lib/fleetyield-agent --hpc-job-mapping-dir /run/fleetyield/hpc-jobs \

@@ -5,7 +5,9 @@
 #     stop     stop it and keep it stopped (the supervisor does not restart it)
 #     start    let the supervisor start it again (within ~0.1 s) and wait until it runs
 #     restart  stop + start; --wipe: delete its state in between
-#                agent:      the fake GPU state, fatal.json and the push spool (/var/lib/fleetyield-agent)
+#                agent:      the fake GPU state, fatal.json, the push spool and the attestation verdict
+#                            (/var/lib/fleetyield-agent) -- NOT the node's attestation key (node.key,
+#                            node.pub): it is enrolled with the controller, a new one would fail every quote
 #                controller: the SQLite store (/var/lib/fleetyield/fleetyield.db*) and the gate
 #                            (/var/lib/fleetyield/gate: proposals, nonces, audit log; not admin/ keys)
 #     status   "running <pid>" (exit 0) or "stopped" (exit 3)
@@ -55,7 +57,7 @@ start() {
 
 wipe_state() {
   if [[ $name == agent ]]; then
-    find "${state[0]}" -mindepth 1 -delete
+    find "${state[0]}" -mindepth 1 ! -path "${state[0]}/node.key" ! -path "${state[0]}/node.pub" -delete
   else
     rm -rf "${state[@]}"
   fi
