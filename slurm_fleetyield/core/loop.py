@@ -106,7 +106,7 @@ def tick(
     learned, calibration = learn.learn(
         state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now
     )
-    new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw.memory)
+    new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw.memory, state.memo)
     events = tuple(e for stage in (sensed, drains, decided, rh, priced, pw, proposed) for e in stage.events)
     return TickResult(
         new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calibration
@@ -121,6 +121,7 @@ def _next_state(
     settled: SettleMemory,
     learned: LearnMemory,
     lending: PremiumMemory,
+    memo: dict[str, dict[str, object]],
 ) -> ControllerState:
     return replace(
         remembered,
@@ -131,6 +132,7 @@ def _next_state(
         settle=settled,
         learn=learned,
         premium=lending,
+        memo=memo,
     )
 
 

@@ -64,9 +64,21 @@ def profile(
     out: dict[str, Envelope] = {}
     # Nodes mostly share a handful of (gpu_type, GPU models) combinations: derive their text once.
     memo: dict[tuple[str, tuple[str, ...]], tuple[str, bool, str]] = {}
+    # A fresh node whose sensed GPUs are the very objects of its last envelope (same GPU type, expected
+    # count and params) has the same envelope: reused (ControllerState.memo, not persisted).
+    last = state.memo.setdefault("profile", {})
     for name, node in sensed.nodes.items():
         slurm = obs.slurm.get(name)
         gpu_type = (slurm.gpu_type or "") if slurm else ""
+        hit = last.get(name)
+        if (
+            node.fresh
+            and hit is not None
+            and hit[0] is node.gpus
+            and hit[1] == (gpu_type, node.expected_gpus, pp)
+        ):
+            out[name] = hit[2]
+            continue
         key = (gpu_type, tuple([g.reading.model for g in node.gpus]))
         known = memo.get(key)
         if known is None:
@@ -79,7 +91,8 @@ def profile(
         if not node.fresh:
             out[name] = Envelope(model, is_premium, notes=(f"unknown: {node.reason}",))
             continue
-        out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
+        env = out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
+        last[name] = (node.gpus, (gpu_type, node.expected_gpus, pp), env)
     return out
 
 

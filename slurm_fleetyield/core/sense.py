@@ -207,6 +207,9 @@ class _Tracker:
         t = sample.time
         node_times = old.times
         new_times, _cut, appended, _plan = self._timeline(t, node_times)
+        quiet = old.quiet
+        if quiet is not None and quiet[0] is sample.gpus:  # same readings, all quiet: same result
+            return quiet[1], NodeHistory(t, new_times, old.gpus, quiet)
         first_time = new_times[0]
         n_new = len(new_times)
         tracks = old.gpus
@@ -266,9 +269,10 @@ class _Tracker:
             else:
                 kept += 1
             hist[uuid] = prev
+        sensed = tuple(out)
         if kept == len(hist) == len(tracks):
-            return tuple(out), NodeHistory(t, new_times, tracks)
-        return tuple(out), NodeHistory(t, new_times, hist)
+            return sensed, NodeHistory(t, new_times, tracks, _quiet(sample.gpus, sensed, tracks))
+        return sensed, NodeHistory(t, new_times, hist)
 
     def _gpu_plain(
         self, reading: GpuReading, raw: Counters, prev: GpuHistory | None, t: float
@@ -357,6 +361,23 @@ class _Tracker:
 
 _TrendPlan = tuple[int, tuple[tuple[int, float], ...]]
 """(index of the longest window's base point, ((base index, per-hour divisor) per usable window))."""
+
+
+def _quiet(
+    readings: tuple[GpuReading, ...],
+    sensed: tuple[SensedGpu, ...],
+    tracks: Mapping[str, GpuHistory | GpuTrack],
+) -> tuple[tuple[GpuReading, ...], tuple[SensedGpu, ...]] | None:
+    """``NodeHistory.quiet`` for a node whose tracks were all kept: set only when, fed the same readings
+    again, ``_node_tracks`` would take the quiet branch for every GPU and keep every track (one stored point,
+    identical to the last adjusted value, so appending a time adds no step), i.e. return ``sensed`` again."""
+    for g in sensed:
+        if g.rates is not None or g.growth is not None or g.new_xids or g.baseline:
+            return None
+    for tr in tracks.values():
+        if type(tr) is not GpuTrack or len(tr.steps) != 1 or tr.steps[0][1] is not tr.last_adj:
+            return None
+    return readings, sensed
 
 
 def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:

@@ -106,16 +106,26 @@ class GpuTrack:
 class NodeHistory(Mapping[str, GpuHistory]):
     """The trend memory of one node's GPUs, as the sense stage keeps it: one ring of times for the node and a
     ``GpuTrack`` per GPU that follows it (a GPU that does not, e.g. one that appeared between two stored
-    points, is kept as its own ``GpuHistory``). Reads as ``uuid -> GpuHistory`` like a plain mapping."""
+    points, is kept as its own ``GpuHistory``). Reads as ``uuid -> GpuHistory`` like a plain mapping.
 
-    __slots__ = ("gpus", "last_time", "times")
+    ``quiet`` (not persisted, not compared): ``(readings, sensed)`` when every GPU of the last sample was
+    quiet (no counter moved, nothing grew within the longest window, every track kept): a next sample
+    carrying the very same readings tuple senses to the very same ``sensed`` GPUs and keeps every track, so
+    the sense stage reuses them without looking at a GPU (the simulator reuses unchanged readings)."""
+
+    __slots__ = ("gpus", "last_time", "quiet", "times")
 
     def __init__(
-        self, last_time: float, times: tuple[float, ...], gpus: Mapping[str, GpuTrack | GpuHistory]
+        self,
+        last_time: float,
+        times: tuple[float, ...],
+        gpus: Mapping[str, GpuTrack | GpuHistory],
+        quiet: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None,
     ) -> None:
         self.last_time = last_time
         self.times = times
         self.gpus = gpus
+        self.quiet = quiet
 
     def __getitem__(self, uuid: str) -> GpuHistory:
         g = self.gpus[uuid]
@@ -255,6 +265,11 @@ class ControllerState:
     settle: SettleMemory = field(default_factory=SettleMemory)
     learn: LearnMemory = field(default_factory=LearnMemory)
     premium: PremiumMemory = field(default_factory=PremiumMemory)
+    # Not persisted, not compared: per-node results of the last tick keyed by the very input objects they
+    # were computed from (stage -> node -> entry), so a stage can hand back an unchanged node's result
+    # instead of recomputing it. Carried from tick to tick by ``core.loop``; an empty memo (a restored state)
+    # only costs time. Entries are pure functions of their keys, so sharing it between states is harmless.
+    memo: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def empty() -> ControllerState:
