@@ -31,7 +31,14 @@ ensure_dockerd() {
   pick_docker && return 0
   [[ $(id -u) == 0 ]] || die "no docker daemon reachable and not root: start docker first"
   log "no docker daemon running: starting dockerd (down.sh will stop it)"
-  nohup dockerd >"$STATE_DIR/dockerd.log" 2>&1 &
+  # dockerd outlives this script: close every inherited descriptor above 2 first, or a lock the caller
+  # holds (`flock /tmp/fy-cluster.lock make up`) stays held by dockerd for ever (it happened).
+  (
+    for fd in $(ls "/proc/$BASHPID/fd"); do
+      if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    exec nohup dockerd >"$STATE_DIR/dockerd.log" 2>&1
+  ) &
   echo $! >"$STATE_DIR/dockerd.pid"
   local deadline=$((SECONDS + 90))
   until pick_docker; do
