@@ -330,17 +330,19 @@ class PriceParams(BaseModel):
 
 
 class PremiumParams(BaseModel):
-    """Premium widening (core/premium.py): lend fy_ok_decode to premium nodes while decode is stuck and no
-    premium-needing work waits. The reservation is a shadow price (weights), not a wall."""
+    """Premium widening (core/premium.py): lend fy_ok_decode to idle premium nodes while decode is stuck,
+    except the nodes pending premium-needing work can start on now and a reserve. The reservation is a shadow
+    price (weights), not a wall."""
 
     model_config = _FROZEN
 
     enabled: bool = Field(
         True,
-        description="Lend fy_ok_decode to idle premium nodes when pending decode fits no non-premium node "
-        "and no premium-needing job (settle.premium_needing_classes) is pending. Off: the old wall (decode "
-        "never on premium GPUs), which on a decode-heavy fleet leaves premium GPUs idle while decode queues "
-        "(simulated: -17% net goodput on the openb workload, docs/simulator.md).",
+        description="Lend fy_ok_decode to idle premium nodes when pending decode fits no non-premium node, "
+        "except nodes that pending premium-needing jobs (settle.premium_needing_classes) can start on now "
+        "and a reserve. Off: the old wall (decode never on premium GPUs), which on a decode-heavy fleet "
+        "leaves premium GPUs idle while decode queues (simulated: -13% net goodput vs Slurm on the openb "
+        "workload, docs/results.md).",
     )
     reserve_nodes: int = Field(
         1,
@@ -363,6 +365,16 @@ class PremiumParams(BaseModel):
         "pending within this window: lent decode is not preempted, so a gang must find its nodes unlent. "
         "A week: longer than the gap between gangs of a training program, short enough to forget a one-off.",
     )
+    gang_reserve_max_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="The gang term of the reserve covers at most this fraction of the eligible premium nodes "
+        "(rounded down). A gang up to half the premium fleet finds its nodes unlent; a larger one finds half "
+        "and waits for lent decode on the rest. 1: a gang as large as the premium fleet reserves all of it, "
+        "which is the old wall (nothing is ever lent: simulated openb 16 nodes, +1.2% instead of +3.5% net "
+        "goodput vs Slurm on tuning seeds 100-109); 0: no gang term (gangs rely on weights and backfill).",
+    )
     lend_after_s: float = Field(
         300.0,
         ge=0,
@@ -377,6 +389,14 @@ class PremiumParams(BaseModel):
         description="A lent node is returned only after decode has not been waiting for this long (premium "
         "demand withdraws at once). Half an hour: features do not flap with a queue that drains and "
         "refills between ticks.",
+    )
+    claim_grace_s: float = Field(
+        300.0,
+        ge=0,
+        description="A pending premium-needing job that fits the idle premium GPUs claims them (they are not "
+        "lent) for this long; if Slurm has not started it by then it is waiting behind higher-priority work "
+        "(or a limit FleetYield does not see), so its claim lapses and the GPUs may be lent instead of "
+        "idling. Five minutes: many scheduling and backfill passes.",
     )
 
 

@@ -6,28 +6,42 @@ Output: ``Widening``: the premium nodes that carry ``fy_ok_decode`` this tick (`
 the demand/supply figures that justified it, and log events when the lent set changes.
 
 Why: by default ``fy_ok_decode`` sits on healthy non-premium nodes only (core/route.py). On a decode-heavy
-fleet that wall makes decode queue while premium GPUs idle (the simulator lost ~17% net goodput on the openb
-workload). Weights already express the preference (premium nodes +1000: Slurm fills every non-premium node
-first), so the feature only needs to open when decode is actually stuck.
+fleet that wall makes decode queue while premium GPUs idle (simulated on the openb workload: -13% net
+goodput against unmodified Slurm, docs/results.md). Weights already express the preference (premium nodes
++1000: Slurm fills every non-premium node first), so the feature only needs to open when decode is stuck.
+An earlier rule lent nothing while *any* premium-needing job was pending; in a busy fleet one almost always
+is (a gang waiting for eight whole nodes with three idle, a finetune deep in the queue), so it almost never
+lent and the idle premium GPUs stayed idle. Premium work now claims what it can use *now*; the reserve
+protects what it will need later.
 
 Rule, per tick:
-1. premium demand = GPUs of PENDING jobs whose class is premium-needing (pretrain, finetune by default);
-   premium supply = idle GPUs on eligible premium nodes (green, full HBM, not a lemon, not drained/down);
-2. decode is *waiting* when PENDING decode jobs do not fit (best fit, per node) into the idle GPUs of the
-   nodes that already carry ``fy_ok_decode`` (healthy non-premium ones, plus the premium nodes lent now);
-   a decode job that fits is merely waiting for the next scheduling pass, and never causes lending;
-3. while any premium-needing job is pending, nothing is lent (withdrawn at once, no hysteresis: premium
-   work has the right of way);
-4. otherwise, once decode has been waiting for ``lend_after_s``, premium nodes are lent until the waiting
-   decode jobs fit: nodes already lent first (sticky), then the eligible node with the most idle GPUs, ties
+1. eligible premium nodes: green, full HBM, not a lemon, not drained/down; their idle GPUs are the supply;
+2. premium right of way: the PENDING jobs of a premium-needing class (pretrain, finetune by default), by job
+   id (submission order, Slurm's default age priority), are placed all-or-nothing on the idle GPUs of the
+   eligible premium nodes (best fit per node; a gang as whole nodes; nodes not lent before nodes lent, then
+   by name). A job that fits *claims* those nodes: a claimed node is not lent this tick (a loan on it is
+   withdrawn at once, no hysteresis). A job that does not fit (a gang waiting for more nodes than are idle)
+   claims nothing: it cannot start on these GPUs now, whoever uses them; what it needs later is the
+   reserve's job (4). A claim lasts ``claim_grace_s`` from the first tick the job fitted (remembered while
+   it stays pending): a job that fitted idle GPUs for that long and was not started is held back by
+   something else -- higher-priority jobs ahead of it in a deep queue (Slurm tests only the first
+   ``default_queue_depth``/``bf_max_job_test`` jobs), a limit or constraint this rule does not see -- so
+   keeping GPUs idle for it helps nobody; it claims nothing any more;
+3. decode is *waiting* when PENDING decode jobs do not fit (best fit, per node) into the idle GPUs of the
+   nodes that carry ``fy_ok_decode`` without a loan (healthy non-premium ones); a decode job that fits is
+   merely waiting for the next scheduling pass, and never causes lending;
+4. once decode has been waiting for ``lend_after_s``, unclaimed eligible premium nodes are lent until the
+   waiting decode jobs fit: nodes already lent first (sticky), then the node with the most idle GPUs, ties
    by name (deterministic); never more than ``eligible - reserve`` premium nodes lent *or still running
    decode* (a node returned while its decode service runs on still holds it), reserve = the largest of
    ``reserve_nodes``, ceil(``reserve_fraction`` x eligible premium nodes) and the node count of the largest
    premium-needing job seen (running or pending) within ``gang_memory_s`` -- a lent decode service is not
-   preempted, so without that last term one long decode job could hold back the next gang for its whole
-   life (the simulator showed an 8-node gang starting 20 h late behind lent decode);
+   preempted, so without that term one long decode job could hold back the next gang for its whole life
+   (the simulator showed an 8-node gang starting 20 h late behind lent decode) -- the gang term capped at
+   floor(``gang_reserve_max_fraction`` x eligible): a gang as large as the premium fleet would otherwise
+   reserve all of it, which is the wall again;
 5. a lent node is returned ``hysteresis_s`` after decode last waited (features do not flap with a queue
-   that drains and refills between ticks), or at once when it stops being eligible.
+   that drains and refills between ticks), or at once when it stops being eligible or is claimed (2).
 
 Withdrawing ``fy_ok_decode`` changes only where Slurm places *new* jobs: decode services already running on
 a premium node are not preempted (Slurm preemption is out of scope) and finish naturally. A premium job that
@@ -67,6 +81,8 @@ class Widening:
     events: tuple[LogEvent, ...] = ()
     premium_demand_gpus: int = 0  # GPUs of pending premium-needing jobs
     premium_pending_jobs: int = 0
+    premium_startable_jobs: int = 0  # of those, the ones that fit the idle eligible premium GPUs now
+    claimed: frozenset[str] = frozenset()  # premium nodes those jobs would start on: not lendable
     premium_supply_gpus: int = 0  # idle GPUs on eligible premium nodes
     decode_pending_gpus: int = 0
     decode_waiting_gpus: int = 0  # pending decode GPUs that fit nowhere fy_ok_decode already is
@@ -122,11 +138,16 @@ def widen(
     if not pp.enabled:
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
     classes = frozenset(params.settle.premium_needing_classes)
-    pending_premium = [j for j in obs.jobs if j.state == "PENDING" and j.workload and j.workload in classes]
+    pending_premium = sorted(
+        (j for j in obs.jobs if j.state == "PENDING" and j.workload and j.workload in classes and j.gpus > 0),
+        key=lambda j: j.job_id,
+    )
     pending_decode = [
         j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.DECODE and j.gpus > 0
     ]
     if not (pending_decode or pending_premium or mem.lent or mem.waiting_since is not None):
+        if mem.claims:
+            mem = replace(mem, claims=())
         if any(j.workload and j.workload in classes and len(j.nodes) > 1 for j in obs.jobs):
             gang, seen = _largest_gang(obs, classes, 0, mem, pp, now)
             return Widening(memory=replace(mem, gang_nodes=gang, gang_seen=seen))
@@ -148,26 +169,34 @@ def widen(
             base.append(idle[name])
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     gang, gang_seen = _largest_gang(obs, classes, max_node, mem, pp, now)
-    reserve = max(pp.reserve_nodes, math.ceil(pp.reserve_fraction * len(eligible)), gang) if eligible else 0
+    gang_cap = math.floor(pp.gang_reserve_max_fraction * len(eligible) + 1e-9)
+    reserve = (
+        max(pp.reserve_nodes, math.ceil(pp.reserve_fraction * len(eligible)), min(gang, gang_cap))
+        if eligible
+        else 0
+    )
     cap = max(0, len(eligible) - reserve)
     chunks = sorted((c for j in pending_decode for c in _chunks(j, max_node)), reverse=True)
     unfit = _fit(chunks, base)
     waiting = bool(unfit)
     since = (mem.waiting_since if mem.waiting_since is not None else now) if waiting else None
     last = now if waiting else mem.last_waiting
+    claimed, startable, claims = _claims(
+        pending_premium, eligible, idle, frozenset(mem.lent), max_node, dict(mem.claims), pp.claim_grace_s,
+        now,
+    )  # fmt: skip
     fig = Widening(
         premium_demand_gpus=sum(j.gpus for j in pending_premium),
         premium_pending_jobs=len(pending_premium),
+        premium_startable_jobs=startable,
+        claimed=claimed,
         premium_supply_gpus=sum(idle.get(n, 0) for n in eligible),
         decode_pending_gpus=sum(j.gpus for j in pending_decode),
         decode_waiting_gpus=sum(unfit),
         reserve_nodes=reserve,
     )
-    if pending_premium:
-        why = f"{len(pending_premium)} premium-needing job(s) pending ({fig.premium_demand_gpus} GPUs)"
-        events = _changed(mem.lent, (), now, f"withdrawn: {why}")
-        return replace(fig, memory=PremiumMemory((), since, last, gang, gang_seen), events=events, reason=why)
-    eligible_set = frozenset(eligible)
+    lendable = [n for n in eligible if n not in claimed]
+    eligible_set = frozenset(lendable)
     # premium nodes still running decode (lent earlier, returned since): they count against the cap, or
     # a node returned while its decode service runs on would let the next loan eat into the reserve
     held = {
@@ -182,23 +211,27 @@ def widen(
     lent = list(keep)
     if waiting and since is not None and now - since >= pp.lend_after_s:
         unfit = _fit(unfit, [idle.get(n, 0) for n in keep])
-        for n in sorted((n for n in eligible if n not in keep), key=lambda n: (-idle.get(n, 0), n)):
+        for n in sorted((n for n in lendable if n not in keep), key=lambda n: (-idle.get(n, 0), n)):
             if not unfit or len(set(lent) | held) >= cap:
                 break
             left = _fit(unfit, [idle.get(n, 0)])
             if len(left) < len(unfit):
                 lent.append(n)
                 unfit = left
+    premium = (
+        f"{startable} of {len(pending_premium)} pending premium-needing job(s) can start on idle premium "
+        f"GPUs now ({len(claimed)} node(s) claimed)"
+    )
     if waiting:
         why = (
             f"decode waiting: {fig.decode_waiting_gpus} of {fig.decode_pending_gpus} pending decode GPUs fit "
-            f"no fy_ok_decode node, no premium-needing job pending, {reserve} premium node(s) kept in reserve"
+            f"no fy_ok_decode node; {premium}; {reserve} premium node(s) kept in reserve"
         )
     else:
         why = f"decode not waiting (hysteresis {pp.hysteresis_s:g} s)"
     out = tuple(sorted(lent))
-    events = _changed(mem.lent, out, now, why)
-    nxt = PremiumMemory(out, since, last, gang, gang_seen)
+    events = _changed(mem.lent, out, now, why, claimed, premium)
+    nxt = PremiumMemory(out, since, last, gang, gang_seen, claims)
     return replace(fig, lent=frozenset(out), memory=nxt, events=events, reason=why)
 
 
@@ -219,6 +252,58 @@ def _largest_gang(
     if mem.gang_seen is not None and now - mem.gang_seen < pp.gang_memory_s and mem.gang_nodes >= size:
         return mem.gang_nodes, mem.gang_seen if mem.gang_nodes > size else now
     return (size, now) if size else (0, None)
+
+
+def _claims(
+    jobs: list[JobView],
+    eligible: list[str],
+    idle: Mapping[str, int],
+    lent: frozenset[str],
+    max_node: int,
+    before: Mapping[int, float],
+    grace_s: float,
+    now: float,
+) -> tuple[frozenset[str], int, tuple[tuple[int, float], ...]]:
+    """Premium right of way (rule 2): the eligible premium nodes that pending premium-needing ``jobs`` (in
+    priority order) would start on now, all-or-nothing per job; how many of the jobs could start; and the
+    claim memory (job id -> since when it first could, kept while it stays pending). A claim older than
+    ``grace_s`` claims nothing."""
+    free = {n: idle[n] for n in eligible if idle.get(n, 0) > 0}
+    claimed: set[str] = set()
+    startable = 0
+    memory: list[tuple[int, float]] = []
+    for j in jobs:
+        since = before.get(j.job_id)
+        if since is not None and now - since >= grace_s:
+            memory.append((j.job_id, since))  # lapsed: Slurm is not starting it here, whoever waits
+            continue
+        if j.gpus > sum(free.values()):
+            continue  # cannot start on these GPUs now, whoever uses them
+        pick = _place(_chunks(j, max_node), free, lent)
+        if pick is None:
+            continue
+        startable += 1
+        memory.append((j.job_id, now if since is None else since))
+        for n, g in pick.items():
+            free[n] -= g
+            claimed.add(n)
+    return frozenset(claimed), startable, tuple(memory)
+
+
+def _place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> dict[str, int] | None:
+    """All-or-nothing best fit of one job's per-node ``chunks`` (largest first): each on the node with the
+    fewest free GPUs that holds it, unlent nodes before lent ones, then by name. None: some chunk fits
+    nowhere. A whole-node chunk empties its node, so a gang's chunks land on distinct nodes."""
+    left = dict(free)
+    used: dict[str, int] = {}
+    for c in sorted(chunks, reverse=True):
+        best = min(((n in lent, f, n) for n, f in left.items() if f >= c), default=None)
+        if best is None:
+            return None
+        n = best[2]
+        left[n] -= c
+        used[n] = used.get(n, 0) + c
+    return used
 
 
 def _out(s: SlurmNode) -> bool:
@@ -257,12 +342,20 @@ def _fit(chunks: list[int], free: list[int]) -> list[int]:
     return unfit
 
 
-def _changed(before: tuple[str, ...], after: tuple[str, ...], now: float, why: str) -> tuple[LogEvent, ...]:
+def _changed(
+    before: tuple[str, ...],
+    after: tuple[str, ...],
+    now: float,
+    why: str,
+    claimed: frozenset[str] = frozenset(),
+    claim_why: str = "",
+) -> tuple[LogEvent, ...]:
     events = []
     gone = sorted(set(before) - set(after))
     new = sorted(set(after) - set(before))
     for n in new:
         events.append(LogEvent(now, n, "premium_lend", f"fy_ok_decode lent to premium node: {why}"))
     for n in gone:
-        events.append(LogEvent(now, n, "premium_return", f"fy_ok_decode returned: {why}"))
+        reason = f"withdrawn, premium work can start here: {claim_why}" if n in claimed else why
+        events.append(LogEvent(now, n, "premium_return", f"fy_ok_decode returned: {reason}"))
     return tuple(events)

@@ -20,7 +20,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 |                    | (gangs that need NVLink also ask for fy_nvlink_full explicitly)                    |
 | fy_ok_finetune     | tier green and fy_hbm_full                                                         |
 | fy_ok_decode       | tier green and fy_hbm_full, and fy_nonpremium -- or a premium node lent to waiting |
-|                    | decode by core/premium.py (no premium-needing job pending; a reserve stays unlent)  |
+|                    | decode by core/premium.py (not one pending premium work can start on now; a       |
+|                    | reserve stays unlent)                                                              |
 | fy_canary          | tier canary (only rehabilitation probes)                                           |
 | fy_lemon           | repeated fatal failures (core/learn.py): no fy_ok_train / fy_ok_finetune /          |
 |                    | fy_ok_decode (off gangs and premium-class work); fy_ok_batch kept when healthy     |

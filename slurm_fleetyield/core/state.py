@@ -211,6 +211,7 @@ class PremiumMemory:
     last_waiting: float | None = None
     gang_nodes: int = 0  # nodes of the largest premium-needing job seen lately (sizes the reserve)
     gang_seen: float | None = None  # when a job of that size was last seen
+    claims: tuple[tuple[int, float], ...] = ()  # (pending premium job id, since when it claims), by id
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +306,7 @@ class ControllerState:
                 "last_waiting": self.premium.last_waiting,
                 "gang_nodes": self.premium.gang_nodes,
                 "gang_seen": self.premium.gang_seen,
+                "claims": [[j, t] for j, t in self.premium.claims],
             },
         }
 
@@ -363,6 +365,7 @@ def _premium_from_dict(d: Mapping[str, Any]) -> PremiumMemory:
         None if last is None else float(last),
         int(d.get("gang_nodes", 0)),
         None if d.get("gang_seen") is None else float(d["gang_seen"]),
+        tuple((int(j), float(t)) for j, t in d.get("claims", ())),
     )
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from core.builders import H100, L40S, Fleet, Runner
-from slurm_fleetyield.core.model import JobView, WorkloadClass
+from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.premium import _fit
-from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.premium import _fit, _out, decode_eligible, widen
+from slurm_fleetyield.core.price import Priced, PricedNode
+from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 
 D, P = WorkloadClass.DECODE, WorkloadClass.PRETRAIN
 
@@ -60,7 +67,7 @@ def test_stuck_decode_borrows_one_premium_node_after_lend_after_s_and_keeps_a_re
     assert any(e.kind == "premium_lend" for e in r.last.events) or r.state.premium.lent
 
 
-def test_pending_premium_work_withdraws_at_once_and_lending_is_sticky():
+def test_premium_work_that_can_start_elsewhere_keeps_the_loan_and_lending_is_sticky():
     f = fleet(h=4)
     busy(f, "l0", 100)
     pend(f, 1, 8)
@@ -69,10 +76,61 @@ def test_pending_premium_work_withdraws_at_once_and_lending_is_sticky():
     assert len(first) == 1
     r.ticks(5)
     assert lent(r) == first  # sticky: same node tick after tick
-    pend(f, 2, 16, P)
+    pend(f, 2, 16, P)  # a 2-node gang: two unlent premium nodes are idle, it starts there
     r.tick()
+    assert lent(r) == first
+
+
+def test_premium_work_that_needs_the_lent_node_withdraws_it_at_once():
+    f = fleet(h=2)
+    busy(f, "l0", 100)
+    pend(f, 1, 8)
+    r = run(f, 5, params=Params(premium={"reserve_nodes": 0, "reserve_fraction": 0}))
+    assert lent(r) == {"h0"}
+    busy(f, "h1", 101, wl=P)  # premium work takes the unlent node; another premium job must use h0
+    pend(f, 2, 8, WorkloadClass.FINETUNE)
+    r.tick()
+    assert lent(r) == set()  # claimed: withdrawn at once, no hysteresis
+    ret = [e for e in r.last.events if e.kind == "premium_return"]
+    assert ret and "premium work can start here" in ret[0].message
+    assert r.state.premium.claims and r.state.premium.claims[0][0] == 2
+
+
+def test_a_blocked_gang_does_not_stop_lending():
+    """The openb case: a gang waits for more premium nodes than are idle; decode may use the idle ones
+    beyond the reserve (the old rule lent nothing while any premium-needing job was pending)."""
+    f = fleet(h=6)
+    busy(f, "l0", 100)
+    busy(f, "h0", 101, wl=P)
+    busy(f, "h1", 102, wl=P)
+    pend(f, 1, 48, P)  # a 6-node gang: 4 premium nodes idle, it cannot start now whoever uses them
+    for j in range(2, 10):
+        pend(f, j, 8)
+    r = run(f, 5, params=Params(premium={"gang_reserve_max_fraction": 0.5}))
+    assert r.state.premium.gang_nodes == 6
+    assert len(lent(r)) == 3  # 6 eligible - reserve min(6 gang, floor(0.5 x 6)) = 3
+    r2 = run(f, 5, params=Params(premium={"gang_reserve_max_fraction": 1.0}))
+    assert lent(r2) == set()  # the whole premium fleet reserved for the gang: the wall
+
+
+def test_a_claim_lapses_when_slurm_does_not_start_the_job():
+    f = fleet(h=4)
+    busy(f, "l0", 100)
+    for n in ("h0", "h1", "h2"):
+        busy(f, n, 200 + int(n[1]), wl=P)
+    pend(f, 1, 8, WorkloadClass.FINETUNE)  # fits h3, but Slurm keeps it pending (deep queue, say)
+    for j in range(2, 6):
+        pend(f, j, 8)
+    p = Params(premium={"reserve_nodes": 0, "reserve_fraction": 0, "gang_reserve_max_fraction": 0})
+    r = Runner(f, p, t0=0.0, step=120.0)
+    r.ticks(3)  # t = 0, 120, 240: decode has not waited lend_after_s (300 s) yet, the claim is fresh
     assert lent(r) == set()
-    assert any(e.kind == "premium_return" for e in r.last.events)
+    r.tick()  # t = 360: decode has waited 360 s and the claim is 360 s old >= claim_grace_s: lapsed
+    assert lent(r) == {"h3"}
+    assert r.state.premium.claims == ((1, 0.0),)  # remembered while pending, so it stays lapsed
+    r2 = Runner(f, Params(premium={**p.premium.model_dump(), "claim_grace_s": 3600.0}), t0=0.0, step=120.0)
+    r2.ticks(10)
+    assert lent(r2) == set()  # within the grace the finetune keeps its claim on h3
 
 
 def test_return_after_hysteresis_when_decode_stops_waiting():
@@ -96,7 +154,11 @@ def test_reserve_covers_largest_gang_seen():
         f.slurm_update(n, states=frozenset({"ALLOCATED"}))
     for j in range(1, 10):
         pend(f, j, 8)
-    r = run(f, 5)
+    # default: the gang term covers at most half the premium nodes: reserve min(3, floor(0.5 x 4)) = 2,
+    # but h0-h2 run the gang, so only h3 is idle to lend
+    assert lent(run(f, 5)) == {"h3"}
+    whole = Params(premium={"gang_reserve_max_fraction": 1.0})
+    r = run(f, 5, params=whole)
     assert lent(r) == {"h3"}  # 4 eligible - reserve 3 (the running 3-node gang) = 1
     f.jobs = [j for j in f.jobs if j.job_id != 50]
     for n in ("h0", "h1", "h2"):
@@ -104,6 +166,8 @@ def test_reserve_covers_largest_gang_seen():
     r.ticks(3)
     assert lent(r) == {"h3"}  # the gang is remembered (gang_memory_s): three nodes stay unlent
     assert r.state.premium.gang_nodes == 3
+    r = run(f, 5, params=whole)  # a fresh controller that never saw the gang: reserve max(1, ceil(0.4)) = 1
+    assert len(lent(r)) == 3
 
 
 def test_disabled_is_the_old_wall():
@@ -128,3 +192,104 @@ def test_best_fit():
     assert _fit([8, 4, 4], [8, 4]) == [4]
     assert _fit([2, 2, 2], [3, 3]) == [2]
     assert _fit([1], []) == [1]
+
+
+# ---- invariants of core.premium.widen on random fleets, queues and memories (hypothesis) -----------------
+
+
+_CLASSES = (D, P, WorkloadClass.FINETUNE, WorkloadClass.BATCH)
+
+
+@st.composite
+def _scene(draw: st.DrawFn) -> tuple[Observations, Priced, dict[str, Envelope], PremiumMemory, Params, float]:
+    n_prem = draw(st.integers(1, 6))
+    n_other = draw(st.integers(0, 3))
+    names = [f"h{i}" for i in range(n_prem)] + [f"l{i}" for i in range(n_other)]
+    slurm, priced, envs = {}, {}, {}
+    for n in names:
+        prem = n.startswith("h")
+        state = draw(st.sampled_from(("IDLE", "MIXED", "ALLOCATED", "DRAIN", "DOWN")))
+        states = frozenset({state}) if state not in ("DRAIN",) else frozenset({"IDLE", "DRAIN"})
+        slurm[n] = SlurmNode(n, states, "", (), (), 1, "h100" if prem else "l40s", 8)
+        tier = draw(st.sampled_from((Tier.GREEN, Tier.GREEN, Tier.YELLOW)))
+        priced[n] = PricedNode(n, tier, 100, "", (), True, lemon=draw(st.booleans()) and draw(st.booleans()))
+        envs[n] = Envelope("H100" if prem else "L40S", prem, prem, prem, draw(st.integers(0, 4)) > 0, True)
+    jobs = []
+    for jid in range(1, draw(st.integers(0, 12)) + 1):
+        wl = draw(st.sampled_from(_CLASSES))
+        if draw(st.booleans()):
+            on = tuple(sorted(draw(st.sets(st.sampled_from(names), min_size=1, max_size=3))))
+            jobs.append(JobView(jid, "RUNNING", on, True, wl, 8 * len(on)))
+        else:
+            jobs.append(JobView(jid, "PENDING", (), True, wl, draw(st.sampled_from((1, 4, 8, 16, 24)))))
+    prem_names = [n for n in names if n.startswith("h")]
+    now = 10_000.0
+    since = draw(st.one_of(st.none(), st.floats(now - 2000, now)))
+    claims = tuple(sorted((j.job_id, draw(st.floats(now - 1000, now))) for j in jobs if draw(st.booleans())))
+    mem = PremiumMemory(
+        tuple(sorted(draw(st.sets(st.sampled_from(prem_names))))),
+        since,
+        None if since is None else draw(st.floats(since, now)),
+        draw(st.integers(0, 6)),
+        draw(st.one_of(st.none(), st.floats(0, now))),
+        claims,
+    )
+    params = Params(
+        premium={
+            "reserve_nodes": draw(st.integers(0, 3)),
+            "reserve_fraction": draw(st.sampled_from((0.0, 0.1, 0.5))),
+            "gang_reserve_max_fraction": draw(st.sampled_from((0.0, 0.5, 1.0))),
+            "lend_after_s": draw(st.sampled_from((0.0, 300.0, 5000.0))),
+            "claim_grace_s": draw(st.sampled_from((0.0, 300.0, 5000.0))),
+        }
+    )
+    obs = Observations(now, slurm, {}, jobs=tuple(jobs))
+    return obs, Priced(priced), envs, mem, params, now
+
+
+def _eligible(obs: Observations, priced: Priced, envs: dict[str, Envelope]) -> set[str]:
+    return {
+        n
+        for n, e in envs.items()
+        if e.premium and decode_eligible(priced.nodes[n], e) and not _out(obs.slurm[n])
+    }
+
+
+@settings(max_examples=400, deadline=None)
+@given(_scene())
+def test_widen_invariants(scene) -> None:  # type: ignore[no-untyped-def]
+    obs, priced, envs, mem, params, now = scene
+    w = widen(obs, priced, envs, mem, params, now)
+    eligible = _eligible(obs, priced, envs)
+    pp = params.premium
+    # withdraw when ineligible, and never lend a node premium work can start on now
+    assert w.lent <= eligible
+    assert not (w.lent & w.claimed) and w.claimed <= eligible
+    # never lend below the reserve (nodes still running decode count as lent)
+    held = {
+        n for j in obs.jobs if j.state == "RUNNING" and j.workload is D for n in j.nodes if envs[n].premium
+    }  # fmt: skip
+    if w.lent:
+        assert w.reserve_nodes >= max(pp.reserve_nodes, math.ceil(pp.reserve_fraction * len(eligible)))
+        assert len(w.lent | held) <= len(eligible) - w.reserve_nodes
+    # a new loan needs decode to have waited lend_after_s; a lent node's loan is remembered
+    if w.lent - set(mem.lent):
+        assert w.decode_waiting_gpus > 0 and w.memory.waiting_since is not None
+        assert now - w.memory.waiting_since >= pp.lend_after_s
+    assert w.memory.lent == tuple(sorted(w.lent))
+    # claims are remembered only for pending premium-needing jobs, and only lapsed ones are older than grace
+    pending = {j.job_id for j in obs.jobs if j.state == "PENDING"}
+    assert {j for j, _ in w.memory.claims} <= pending
+    # deterministic, whatever order squeue and scontrol list jobs and nodes in
+    again = widen(
+        replace(obs, jobs=tuple(reversed(obs.jobs)), slurm=dict(reversed(list(obs.slurm.items())))),
+        priced,
+        envs,
+        mem,
+        params,
+        now,
+    )
+    assert again == w
+    # off: nothing lent, and every earlier loan returned
+    off = widen(obs, priced, envs, mem, Params(premium={"enabled": False}), now)
+    assert off.lent == frozenset() and {e.node for e in off.events} == set(mem.lent)

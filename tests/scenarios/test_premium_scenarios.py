@@ -8,6 +8,7 @@ import pytest
 from core.builders import H100, L40S, Fleet, Runner
 
 from slurm_fleetyield.core.model import JobView, WorkloadClass
+from slurm_fleetyield.core.params import Params
 
 D, P, F = WorkloadClass.DECODE, WorkloadClass.PRETRAIN, WorkloadClass.FINETUNE
 
@@ -21,6 +22,10 @@ class Case:
     pending: tuple[tuple[int, WorkloadClass, int], ...] = ()
     lent: int = 0
     lacks: tuple[str, ...] = field(default_factory=tuple)
+    premium_params: dict[str, float] = field(default_factory=dict)
+
+
+FRESH = {"claim_grace_s": 3600.0}  # pending premium jobs keep their claim for the whole scenario
 
 
 CASES = [
@@ -28,11 +33,21 @@ CASES = [
     Case("decode fits on an idle L40S: nothing lent", 4, 2, pending=((1, D, 8),)),
     Case("decode stuck, L40S full: one node lent", 4, 1, ((9, ("l0",), D, 8),), ((1, D, 8),), lent=1),
     Case(
-        "decode stuck but a finetune waits: nothing lent",
-        4,
+        "decode stuck, a finetune that fits a premium node waits: nothing lent while its claim holds",
+        1,
         1,
         ((9, ("l0",), D, 8),),
         ((1, D, 8), (2, F, 4)),
+        premium_params={**FRESH, "reserve_nodes": 0, "reserve_fraction": 0.0},
+    ),
+    Case(
+        "... Slurm did not start that finetune within claim_grace_s: the claim lapsed, the node is lent",
+        1,
+        1,
+        ((9, ("l0",), D, 8),),
+        ((1, D, 8), (2, F, 4)),
+        lent=1,
+        premium_params={"reserve_nodes": 0, "reserve_fraction": 0.0},
     ),
     Case(
         "decode flood: all but the 1-node reserve",
@@ -50,7 +65,33 @@ CASES = [
         tuple((i, D, 8) for i in range(20)),
         lent=9,
     ),
-    Case("pretrain gang pending: nothing lent", 4, 1, ((9, ("l0",), D, 8),), ((1, D, 8), (2, P, 16))),
+    Case(
+        "2-node gang can start: it claims two premium nodes, decode borrows one of the others",
+        4,
+        1,
+        ((9, ("l0",), D, 8),),
+        ((1, D, 8), (2, P, 16)),
+        lent=1,
+        premium_params=FRESH,
+    ),
+    Case(
+        "3-node gang blocked (2 premium nodes idle): decode borrows the idle ones beyond the reserve",
+        4,
+        1,
+        ((9, ("l0",), D, 8), (8, ("h0", "h1"), P, 16)),
+        ((1, D, 8), (2, D, 8), (3, D, 8), (4, P, 24)),
+        lent=2,  # reserve: the 3-node gang, capped at half the 4 premium nodes
+        premium_params=FRESH,
+    ),
+    Case(
+        "... with the whole gang reserved (gang_reserve_max_fraction 1): only one node lent",
+        4,
+        1,
+        ((9, ("l0",), D, 8), (8, ("h0", "h1"), P, 16)),
+        ((1, D, 8), (2, D, 8), (3, D, 8), (4, P, 24)),
+        lent=1,
+        premium_params={**FRESH, "gang_reserve_max_fraction": 1.0},
+    ),
 ]
 
 
@@ -67,7 +108,7 @@ def test_premium_widening_table(case: Case) -> None:
             f.slurm_update(n, states=frozenset({"ALLOCATED"}))
     for jid, wl, gpus in case.pending:
         f.jobs.append(JobView(jid, "PENDING", (), True, wl, gpus))
-    r = Runner(f, step=120.0)
+    r = Runner(f, Params(premium=case.premium_params), step=120.0)
     res = r.ticks(6)  # 10 minutes: past lend_after_s
     lent = [n for n, d in res.nodes.items() if d.envelope.premium and "fy_ok_decode" in d.fy_features]
     assert len(lent) == case.lent, (lent, res.nodes[lent[0]].reason if lent else "")
