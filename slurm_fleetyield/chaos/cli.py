@@ -160,3 +160,13 @@ def report_cmd(ab_json: str, readme: str | None) -> None:
         raise click.ClickException(f"{readme}: {exc}") from None
     path.write_text(new)
     click.echo(f"wrote the A/B block into {readme}")
+
+
+@chaos.command("restore")
+def restore_cmd() -> None:
+    """Put the cluster back as `make up` leaves it after an interrupted run (hooks, switch, controller)."""
+    try:
+        ab_mod.Cluster(docker_exec, TimelineParams().nodes).restore()
+    except ab_mod.ChaosError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("cluster restored: controller running with a fresh store, every node green")
