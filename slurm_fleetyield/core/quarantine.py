@@ -270,7 +270,15 @@ def _blocked(
 
 
 def _requeue(jobs: tuple[JobView, ...], node: str) -> tuple[int, ...]:
-    """Running jobs on the node that allow requeue; the others are left to finish (drain lets them)."""
+    """Running jobs on the node that allow requeue; the others are left to finish (drain lets them).
+
+    Not COMPLETING ones: their processes have exited and only Slurm's cleanup (the Epilog) runs; requeueing
+    would run finished work again -- e.g. the job whose Epilog hand-over just reported a failed attestation.
+    """
     return tuple(
-        sorted(j.job_id for j in jobs if j.requeue and j.state in RUNNING_STATES and node in j.nodes)
+        sorted(
+            j.job_id
+            for j in jobs
+            if j.requeue and j.state in RUNNING_STATES and j.state != "COMPLETING" and node in j.nodes
+        )
     )

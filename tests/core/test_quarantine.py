@@ -9,6 +9,7 @@ def test_xid79_push_drains_with_our_reason_and_requeues_only_requeueable_running
     f.run_job(12, ("gpu003",), requeue=False)
     f.run_job(13, ("gpu003",), requeue=True, state="PENDING")
     f.run_job(14, ("gpu005",), requeue=True)
+    f.run_job(15, ("gpu003",), requeue=True, state="COMPLETING")  # finished, its Epilog running: not re-run
     f.push("gpu003", 79, 3, 1_000_000.0)
     res = Runner(f).tick()
     (d,) = res.plan.of_kind("drain")
