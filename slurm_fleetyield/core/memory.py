@@ -54,7 +54,8 @@ def remember(
         history = old.fatal_history if old else ()
         if name in new_fatal:
             history = (*history, *sorted(new_fatal[name]))
-        history = tuple(h for h in history if h[0] >= oldest)
+        if history and any(h[0] < oldest for h in history):  # most nodes have none to trim
+            history = tuple(h for h in history if h[0] >= oldest)
         sample_time = s.sample_time if s is not None and s.fresh else (old.last_sample_time if old else None)
         if d is None:  # sampled but unknown to Slurm: keep only what we knew
             if old is not None:

@@ -165,8 +165,10 @@ def assess(
     # scores the same again (no fatal evidence or history now either; same params and base): reuse it.
     memo = state.memo.setdefault("risk", {})
     mkey = (params, base, sensed.layout)
+    memories = state.nodes
     for name, node in sensed.nodes.items():
-        history = fatal_uuids(state, name, params, now)
+        mem = memories.get(name)
+        history = fatal_uuids(state, name, params, now) if mem is not None and mem.fatal_history else []
         node_fatal = fatal_by_node.get(name, ())
         if not node.fresh:
             out[name] = _unknown(node, node_fatal)

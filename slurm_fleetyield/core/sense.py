@@ -99,7 +99,14 @@ def sense(
         assert sample is not None
         slurm = obs.slurm.get(name)
         expected = max(sample.expected_gpus or 0, slurm.gpu_count if slurm else 0) or None
-        gpus, node_hist = tracker.node(sample, old)
+        quiet = old.quiet if type(old) is NodeHistory else None
+        if quiet is not None and quiet[0] is sample.gpus and sample.time > old.last_time:
+            # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick)
+            t = sample.time
+            gpus = quiet[1]
+            node_hist = NodeHistory(t, tracker.timeline(t, old.times)[0], old.gpus, quiet)
+        else:
+            gpus, node_hist = tracker.node(sample, old)
         new_history[name] = node_hist
         nodes[name] = SensedNode(
             name, Health.OK, "fresh sample", sample.time, now - sample.time, gpus, expected
@@ -123,7 +130,7 @@ class _Tracker:
 
     GPUs sampled together share their timeline, so everything that depends only on a history's ``times`` (the
     appended and trimmed ring, the window base indices and per-hour divisors) is computed once per distinct
-    timeline and reused (``_timeline``); equal rings are then shared between GPUs (structure sharing, no
+    timeline and reused (``timeline``); equal rings are then shared between GPUs (structure sharing, no
     mutation). The per-GPU work is a tuple build, one comparison with the last raw values and, for a quiet
     GPU, one comparison with the oldest point of the longest window.
     """
@@ -144,7 +151,7 @@ class _Tracker:
         self._memo_src: tuple[float, ...] | None = None
         self._memo: tuple[tuple[float, ...], int, bool, _TrendPlan | None] = ((), 0, False, None)
 
-    def _timeline(
+    def timeline(
         self, t: float, times: tuple[float, ...]
     ) -> tuple[tuple[float, ...], int, bool, _TrendPlan | None]:
         """(times after appending ``t`` and trimming, the cut applied, whether ``t`` was appended, and the
@@ -206,7 +213,7 @@ class _Tracker:
         keeps its ``GpuTrack`` object, and a node whose GPUs all did keeps its track mapping."""
         t = sample.time
         node_times = old.times
-        new_times, _cut, appended, _plan = self._timeline(t, node_times)
+        new_times, _cut, appended, _plan = self.timeline(t, node_times)
         quiet = old.quiet
         if quiet is not None and quiet[0] is sample.gpus:  # same readings, all quiet: same result
             return quiet[1], NodeHistory(t, new_times, old.gpus, quiet)
@@ -248,7 +255,7 @@ class _Tracker:
             else:
                 ring = prev.ring(node_times)
                 points = prev.points(ring)
-                plan = self._timeline(t, ring)[3]
+                plan = self.timeline(t, ring)[3]
                 assert plan is not None
                 base_long = points[plan[0]]
                 if adj == base_long:
@@ -281,7 +288,7 @@ class _Tracker:
         if prev is None:
             return SensedGpu(reading, raw, None, None, (), True), GpuHistory(t, raw, raw, (t,), (raw,))
         last_adj = prev.last_adj
-        times, cut, appended, plan = self._timeline(t, prev.times)
+        times, cut, appended, plan = self.timeline(t, prev.times)
         if t <= prev.last_time:
             adj, h, new_xids = last_adj, prev, ()
         else:
