@@ -128,6 +128,7 @@ def test_a_claim_lapses_when_slurm_does_not_start_the_job():
     r.tick()  # t = 360: decode has waited 360 s and the claim is 360 s old >= claim_grace_s: lapsed
     assert lent(r) == {"h3"}
     assert r.state.premium.claims == ((1, 0.0),)  # remembered while pending, so it stays lapsed
+    assert ControllerState.from_dict(r.state.to_dict()) == r.state  # the daemon's store keeps it
     r2 = Runner(f, Params(premium={**p.premium.model_dump(), "claim_grace_s": 3600.0}), t0=0.0, step=120.0)
     r2.ticks(10)
     assert lent(r2) == set()  # within the grace the finetune keeps its claim on h3
