@@ -25,10 +25,16 @@ class FakeDocker:
     def __init__(self, running: dict[str, bool]) -> None:
         self.running = running
         self.calls: list[tuple[str, ...]] = []
+        self.copied: dict[str, str] = {}  # "container:path" -> content
 
     def __call__(self, args: Sequence[str]) -> tuple[int, str]:
         self.calls.append(tuple(args))
         verb, name = args[0], args[-1]
+        if verb == "cp":  # docker cp SRC CONTAINER:PATH, into a stopped container
+            if self.running.get(name.split(":", 1)[0]) is not False:
+                return 1, f"Error: No such container or not stopped: {name}"
+            self.copied[name] = Path(args[1]).read_text()
+            return 0, ""
         if name not in self.running:
             return 1, f"Error: No such container: {name}"
         if verb == "inspect":
@@ -45,6 +51,10 @@ def test_off_kills_on_starts_transitions_wait() -> None:
     assert bridge.sync_once() == []
     power["sys-1"] = "Off"
     assert bridge.sync_once() == [("c1", "kill")]
+    # the node's entrypoint reads it at the next start: GPUs power-cycled, slurmd -b
+    (marker,) = docker.copied
+    assert marker == f"c1:{bridge_mod.POWER_LOST}"
+    assert docker.copied[marker].startswith("system sys-1 off at ")
     assert bridge.sync_once() == []  # idempotent: already stopped
     power["sys-1"] = "PoweringOn"
     assert bridge.sync_once() == []

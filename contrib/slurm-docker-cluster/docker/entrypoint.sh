@@ -167,20 +167,24 @@ slurmd)
   install -d /var/spool/slurmd /var/lib/fleetyield-agent /run/fleetyield/hpc-jobs
   # Checkpoint convention (prolog_epilog/epilog.py): jobs write `date +%s > .../ckpt/$SLURM_JOB_ID`.
   install -d -m 1733 /var/spool/fleetyield/ckpt
-  # Booting after `scontrol reboot` (docker/fleetyield-docker-reboot.sh left the marker): power-cycle
-  # every fake GPU before the agent starts, and let slurmd report this start as the boot time (-b), which
-  # is what tells slurmctld that the reboot it issued is done.
+  # Booting after `scontrol reboot` (docker/fleetyield-docker-reboot.sh left the marker) or after a power
+  # cut (contrib/redfish/power_bridge.py left POWER_LOST in the stopped container when the emulated BMC
+  # turned the node off): power-cycle every fake GPU before the agent starts, and let slurmd report this
+  # start as the boot time (-b), which is what tells slurmctld that the reboot it issued is done.
   slurmd_args=()
-  if [[ -e /var/spool/fleetyield-reboot/requested ]]; then
-    log "booting after a reboot requested by slurmctld: power-cycling the fake GPUs, slurmd -b"
+  POWER_LOST=/var/spool/fleetyield/power-lost
+  if [[ -e /var/spool/fleetyield-reboot/requested || -e $POWER_LOST ]]; then
+    why="a reboot requested by slurmctld"
+    [[ -e $POWER_LOST ]] && why="a power cut by the BMC ($(cat "$POWER_LOST" 2>/dev/null))"
+    log "booting after $why: power-cycling the fake GPUs, slurmd -b"
     if command -v fleetyield-agent >/dev/null; then
       for ((i = 0; i < ${FLEETYIELD_GPUS:-8}; i++)); do
         fleetyield-agent reset --gpu "$i" --backend fake --state-dir /var/lib/fleetyield-agent >/dev/null 2>&1 \
           || log "WARNING: power-on reset of fake GPU $i failed"
       done
     fi
-    echo "$(date +%s.%N) booted: fake GPUs power-cycled, slurmd -b" >>/var/log/fleetyield/reboot.log
-    rm -f /var/spool/fleetyield-reboot/requested
+    echo "$(date +%s.%N) booted: fake GPUs power-cycled, slurmd -b (after $why)" >>/var/log/fleetyield/reboot.log
+    rm -f /var/spool/fleetyield-reboot/requested "$POWER_LOST"
     slurmd_args=(-b)
   fi
   if command -v fleetyield-agent >/dev/null && fleetyield-agent --help >/dev/null 2>&1; then
