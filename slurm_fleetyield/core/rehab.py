@@ -42,7 +42,7 @@ from slurm_fleetyield.core.lifecycle import (
 )
 from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode, Hold
+from slurm_fleetyield.core.plan import DrainNode, Hold, ResumeNode, SubmitCanary
 from slurm_fleetyield.core.quarantine import RUNNING_STATES, Drains, Fatal
 from slurm_fleetyield.core.quarantine import _most_specific as most_specific
 from slurm_fleetyield.core.sense import Sensed
@@ -131,12 +131,20 @@ def rehabilitate(
         was_drained_stage = m.stage in DRAINED_STAGES
         emitted_drain = False
         running = jobs_on.get(name, ())
+        first_action = len(actions)
 
-        def fold(ev: Event) -> None:
+        def fold(ev: Event, first_action: int = first_action) -> None:
             nonlocal m, emitted_drain
             t = step(m, ev, now, lp)
             m = t.memory
             events.extend(t.log)
+            if any(isinstance(a, DrainNode) for a in t.actions):
+                # Back to a drained stage: a resume or canary decided earlier this tick (e.g. REMEDIATION_OK,
+                # then INCIDENT) is superseded. The plan applies drains before lifecycle actions, so the
+                # resume would win, and the next tick would read our own resume as an admin's.
+                actions[first_action:] = [
+                    a for a in actions[first_action:] if not isinstance(a, (ResumeNode, SubmitCanary))
+                ]
             for a in t.actions:
                 if isinstance(a, DrainNode):
                     emitted_drain = True

@@ -118,3 +118,36 @@ def test_gpu_missing_seen_when_the_reboot_starts_does_not_block_remediation_ok()
     kinds = {type(a) for a in result.plan.actions}
     assert {ResumeNode, SubmitCanary} <= kinds, result.plan.actions
     assert result.state.lifecycle[NODE].stage.value == "canary"
+
+
+# --- Found by the chaos A/B smoke run on the docker cluster (slurm_fleetyield/chaos) ---
+
+
+def test_incident_in_the_tick_the_canary_starts_leaves_the_node_drained_not_resumed() -> None:
+    """Back from the reboot after an XID 79, REMEDIATION_OK (resume + canary) and INCIDENT (risk >= red:
+    drain) fold in the same tick when the fault history alone makes the node red (in the docker A/B: two XID
+    79s on one node; here: a red threshold under the one-fault risk). The resume must not survive the drain
+    (the plan applies drains before lifecycle actions), or the next tick reads our own resume as an admin's
+    and puts a red node back in service."""
+    from slurm_fleetyield.core.plan import ResumeNode, SubmitCanary
+
+    params = Params.model_validate({"risk": {"red_threshold": 0.03, "yellow_threshold": 0.01}})
+    rng = random.Random(0)
+    state, t = _xid79_quarantine(params, rng, 1000.0)
+    t += 2  # drained and empty: the reboot starts
+    obs = Observations(t, slurm("IDLE+DRAIN", state.lifecycle[NODE].reason), sample(t, missing=3))
+    result = tick(state, obs, params, t, rng)
+    assert result.state.lifecycle[NODE].stage.value == "remediating", result.state.lifecycle[NODE]
+    state, reason = result.state, result.state.lifecycle[NODE].reason
+    t += params.lifecycle.reboot_settle_s + 5
+    result = tick(state, Observations(t, slurm("IDLE+DRAIN", reason), sample(t)), params, t, rng)
+    assert any(e.message.startswith("remediation_ok") for e in result.events), result.events
+    assert result.risks[NODE].probability >= params.risk.red_threshold  # the premise: red from history alone
+    kinds = [type(a) for a in result.plan.actions if getattr(a, "node", NODE) == NODE]
+    assert result.state.lifecycle[NODE].stage.value == "quarantined", result.state.lifecycle[NODE]
+    assert DrainNode in kinds and ResumeNode not in kinds and SubmitCanary not in kinds, kinds
+    # next tick: still drained by us (the drain applied), so no "admin resumed", no return to service
+    state, reason = result.state, result.state.lifecycle[NODE].reason
+    t += 2
+    result = tick(state, Observations(t, slurm("IDLE+DRAIN", reason), sample(t)), params, t, rng)
+    assert result.state.lifecycle[NODE].stage.value != "in_service", result.state.lifecycle[NODE]
