@@ -283,7 +283,8 @@ def run_arm(
         sacct = _final_sacct(cluster, ours)
         rc, ck = exec_(d(CTL, "sh", "-c", f"grep -H . {progress_dir(tag)}/*.ckpts 2>/dev/null"))
         records = ledger.parse_ckpt_logs(ck)
-        entries, totals = ledger.ledger(sacct, records, runner.faults, PREMIUM_NODES)
+        classes = {str(runner.job_ids[e.ref]): e.workload for e in timeline.events if e.ref in runner.job_ids}
+        entries, totals = ledger.ledger(sacct, records, runner.faults, PREMIUM_NODES, classes=classes)
         totals = dict(totals) | {
             "unfinished": float(len(unfinished)),
             "elapsed_s": round(clock() - started, 1),
@@ -291,9 +292,11 @@ def run_arm(
         log.write({"type": "nodes_after", "t": clock(), "nodes": {
             n: {k: f.get(k, "") for k in ("State", "Reason", "AvailableFeatures")}
             for n, f in cluster.nodes_now().items()}})  # fmt: skip
-        if arm == "fleetyield":
-            rc, ev = exec_(d(CONTROLLER, "fleetyield", "events", "--limit", "200", "--json"))
-            log.write({"type": "controller_events", "rc": rc, "out": ev[-20000:]})
+        if arm == "fleetyield":  # what the controller did and thinks, beside the log (can be large)
+            for what, argv in (("events", ("events", "--limit", "1000")), ("status", ("status",))):
+                rc, text = exec_(d(CONTROLLER, "fleetyield", *argv, "--json"))
+                (out_dir / f"controller-{what}-{tag}.json").write_text(text + "\n")
+                log.write({"type": f"controller_{what}", "rc": rc, "file": f"controller-{what}-{tag}.json"})
         log.write({"type": "ledger", "entries": [_entry(e) for e in entries]})
         result = {"type": "result", "arm": arm, "seed": timeline.seed, "totals": totals,
                   "sacct": sacct, "job_ids": runner.job_ids, "faults": runner.faults,

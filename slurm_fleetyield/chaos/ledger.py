@@ -95,9 +95,15 @@ def parse_sacct(text: str) -> list[dict[str, str]]:
 
 
 def outcomes(
-    rows: Iterable[Mapping[str, str]], checkpoints: Mapping[str, Sequence[float]], premium: frozenset[str]
+    rows: Iterable[Mapping[str, str]],
+    checkpoints: Mapping[str, Sequence[float]],
+    premium: frozenset[str],
+    classes: Mapping[str, str] | None = None,
 ) -> tuple[list[JobOutcome], tuple[tuple[float, float | None], ...]]:
-    """Job attempts as ``JobOutcome``s and the intervals premium-needing work was pending (submit..start)."""
+    """Job attempts as ``JobOutcome``s and the intervals premium-needing work was pending (submit..start).
+
+    ``classes``: job id -> workload class as submitted (the chaos log knows it); otherwise the class comes
+    from sacct's Comment, which Slurm stores only with ``AccountingStoreFlags=job_comment``."""
     out: list[JobOutcome] = []
     pending: list[tuple[float, float | None]] = []
     premium_classes = SettleParams().premium_needing_classes
@@ -107,14 +113,15 @@ def outcomes(
             continue
         state = r.get("State", "").split()[0] if r.get("State") else ""
         start, end, submit = _time(r.get("Start", "")), _time(r.get("End", "")), _time(r.get("Submit", ""))
-        wl = _workload(r.get("Comment", ""))
+        base = jid.split("_")[0]
+        cls = (classes or {}).get(base)
+        wl = _workload(f"fy:{cls}") if cls else _workload(r.get("Comment", ""))
         if wl is not None and wl.value in premium_classes and submit is not None:
             pending.append((submit, start))
         if start is None or end is None:
             continue
         nodes = _hosts(r.get("NodeList", ""))
         code = r.get("ExitCode", "0:0").split(":")[0]
-        base = jid.split("_")[0]
         ckpt = max((c for c in checkpoints.get(base, ()) if start <= c <= end), default=None)  # this attempt
         out.append(
             JobOutcome(
@@ -152,15 +159,17 @@ def ledger(
     faults: Sequence[tuple[str, float]],
     premium: frozenset[str],
     sp: SettleParams | None = None,
+    classes: Mapping[str, str] | None = None,
 ) -> tuple[list[LedgerEntry], Mapping[str, float]]:
-    """Settle every job attempt; ``faults``: (node, unix time) of each injected fatal fault."""
+    """Settle every job attempt; ``faults``: (node, unix time) of each injected fatal fault; ``classes``:
+    job id -> workload class as submitted (see ``outcomes``)."""
     sp = sp or SettleParams()
     ckpts: dict[str, list[float]] = {}
     for rec in outcome_records:
         c = rec.get("last_checkpoint")
         if isinstance(c, (int, float)):
             ckpts.setdefault(str(rec.get("job_id")), []).append(float(c))
-    jobs, pending = outcomes(parse_sacct(sacct_text), ckpts, premium)
+    jobs, pending = outcomes(parse_sacct(sacct_text), ckpts, premium, classes)
     hist: dict[str, list[tuple[float, str]]] = {}
     for node, t in faults:
         hist.setdefault(node, []).append((t, ""))

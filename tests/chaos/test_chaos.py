@@ -310,3 +310,16 @@ def test_ckpt_logs_and_gpu_fault_exit_in_the_ledger():
     e104 = next(e for e in entries if e.job_id == 104)
     assert (e104.useful_gpu_s, e104.wasted_gpu_s) == (2 * 60, 2 * 180)
     assert tot["completed"] == 3 and tot_none["wasted_gpu_s"] == 0
+
+
+def test_classes_from_the_chaos_log_when_sacct_has_no_comment():
+    """Slurm stores job comments in accounting only with AccountingStoreFlags=job_comment: the driver passes
+    the classes it submitted, so premium misuse is computed the same with or without it."""
+    bare = "\n".join(ln.rsplit("|", 1)[0] + "|" for ln in SACCT.splitlines())
+    classes = {"101": "decode", "102": "pretrain", "103": "batch", "104": "decode"}
+    with_comment = ledger.ledger(SACCT, [], [], ab.PREMIUM_NODES)[0]
+    without = ledger.ledger(bare, [], [], ab.PREMIUM_NODES)[0]
+    from_log = ledger.ledger(bare, [], [], ab.PREMIUM_NODES, classes=classes)[0]
+    assert {e.workload for e in without} == {None}
+    assert [e.workload for e in from_log] == [e.workload for e in with_comment]
+    assert [e.premium_misuse_gpu_s for e in from_log] == [e.premium_misuse_gpu_s for e in with_comment]
