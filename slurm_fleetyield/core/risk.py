@@ -389,12 +389,32 @@ class Scorer:
 
 
 def fatal_uuids(state: ControllerState, node: str, params: Params, now: float) -> list[str]:
-    """GPU uuids ("" for node-wide) of the node's fatal events within ``fatal_history_days``."""
+    """GPU uuids ("" for node-wide) of the node's distinct fatal events within ``fatal_history_days``.
+
+    One fault reaches the history through several reports: an XID 79 arrives as the pushed XID, the pushed
+    'GPU missing' of the same GPU and the scrape's unnamed 'GPU missing'. The repeat-offender signals count
+    failures (Titan: a GPU that had already failed), so reports closer than ``learn.lemon_dedup_s`` (the
+    project's "one failure" window, as for lemons) are one: a GPU's repeats within it are dropped, and an
+    unnamed report within it of any other report is that report's twin."""
     memory = state.nodes.get(node)
     if memory is None or not memory.fatal_history:
         return []
     start = now - params.risk.fatal_history_days * 86_400.0
-    return [u for t, u in memory.fatal_history if t >= start]
+    hist = sorted(h for h in memory.fatal_history if h[0] >= start)
+    if len(hist) < 2:
+        return [u for _, u in hist]
+    dedup = params.learn.lemon_dedup_s
+    named = [t for t, u in hist if u]
+    last: dict[str, float] = {}
+    out: list[str] = []
+    for t, u in hist:
+        if u in last and t - last[u] <= dedup:
+            continue
+        if not u and any(abs(t - x) <= dedup for x in named):
+            continue
+        last[u] = t
+        out.append(u)
+    return out
 
 
 def signal_values(

@@ -116,3 +116,27 @@ def test_fast_scorer_agrees_with_obvious_path():
                 assert v == pytest.approx(slow[k][0]) and c == slow[k][1]
             fired += len(contribs)
     assert fired > 50
+
+
+def test_one_fault_seen_through_several_reports_is_one_event_of_history():
+    """An XID 79 reaches the fatal history three times (pushed XID, pushed 'GPU missing' of that GPU, the
+    scrape's unnamed 'GPU missing'): one failure, not a repeat offender. A second failure of the same GPU
+    later than the dedup window counts again."""
+    from slurm_fleetyield.core.model import Tier
+    from slurm_fleetyield.core.params import Params as P
+    from slurm_fleetyield.core.risk import fatal_uuids
+    from slurm_fleetyield.core.state import ControllerState, NodeMemory
+
+    def uuids(history: tuple[tuple[float, str], ...], now: float = 10_000.0) -> list[str]:
+        st = ControllerState(nodes={"n": NodeMemory(Tier.GREEN, 0.0, "", fatal_history=history)})
+        return fatal_uuids(st, "n", P(), now)
+
+    one_fault = ((1000.0, "GPU-a"), (1000.2, "GPU-a"), (1001.5, ""))
+    assert uuids(one_fault) == ["GPU-a"]
+    two_gpus = (*one_fault, (1002.0, "GPU-b"), (1002.1, "GPU-b"), (1003.0, ""))
+    assert uuids(two_gpus) == ["GPU-a", "GPU-b"]
+    window = P().learn.lemon_dedup_s
+    again = (*one_fault, (1000.0 + window + 1, "GPU-a"))
+    assert uuids(again, now=1000.0 + window + 10) == ["GPU-a", "GPU-a"]
+    assert uuids(((1000.0, ""), (1000.0 + window + 1, ""))) == ["", ""]  # node-wide events apart
+    assert uuids(((5.0, "GPU-a"),), now=5.0 + P().risk.fatal_history_days * 86_400.0 + 1) == []
