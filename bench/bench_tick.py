@@ -12,7 +12,9 @@ over 16 racks. Numbers from generated data, not from any real cluster.
 Each warm tick is timed with wall time (``perf_counter``) and CPU time (``process_time``); the machine may be
 shared, so the table reports min and median over the warm ticks. Correctness guard: every tick's result
 (plan, node decisions, risks, events and the persisted state) is digested and compared with
-``bench/tick_digest.json``, recorded from the unoptimized core (commit 02a9dea) on the same synthetic fleet;
+``bench/tick_digest.json``, recorded from the unoptimized core (commit 02a9dea) on the same synthetic fleet
+and re-recorded after deliberate behaviour changes (last: 715e469, for 9a625d2's persisted premium claims,
+from that tree with the node-reuse optimisations a9a46ab/8a337f7/715e469 reverted; the optimised one matches);
 a mismatch fails the run. ``--write-digest`` re-records it (only after a deliberate behaviour change).
 
     .venv/bin/python bench/bench_tick.py [--sizes 1000,10000,100000] [--ticks 6] [--no-check]
