@@ -49,16 +49,16 @@ def render(summary: Mapping[str, Any]) -> str:
         rows.append([str(s)] + [_num(arms[a][str(s)].get(k, 0.0)) for k, _ in COLUMNS for a in ARMS])
     rows.append(["**sum**"] + [f"**{_num(_sum(arms[a], seeds, k))}**" for k, _ in COLUMNS for a in ARMS])
     table = "\n".join("| " + " | ".join(r) + " |" for r in rows)
-    jobs_head = ["seed"] + [f"{label}: {a}" for label in ("completed / attempts", "failures (all)",
-                                                          "unfinished", "run s") for a in ARMS]  # fmt: skip
+    labels = ("completed / attempts", "useful GPU-s", "failures (all)", "unfinished", "run s")
+    jobs_head = ["seed"] + [f"{label}: {a}" for label in labels for a in ARMS]
     jrows = [jobs_head, ["---"] * len(jobs_head)]
     for s in seeds:
         r = [str(s)]
-        for k in ("completed", "failures", "unfinished", "elapsed_s"):
+        for k in ("completed", "useful_gpu_s", "failures", "unfinished", "elapsed_s"):
             for a in ARMS:
                 t = arms[a][str(s)]
                 r.append(f"{t.get('completed', 0):.0f} / {t.get('jobs', 0):.0f}" if k == "completed"
-                         else f"{t.get(k, 0.0):.0f}")  # fmt: skip
+                         else _num(t.get(k, 0.0)))  # fmt: skip
         jrows.append(r)
     jobs_table = "\n".join("| " + " | ".join(r) + " |" for r in jrows)
     nb, nf = (_sum(arms[a], seeds, "net_goodput_gpu_s") for a in ARMS)
@@ -98,15 +98,24 @@ def render(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+HEADING = "## A/B on the docker Slurm cluster"
+ANCHOR = "\n## Benchmarks\n"  # where a README without the block gets it (under HEADING), else at the end
+
+
 def splice(readme: str, block: str) -> str:
-    """README with the block between the markers replaced (appended under a heading when absent)."""
+    """README with the block between the markers replaced; a README without it gets it under ``HEADING``,
+    before the Benchmarks section (or at the end)."""
     if BEGIN in readme:
         head, _, rest = readme.partition(BEGIN)
         _, sep, tail = rest.partition(END)
         if not sep:
             raise ValueError(f"README has {BEGIN!r} but no {END!r}")
         return head + block.rstrip("\n") + tail
-    return readme.rstrip("\n") + "\n\n## A/B on the docker Slurm cluster\n\n" + block
+    section = f"{HEADING}\n\n{block}"
+    if ANCHOR in readme:
+        head, _, tail = readme.partition(ANCHOR)
+        return f"{head}\n{section}{ANCHOR}{tail}"
+    return readme.rstrip("\n") + "\n\n" + section
 
 
 def extract(readme: str) -> str | None:

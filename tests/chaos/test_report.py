@@ -45,6 +45,9 @@ def test_splice_replaces_only_the_block_and_is_idempotent():
     readme = "# T\n\nintro\n"
     once = report.splice(readme, md)
     assert once.startswith(readme.rstrip("\n")) and report.extract(once) == md
+    assert report.HEADING in once
+    placed = report.splice("# T\n\n## Status\nok\n\n## Benchmarks\nb\n", md)
+    assert placed.index(report.HEADING) < placed.index("## Benchmarks") and report.extract(placed) == md
     again = report.splice(once + "\ntail\n", md)
     assert again == once + "\ntail\n"
     broken = "x " + report.BEGIN + " y"
