@@ -33,12 +33,13 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from slurm_fleetyield.adapters.listener import BackgroundServer, send
 from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.adapters.views import aggregate_ledger, gate, node_entry, node_rows
@@ -147,7 +148,7 @@ class StoreReadModel:
         return doc
 
 
-class ApiServer:
+class ApiServer(BackgroundServer):
     def __init__(
         self,
         host: str,
@@ -164,25 +165,7 @@ class ApiServer:
         self.registry = registry
         self.stale_after_s = stale_after_s
         self.clock = clock
-        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.1,), name="fy-api", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread:
-            self._thread.join(5)
+        super().__init__(host, port, _handler_for(self), "fy-api")
 
     def route(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, Any]:
         """(status, JSON document) for a GET; pure of HTTP so tests can call it directly."""
@@ -276,20 +259,17 @@ def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             gzipped = len(body) > GZIP_MIN_BYTES and "gzip" in self.headers.get("Accept-Encoding", "")
+            headers = [("Content-Type", content_type)]
             if gzipped:
                 body = gzip.compress(body, compresslevel=5)
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            if gzipped:
-                self.send_header("Content-Encoding", "gzip")
-                self.send_header("Vary", "Accept-Encoding")
-            self.send_header("X-Content-Type-Options", "nosniff")
+                headers += [("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding")]
+            headers.append(("X-Content-Type-Options", "nosniff"))
             if content_type.startswith("text/html"):
-                self.send_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-                self.send_header("Referrer-Policy", "no-referrer")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+                headers += [
+                    ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+                    ("Referrer-Policy", "no-referrer"),
+                ]
+            send(self, status, body, headers)
 
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
@@ -318,12 +298,7 @@ def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, body.encode() + b"\n", "application/json")
 
         def _not_allowed(self) -> None:
-            self.send_response(405)
-            self.send_header("Allow", "GET")
-            self.send_header("Content-Length", "0")
-            self.send_header("Connection", "close")
-            self.close_connection = True
-            self.end_headers()
+            send(self, 405, b"", [("Allow", "GET")], close=True)
 
         do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
 

@@ -37,8 +37,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Protocol, TypeVar
 
 from node_agent.protocol import (
     EVENTS_PATH,
@@ -53,10 +53,12 @@ from node_agent.protocol import (
     verify_outcomes,
 )
 from slurm_fleetyield.adapters.alertmanager import WEBHOOK_PATH, AlertmanagerWebhook
+from slurm_fleetyield.adapters.listener import BackgroundServer, RequestRefused, read_body, send
 from slurm_fleetyield.adapters.store import LogRow, Store
 from slurm_fleetyield.core.model import FatalEvent
 
 log = logging.getLogger(__name__)
+_Batch = TypeVar("_Batch")
 APPROVALS_PATH = "/v1/approvals"
 ATTEST_PREFIX = "/v1/attest/"
 SETTLE_TIMEOUT_S = 1.0
@@ -99,7 +101,7 @@ def to_fatal_event(event: AgentEvent) -> FatalEvent:
     )
 
 
-class IngestServer:
+class IngestServer(BackgroundServer):
     """A ThreadingHTTPServer in a background thread. ``port=0`` binds any free port (see ``.port``)."""
 
     def __init__(
@@ -134,36 +136,16 @@ class IngestServer:
         self.clock = clock
         self.accepted = 0
         self.rejected = 0
-        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.1,), name="fy-ingest", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread:
-            self._thread.join(5)
+        super().__init__(host, port, _handler_for(self), "fy-ingest")
 
     # -- the request ----------------------------------------------------------------------------------
 
     def handle(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
         """Verify, store, wake. Pure of HTTP so tests can call it directly too."""
         now = self.clock()
-        try:
-            batch = verify(self.secret, headers, body, now, max_skew_s=self.max_skew_s)
-        except SignatureError as exc:
-            status = 400 if self._signature_valid(headers, body) else 401
-            return status, {"error": str(exc)}
+        batch, refused = self._verified(verify, headers, body, now)
+        if batch is None:
+            return refused
         fatal = [to_fatal_event(e) for e in batch.events if e.fatal]
         new, dup = self.store.put_events(fatal, received_at=now) if fatal else (0, 0)
         others = [e for e in batch.events if not e.fatal]
@@ -174,20 +156,15 @@ class IngestServer:
                     for e in others
                 ]
             )
-        if new:
-            self.wake.set()
-            if self.on_accept is not None:
-                self.on_accept(new)
+        self._accepted(new)
         return 202, {"accepted": new, "duplicates": dup, "ignored_nonfatal": len(others)}
 
     def handle_outcomes(self, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
         """Verify, store every record durably, then answer: the agent deletes its files on 2xx only."""
         now = self.clock()
-        try:
-            batch = verify_outcomes(self.secret, headers, body, now, max_skew_s=self.max_skew_s)
-        except SignatureError as exc:
-            status = 400 if self._signature_valid(headers, body) else 401
-            return status, {"error": str(exc)}
+        batch, refused = self._verified(verify_outcomes, headers, body, now)
+        if batch is None:
+            return refused
         new, dup = (
             self.store.put_outcomes(batch.node, batch.records, received_at=now) if batch.records else (0, 0)
         )
@@ -270,11 +247,26 @@ class IngestServer:
         if events:
             new, dup = self.store.put_events(list(events), received_at=now)
             doc = {**doc, "accepted": new, "duplicates": dup}
-            if new:
-                self.wake.set()
-                if self.on_accept is not None:
-                    self.on_accept(new)
+            self._accepted(new)
         return status, doc
+
+    def _accepted(self, new: int) -> None:
+        """``new`` fatal events are stored: wake the daemon (it drains within about a second)."""
+        if new:
+            self.wake.set()
+            if self.on_accept is not None:
+                self.on_accept(new)
+
+    def _verified(
+        self, check: Callable[..., _Batch], headers: dict[str, str], body: bytes, now: float
+    ) -> tuple[_Batch, None] | tuple[None, tuple[int, dict]]:
+        """``check`` (``verify``/``verify_outcomes``) the signed body: (batch, None), or (None, the refusal:
+        400 when the signature is good but the body is not, 401 otherwise)."""
+        try:
+            return check(self.secret, headers, body, now, max_skew_s=self.max_skew_s), None
+        except SignatureError as exc:
+            status = 400 if self._signature_valid(headers, body) else 401
+            return None, (status, {"error": str(exc)})
 
     def _signature_valid(self, headers: dict[str, str], body: bytes) -> bool:
         """Whether the HMAC itself checks out (then a verify() failure is about the body: 400, not 401)."""
@@ -298,20 +290,32 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
 
         def _reply(self, status: int, doc: dict) -> None:
             data = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if status >= 400:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            self.wfile.write(data)
+            send(self, status, data, [("Content-Type", "application/json")], close=status >= 400)
             if status >= 400:
                 server.rejected += 1
                 log.warning(
                     "push rejected",
                     extra={"fy": {"status": status, "peer": self.client_address[0], **doc}},
                 )
+
+        def _answer(
+            self,
+            max_bytes: int,
+            call: Callable[[dict[str, str], bytes], tuple[int, dict]],
+            unavailable: str,
+            failure: str,
+        ) -> tuple[int, dict]:
+            """Read the body (or refuse: 411/400/413), then ``call``; a failure in it is a 503
+            ``{"error": "<unavailable>: <why>"}`` (the sender retries, so never a 2xx)."""
+            try:
+                body = read_body(self, max_bytes)
+            except RequestRefused as refused:
+                return refused.status, refused.doc
+            try:
+                return call(dict(self.headers.items()), body)
+            except Exception as exc:
+                log.exception(failure)
+                return 503, {"error": f"{unavailable}: {exc}"}
 
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -327,29 +331,18 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             if path not in (EVENTS_PATH, OUTCOMES_PATH, APPROVALS_PATH):
                 self._reply(404, {"error": f"no such path {self.path!r}"})
                 return
-            length_header = self.headers.get("Content-Length")
-            if length_header is None:
-                self._reply(411, {"error": "Content-Length required"})
-                return
-            try:
-                length = int(length_header)
-            except ValueError:
-                self._reply(400, {"error": f"bad Content-Length {length_header!r}"})
-                return
-            if length < 0 or length > server.max_body_bytes:
-                self._reply(413, {"error": f"body of {length} bytes exceeds {server.max_body_bytes}"})
-                return
-            body = self.rfile.read(length)
-            try:
+
+            def route(headers: dict[str, str], body: bytes) -> tuple[int, dict]:
                 if path == APPROVALS_PATH:
-                    status, doc = server.handle_approval(body)
-                elif path == OUTCOMES_PATH:
-                    status, doc = server.handle_outcomes(dict(self.headers.items()), body)
-                else:
-                    status, doc = server.handle(dict(self.headers.items()), body)
-            except Exception as exc:  # the store is down: the agent must retry, so no 2xx
-                log.exception("push could not be stored")
-                status, doc = 503, {"error": f"cannot store: {exc}"}
+                    return server.handle_approval(body)
+                if path == OUTCOMES_PATH:
+                    return server.handle_outcomes(headers, body)
+                return server.handle(headers, body)
+
+            # the store is down: the agent must retry, so no 2xx
+            status, doc = self._answer(
+                server.max_body_bytes, route, "cannot store", "push could not be stored"
+            )
             if status == 202 and path == EVENTS_PATH:
                 server.accepted += doc["accepted"]
             self._reply(status, doc)
@@ -358,24 +351,13 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             if server.attest is None or server.secret is None:
                 self._reply(404, {"error": "attestation is not enabled here ([attest] enabled)"})
                 return
-            length_header = self.headers.get("Content-Length")
-            if length_header is None:
-                self._reply(411, {"error": "Content-Length required"})
-                return
-            try:
-                length = int(length_header)
-            except ValueError:
-                self._reply(400, {"error": f"bad Content-Length {length_header!r}"})
-                return
-            if length < 0 or length > ATTEST_MAX_BODY_BYTES:
-                self._reply(413, {"error": f"body of {length} bytes exceeds {ATTEST_MAX_BODY_BYTES}"})
-                return
-            body = self.rfile.read(length)
-            try:
-                status, doc = server.handle_attest(path, dict(self.headers.items()), body)
-            except Exception as exc:  # the attestation store failed: the agent retries, so no 2xx
-                log.exception("attestation request failed")
-                status, doc = 503, {"error": f"attestation unavailable: {exc}"}
+            # the attestation store failed: the agent retries, so no 2xx
+            status, doc = self._answer(
+                ATTEST_MAX_BODY_BYTES,
+                lambda headers, body: server.handle_attest(path, headers, body),
+                "attestation unavailable",
+                "attestation request failed",
+            )
             self._reply(status, doc)
 
         def _alertmanager(self, receiver: AlertmanagerWebhook) -> None:
@@ -383,24 +365,13 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             if not receiver.authorized(dict(self.headers.items())):
                 self._reply(401, {"error": "missing or wrong bearer token"})
                 return
-            length_header = self.headers.get("Content-Length")
-            if length_header is None:
-                self._reply(411, {"error": "Content-Length required"})
-                return
-            try:
-                length = int(length_header)
-            except ValueError:
-                self._reply(400, {"error": f"bad Content-Length {length_header!r}"})
-                return
-            if length < 0 or length > receiver.max_body_bytes:
-                self._reply(413, {"error": f"body of {length} bytes exceeds {receiver.max_body_bytes}"})
-                return
-            body = self.rfile.read(length)
-            try:
-                status, doc = server.handle_alertmanager(dict(self.headers.items()), body)
-            except Exception as exc:  # our store failed: Alertmanager retries 5xx, so never a 2xx here
-                log.exception("alertmanager webhook could not be stored")
-                status, doc = 503, {"error": f"cannot store events: {exc}"}
+            # our store failed: Alertmanager retries 5xx, so never a 2xx here
+            status, doc = self._answer(
+                receiver.max_body_bytes,
+                server.handle_alertmanager,
+                "cannot store events",
+                "alertmanager webhook could not be stored",
+            )
             if status == 200:
                 server.accepted += doc.get("accepted", 0)
             self._reply(status, doc)
