@@ -19,15 +19,12 @@ import contextlib
 import json
 import logging
 import os
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from node_agent.protocol import MAX_OUTCOMES_PER_BATCH, OutcomeBatch
-from node_agent.push import post_signed
+from node_agent.spool import SpoolSender
 
 log = logging.getLogger(__name__)
 DEFAULT_OUTCOMES_DIR = Path("/var/spool/fleetyield/outcomes")
@@ -70,7 +67,9 @@ def pending_records(directory: Path) -> list[tuple[Path, dict]]:
     return [(p, r) for _, p, r in out]
 
 
-class OutcomeForwarder:
+class OutcomeForwarder(SpoolSender):
+    """Posts the outcome records in ``directory``, polled every ``interval_s``."""
+
     def __init__(
         self,
         directory: Path,
@@ -84,19 +83,20 @@ class OutcomeForwarder:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
+        super().__init__(
+            node,
+            url,
+            secret,
+            clock,
+            log=log,
+            thread_name="fleetyield-outcomes",
+            crash_log="outcome forwarder error",
+            timeout_s=timeout_s,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            interval_s=interval_s,
+        )
         self.directory = Path(directory)
-        self.node = node
-        self.url = url
-        self.secret = secret
-        self.clock = clock
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.delivered = 0
-        self.failures = 0
 
     def flush_once(self) -> bool:
         """Send everything waiting; True when nothing is left (or nothing can be sent: no URL)."""
@@ -107,38 +107,6 @@ class OutcomeForwarder:
             chunk, items = items[:MAX_OUTCOMES_PER_BATCH], items[MAX_OUTCOMES_PER_BATCH:]
             records = [r if r.get("node") in (None, self.node) else {**r, "node": None} for _, r in chunk]
             body = OutcomeBatch(node=self.node, records=records).model_dump_json().encode()
-            try:
-                post_signed(self.url, self.secret, self.node, body, self.clock(), self.timeout_s)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                self.failures += 1
-                log.warning("outcome forward to %s failed (%d record(s) kept): %s", self.url, len(chunk), exc)
+            if not self.send_chunk(chunk, body, "outcome forward to %s failed (%d record(s) kept): %s"):
                 return False
-            for path, _ in chunk:
-                path.unlink(missing_ok=True)
-            self.delivered += len(chunk)
         return True
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="fleetyield-outcomes", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        delay = self.backoff_initial_s
-        while not self._stop.is_set():
-            try:
-                ok = self.flush_once()
-            except Exception:  # a bug must not kill the forwarder
-                log.exception("outcome forwarder error")
-                ok = False
-            if ok:
-                delay = self.backoff_initial_s
-                wait = self.interval_s
-            else:
-                wait, delay = delay, min(delay * 2, self.backoff_max_s)
-            if self._stop.wait(wait):
-                return
