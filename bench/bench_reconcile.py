@@ -133,6 +133,7 @@ def host_main(args: argparse.Namespace) -> int:
         run(docker, "exec", CONTAINER, "bash", "-c", SETUP)
         started = time.monotonic() - t0
         run(docker, "cp", __file__, f"{CONTAINER}:/tmp/bench_reconcile.py")
+        run(docker, "cp", str(Path(__file__).with_name("_fleet.py")), f"{CONTAINER}:/tmp/_fleet.py")
         env = []
         if not args.image_code:
             package = Path(__file__).resolve().parent.parent / "slurm_fleetyield"
@@ -241,11 +242,12 @@ def inner_main(args: argparse.Namespace) -> int:
     import tempfile
     from collections import defaultdict
 
+    from _fleet import SyntheticSense  # copied next to this file in the container
+
     from slurm_fleetyield import daemon as daemon_mod
     from slurm_fleetyield.adapters import slurm as slurm_mod
     from slurm_fleetyield.adapters.store import Store
     from slurm_fleetyield.config import Config
-    from slurm_fleetyield.core.model import GpuReading, NodeSample
     from slurm_fleetyield.core.plan import DrainNode, UpdateNodes
 
     timings: dict[str, float] = defaultdict(float)
@@ -270,35 +272,6 @@ def inner_main(args: argparse.Namespace) -> int:
                 timings[name] += time.perf_counter() - t
 
         return wrapper
-
-    h100, l40s = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
-
-    class SyntheticSense:
-        """80k GPUs: healthy, except a few nodes with HBM trouble or no answer (deterministic by index)."""
-
-        def sample(self, nodes, now):
-            out = {}
-            for name in nodes:
-                i = int(name[1:])
-                if i % 500 == 11:
-                    out[name] = NodeSample(name, now, error="connection failed: refused")
-                    continue
-                model = h100 if name[0] == "h" else l40s
-                gpus = []
-                for g in range(8):
-                    f = {
-                        "DCGM_FI_DEV_GPU_TEMP": 40.0 + g,
-                        "DCGM_FI_DEV_FB_TOTAL": 81559.0 if model == h100 else 46068.0,
-                    }
-                    if g == 0 and i % 100 == 7:
-                        f["DCGM_FI_DEV_ROW_REMAP_PENDING"] = 1.0
-                    if g == 1 and i % 100 == 13:
-                        f["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = 1.0
-                    if g == 2 and i % 250 == 3:
-                        f["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1.0
-                    gpus.append(GpuReading(g, f"GPU-{name}-{g}", model, fields=f))
-                out[name] = NodeSample(name, now, tuple(gpus), expected_gpus=8)
-            return out
 
     cli = slurm_mod.SlurmCli(runner=runner)
     major, minor, patch = cli.version()

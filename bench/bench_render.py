@@ -1,12 +1,12 @@
 """Benchmark the read model's share of a daemon tick without Slurm: render (``ViewRenderer``) and commit.
 
 Input: none (a ``SimSlurm`` of ``--nodes`` nodes, half 8x H100, half 8x L40S, and the synthetic telemetry of
-``bench_reconcile.py``: healthy except 1% remap pending, 1% uncorrectable remapped rows, 0.4% remap
-failure, 0.2% not answering). Output: a table on stdout: per tick wall and CPU seconds of the whole
-``Daemon.tick_once``, of decide (``tick``), render and commit, the view rows written and the explanations
-rendered, and the size of the state JSON the commit also writes. Ticks: cold (empty store), steady
-(nothing changed, explanations still backfilling), the backfill ticks (counted), settled (nothing changed,
-every node explained). CPU time is the steadier figure on a shared machine.
+``_fleet.py``, shared with ``bench_reconcile.py``: healthy except 1% remap pending, 1% uncorrectable
+remapped rows, 0.4% remap failure, 0.2% not answering). Output: a table on stdout: per tick wall and CPU
+seconds of the whole ``Daemon.tick_once``, of decide (``tick``), render and commit, the view rows written
+and the explanations rendered, and the size of the state JSON the commit also writes. Ticks: cold (empty
+store), steady (nothing changed, explanations still backfilling), the backfill ticks (counted), settled
+(nothing changed, every node explained). CPU time is the steadier figure on a shared machine.
 
     .venv/bin/python bench/bench_render.py [--nodes 10000]
 """
@@ -19,52 +19,19 @@ import os
 import tempfile
 import time
 
+from _fleet import SyntheticSense, sim_nodes
+
 from slurm_fleetyield import daemon as daemon_mod
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.config import Config
-from slurm_fleetyield.core.model import GpuReading, NodeSample
 from slurm_fleetyield.sim.cluster import SimSlurm
-
-H100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
-
-
-class SyntheticSense:
-    """The same fleet as ``bench_reconcile.py`` (deterministic by node index)."""
-
-    def sample(self, nodes, now):
-        out = {}
-        for name in nodes:
-            i = int(name[1:])
-            if i % 500 == 11:
-                out[name] = NodeSample(name, now, error="connection failed: refused")
-                continue
-            model = H100 if name[0] == "h" else L40S
-            gpus = []
-            for g in range(8):
-                f = {
-                    "DCGM_FI_DEV_GPU_TEMP": 40.0 + g,
-                    "DCGM_FI_DEV_FB_TOTAL": 81559.0 if model == H100 else 46068.0,
-                }
-                if g == 0 and i % 100 == 7:
-                    f["DCGM_FI_DEV_ROW_REMAP_PENDING"] = 1.0
-                if g == 1 and i % 100 == 13:
-                    f["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = 1.0
-                if g == 2 and i % 250 == 3:
-                    f["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1.0
-                gpus.append(GpuReading(g, f"GPU-{name}-{g}", model, fields=f))
-            out[name] = NodeSample(name, now, tuple(gpus), expected_gpus=8)
-        return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     args = parser.parse_args()
-    half = args.nodes // 2
-    slurm = SimSlurm(
-        [(f"h{i:05d}", 8, "h100", ("h100", "nvlink")) for i in range(1, half + 1)]
-        + [(f"l{i:05d}", 8, "l40s", ("l40s",)) for i in range(1, args.nodes - half + 1)]
-    )
+    slurm = SimSlurm(sim_nodes(args.nodes))
     store = Store(os.path.join(tempfile.mkdtemp(), "fy.db"))
     clock = {"now": 1_768_212_200.0}
     d = daemon_mod.Daemon(Config(), slurm, SyntheticSense(), store, clock=lambda: clock["now"])
