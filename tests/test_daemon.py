@@ -6,162 +6,25 @@ recorded commands did. No sleeps: everything polls with a deadline.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from rig import AgentProcess, FakeCommands, free_port, node_line, wait_for
 
 from slurm_fleetyield.adapters.ingest import IngestServer
 from slurm_fleetyield.adapters.scrape import AgentScraper
-from slurm_fleetyield.adapters.slurm import CommandResult, SlurmCli
+from slurm_fleetyield.adapters.slurm import SlurmCli
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.config import from_mapping
 from slurm_fleetyield.daemon import Backoff, Daemon
 
-AGENT = str(Path(sys.executable).parent / "fleetyield-agent")
 SECRET = b"daemon-test-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)  # polling interval, not a fixed wait
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-class Agent:
-    def __init__(self, tmp: Path, node: str, push_url: str | None = None):
-        self.state_dir = tmp / f"agent-{node}"
-        self.port = free_port()
-        args = [
-            AGENT,
-            "serve",
-            "--backend",
-            "fake",
-            "--listen",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--state-dir",
-            str(self.state_dir),
-            "--gpus",
-            "8",
-            "--model",
-            "h100",
-            "--hostname",
-            node,
-            "--seed",
-            "7",
-        ]
-        if push_url:
-            secret = tmp / "secret"
-            secret.write_bytes(SECRET)
-            secret.chmod(0o600)
-            args += ["--push-url", push_url, "--push-secret-file", str(secret)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_for(self._ready, what="agent /metrics")
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited: {self.proc.stderr.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def inject(self, gpu: int, xid: int) -> None:
-        subprocess.run(
-            [
-                AGENT,
-                "fault",
-                "inject",
-                "--state-dir",
-                str(self.state_dir),
-                "--gpu",
-                str(gpu),
-                "--xid",
-                str(xid),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc.stderr.close()
-
-
-def node_line(
-    name: str, state: str = "IDLE", features: str = "h100,ib", weight: int = 1, reason: str = ""
-) -> str:
-    feats = features or "(null)"
-    line = (
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=16 CPUAlloc=0 CPUTot=32 CPULoad=0.01 "
-        f"AvailableFeatures={feats} ActiveFeatures={feats} Gres=gpu:h100:8(S:0-1) "
-        f"NodeAddr={name} NodeHostName={name} Version=22.05.8 OS=Linux 6.1.0-18-amd64 #1 SMP Debian "
-        f"RealMemory=1031000 AllocMem=0 FreeMem=1000000 Sockets=2 Boards=1 State={state} ThreadsPerCore=1 "
-        f"TmpDisk=0 Weight={weight} Owner=N/A MCS_label=N/A Partitions=gpu CfgTRES=cpu=32,gres/gpu=8 "
-        "AllocTRES="
-    )
-    return line + (f" Reason={reason} [root@2026-01-12T10:00:00]" if reason else "")
-
-
-class FakeCommands:
-    """The subprocess seam: answers reads from ``self.nodes`` / ``self.jobs`` and records every command."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, str] = {}
-        self.jobs: list[dict] = []
-        self.calls: list[tuple[str, ...]] = []
-        self.fail_reads = False
-        self.lock = threading.Lock()
-
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        argv = tuple(argv)
-        with self.lock:
-            self.calls.append(argv)
-        if argv[:2] == ("scontrol", "--version"):
-            return CommandResult(0, "slurm-wlm 22.05.8\n", "")
-        if argv[:3] == ("scontrol", "show", "node"):
-            if self.fail_reads:
-                return CommandResult(1, "", "slurm_load_node error: Unable to contact slurm controller")
-            return CommandResult(0, "\n".join(self.nodes.values()) + "\n", "")
-        if argv[:2] == ("squeue", "--json"):
-            return CommandResult(0, json.dumps({"jobs": self.jobs}), "")
-        if argv[:3] == ("scontrol", "show", "hostnames"):
-            return CommandResult(0, "\n".join(argv[3].split(",")) + "\n", "")
-        if argv[:3] == ("scontrol", "show", "hostlist"):
-            return CommandResult(0, argv[3] + "\n", "")
-        return CommandResult(0, "", "")
-
-    def writes(self) -> list[tuple[str, ...]]:
-        with self.lock:
-            return [c for c in self.calls if c[1] in ("update", "requeue")]
 
 
 def config(tmp: Path, agent_port: int, **loop):
@@ -177,7 +40,7 @@ def config(tmp: Path, agent_port: int, **loop):
 
 @pytest.fixture
 def agent(tmp_path):
-    a = Agent(tmp_path, "gpu-01")
+    a = AgentProcess(tmp_path, "gpu-01")
     yield a
     a.close()
 
@@ -282,7 +145,9 @@ def test_pushed_fatal_xid_drains_within_a_second(tmp_path):
     cmds.nodes["gpu-01"] = node_line("gpu-01")
     store = Store(tmp_path / "fy.db")
     ingest_port = free_port()
-    agent = Agent(tmp_path, "gpu-01", push_url=f"http://127.0.0.1:{ingest_port}/v1/agent/events")
+    agent = AgentProcess(
+        tmp_path, "gpu-01", push_url=f"http://127.0.0.1:{ingest_port}/v1/agent/events", secret=SECRET
+    )
     daemon = make_daemon(tmp_path, cmds, agent.port, store=store)
     ingest = IngestServer("127.0.0.1", ingest_port, SECRET, store, daemon.wake)
     ingest.start()

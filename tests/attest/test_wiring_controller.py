@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from attest_rig import NODE, Clock, Controller
 from click.testing import CliRunner
-from wiring_rig import SECRET, FakeCommands, NoSense, secret_file
+from rig import FakeCommands
+from wiring_rig import SECRET, NoSense, secret_file
 
 from node_agent.attest.service import Attestor, implant_module
 from node_agent.protocol import signed_headers

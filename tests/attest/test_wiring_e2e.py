@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wiring_rig import NODE, AgentProc, Controller, FakeCommands, NoSense, hook_conf, hook_env, run_hook
+from rig import FakeCommands
+from wiring_rig import NODE, AgentProc, Controller, NoSense, hook_conf, hook_env, run_hook
 
 from slurm_fleetyield.adapters.slurm import SlurmCli
 from slurm_fleetyield.adapters.store import Store

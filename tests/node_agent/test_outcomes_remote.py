@@ -4,29 +4,20 @@ reset endpoint, against real processes and sockets; no sleeps, every wait polls 
 from __future__ import annotations
 
 import json
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from receiver import wait_for
+from rig import AGENT, AgentProcess, free_port
 
 from node_agent.protocol import CONTROL_RESET_PATH, signed_headers
 from slurm_fleetyield.adapters.agent_control import AgentControl, AgentControlError
 from slurm_fleetyield.adapters.ingest import IngestServer
 from slurm_fleetyield.adapters.store import Store
 
-AGENT = str(Path(sys.executable).parent / "fleetyield-agent")
 SECRET = b"outcome-test-secret-0123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def record(job_id: str, node: str = "gpu-01", **kw) -> dict:
@@ -47,51 +38,22 @@ def record(job_id: str, node: str = "gpu-01", **kw) -> dict:
     return doc
 
 
-class AgentProc:
+class AgentProc(AgentProcess):
     def __init__(self, tmp: Path, push_port: int, node: str = "gpu-01") -> None:
-        self.state_dir = tmp / "agent"
         self.outcomes = tmp / "outcomes"
         self.outcomes.mkdir()
-        self.port = free_port()
-        secret = tmp / "secret"
-        secret.write_bytes(SECRET)
-        secret.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [
-                AGENT,
-                "serve",
-                "--backend",
-                "fake",
-                "--listen",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--state-dir",
-                str(self.state_dir),
-                "--gpus",
-                "4",
-                "--hostname",
-                node,
-                "--push-url",
-                f"http://127.0.0.1:{push_port}/v1/agent/events",
-                "--push-secret-file",
-                str(secret),
-                "--outcomes-dir",
-                str(self.outcomes),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+        push_url = f"http://127.0.0.1:{push_port}/v1/agent/events"
+        super().__init__(
+            tmp,
+            node,
+            gpus=4,
+            model=None,
+            seed=None,
+            state_dir=tmp / "agent",
+            push_url=push_url,
+            secret=SECRET,
+            extra_args=("--outcomes-dir", str(self.outcomes)),
         )
-        wait_for(self._ready, timeout=15)
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(self.proc.stderr.read().decode()[-2000:])
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return True
-        except OSError:
-            return False
 
     def spool(self, rec: dict, name: str | None = None) -> Path:
         path = self.outcomes / (name or f"{rec['job_id']}.json")
@@ -99,15 +61,6 @@ class AgentProc:
         tmp.write_text(json.dumps(rec))
         tmp.rename(path)
         return path
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc.stderr.close()
 
 
 def test_outcomes_survive_a_down_listener_and_arrive_exactly_once(tmp_path: Path) -> None:

@@ -14,22 +14,19 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from slurm_fleetyield.adapters.slurm import CommandResult, SlurmCli
+import rig
+from rig import AgentProcess, FakeCommands, node_line, write_secret
+
+from slurm_fleetyield.adapters.slurm import SlurmCli
 from slurm_fleetyield.config import from_mapping
 
-AGENT = str(Path(sys.executable).parent / "fleetyield-agent")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 CHROME_FLAGS = (
@@ -54,21 +51,8 @@ def artifacts_dir() -> Path:
     return d
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.05)  # polling interval, not a fixed wait
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+    return rig.wait_for(predicate, timeout_s, what, interval_s=0.05)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -76,40 +60,25 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str
 # --------------------------------------------------------------------------------------------------------
 
 
-def node_line(name: str, state: str, features: str, weight: int, reason: str, gres: str) -> str:
-    line = (
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=16 CPUAlloc=0 CPUTot=32 CPULoad=0.01 "
-        f"AvailableFeatures={features or '(null)'} ActiveFeatures={features or '(null)'} Gres={gres} "
-        f"NodeAddr={name} NodeHostName={name} Version=22.05.8 OS=Linux 6.1.0-18-amd64 #1 SMP Debian "
-        f"RealMemory=1031000 AllocMem=0 FreeMem=1000000 Sockets=2 Boards=1 State={state} ThreadsPerCore=1 "
-        f"TmpDisk=0 Weight={weight} Owner=N/A MCS_label=N/A Partitions=gpu CfgTRES=cpu=32,gres/gpu=8 "
-        "AllocTRES="
-    )
-    return line + (f" Reason={reason} [root@2026-01-12T10:00:00]" if reason else "")
-
-
-class FakeSlurm:
+class FakeSlurm(FakeCommands):
     """Answers scontrol/squeue like Slurm 22.05 and applies ``scontrol update`` to its node table."""
 
     def __init__(self) -> None:
-        self.nodes: dict[str, dict] = {}
-        self.lock = threading.Lock()
-        self.calls: list[tuple[str, ...]] = []
+        super().__init__()
+        self.table: dict[str, dict] = {}
 
     def add(self, name: str, *, gpus: int = 8, features: str = "h100,nvlink", state: str = "IDLE", reason=""):
         gres = f"gpu:h100:{gpus}(S:0-1)" if gpus else "(null)"
-        self.nodes[name] = {"state": state, "features": features, "weight": 1, "reason": reason, "gres": gres}
+        self.table[name] = {"state": state, "features": features, "weight": 1, "reason": reason, "gres": gres}
+        self._render()
 
-    def _text(self) -> str:
-        return "\n".join(
-            node_line(n, v["state"], v["features"], v["weight"], v["reason"], v["gres"])
-            for n, v in sorted(self.nodes.items())
-        )
+    def _render(self) -> None:
+        self.nodes = {n: node_line(n, **v) for n, v in sorted(self.table.items())}
 
-    def _update(self, argv: tuple[str, ...]) -> None:
+    def on_update(self, argv: tuple[str, ...]) -> None:
         fields = dict(a.split("=", 1) for a in argv[2:] if "=" in a)
         for name in fields.get("NodeName", "").split(","):
-            node = self.nodes.get(name)
+            node = self.table.get(name)
             if node is None:
                 continue
             if "ActiveFeatures" in fields:
@@ -121,24 +90,7 @@ class FakeSlurm:
                 node["state"], node["reason"] = "IDLE+DRAIN", fields.get("Reason", "")
             elif state == "RESUME":
                 node["state"], node["reason"] = "IDLE", ""
-
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        argv = tuple(argv)
-        with self.lock:
-            self.calls.append(argv)
-            if argv[:2] == ("scontrol", "--version"):
-                return CommandResult(0, "slurm-wlm 22.05.8\n", "")
-            if argv[:3] == ("scontrol", "show", "node"):
-                return CommandResult(0, self._text() + "\n", "")
-            if argv[:2] == ("squeue", "--json"):
-                return CommandResult(0, json.dumps({"jobs": []}), "")
-            if argv[:3] == ("scontrol", "show", "hostnames"):
-                return CommandResult(0, "\n".join(argv[3].split(",")) + "\n", "")
-            if argv[:3] == ("scontrol", "show", "hostlist"):
-                return CommandResult(0, argv[3] + "\n", "")
-            if argv[:2] == ("scontrol", "update"):
-                self._update(argv)
-            return CommandResult(0, "", "")
+        self._render()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -146,45 +98,11 @@ class FakeSlurm:
 # --------------------------------------------------------------------------------------------------------
 
 
-class Agent:
+class Agent(AgentProcess):
     def __init__(self, tmp: Path, node: str, push_url: str, seed: int) -> None:
-        self.node = node
-        self.state_dir = tmp / f"agent-{node}"
-        self.port = free_port()
-        secret = tmp / "push.secret"
-        secret.write_bytes(SECRET)
-        secret.chmod(0o600)
-        args = [AGENT, "serve", "--backend", "fake", "--listen", "127.0.0.1", "--port", str(self.port)]
-        args += ["--state-dir", str(self.state_dir), "--gpus", "8", "--model", "h100", "--hostname", node]
-        args += ["--seed", str(seed), "--push-url", push_url, "--push-secret-file", str(secret)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent {self.node} exited: {self.proc.stderr.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def inject(self, gpu: int, xid: int) -> None:
-        where = ("--state-dir", str(self.state_dir), "--gpu", str(gpu))
-        subprocess.run(
-            (AGENT, "fault", "inject", *where, "--xid", str(xid)),
-            check=True,
-            capture_output=True,
-            timeout=30,
+        super().__init__(
+            tmp, node, seed=seed, push_url=push_url, secret=SECRET, secret_name="push.secret", wait=False
         )
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc.stderr.close()
 
 
 class NodeProxy:
@@ -247,9 +165,7 @@ class Controller:
         for i, n in enumerate(nodes):
             self.slurm.add(n, features="h100,nvlink" if i % 2 == 0 else "h100")
         self.slurm.add("cpu-01", gpus=0, features="cpu", state="IDLE+DRAIN", reason=HOSTILE_REASON)
-        secret = tmp / "controller.secret"
-        secret.write_bytes(SECRET)
-        secret.chmod(0o600)
+        secret = write_secret(tmp / "controller.secret", SECRET)
         self.proxy = NodeProxy()
         cfg = from_mapping(
             {

@@ -1,0 +1,193 @@
+"""The pieces the controller tests share: a real fake-backend agent process, and the Slurm command seam.
+
+``AgentProcess``: ``fleetyield-agent serve --backend fake`` on 127.0.0.1 (a free port, its own state dir),
+optionally pushing to a controller with a shared secret; ``ready()`` polls it, ``close()`` stops it by pid.
+``FakeCommands``: the subprocess seam of ``SlurmCli`` (``runner=``): answers ``scontrol``/``squeue`` reads
+like Slurm 22.05 from ``nodes`` (one ``node_line`` a node) and ``jobs``, records every command; ``on_update``
+lets a rig apply the ``scontrol update``s it is given. ``wait_for`` polls with a deadline (never a fixed
+sleep). Used by tests/test_daemon.py, tests/web/webharness.py, tests/attest/wiring_rig.py and
+tests/node_agent/test_outcomes_remote.py (tests/conftest.py puts this directory on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from slurm_fleetyield.adapters.slurm import CommandResult
+
+AGENT = str(Path(sys.executable).parent / "fleetyield-agent")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    predicate: Callable[[], object],
+    timeout_s: float = 15.0,
+    what: str = "condition",
+    interval_s: float = 0.01,
+) -> object:
+    """The predicate's first truthy value; AssertionError (with the last value) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)  # polling interval, not a fixed wait
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+def write_secret(path: Path, secret: bytes) -> Path:
+    """The push secret as the agent and the controller read it (mode 0600)."""
+    path.write_bytes(secret)
+    path.chmod(0o600)
+    return path
+
+
+class AgentProcess:
+    """``fleetyield-agent serve --backend fake``: ``gpus`` GPUs of ``model``, ``seed``, state in
+    ``state_dir`` (default ``tmp/agent-<node>``); with ``secret`` the push secret file is ``tmp/secret_name``
+    (passed as ``--push-secret-file``), with ``push_url`` too it pushes there. ``extra_args`` go last.
+    With ``wait`` the constructor returns once ``ready()``."""
+
+    ready_path = "/metrics"
+
+    def __init__(
+        self,
+        tmp: Path,
+        node: str,
+        *,
+        gpus: int = 8,
+        model: str | None = "h100",
+        seed: int | None = 7,
+        state_dir: Path | None = None,
+        push_url: str | None = None,
+        secret: bytes | None = None,
+        secret_name: str = "secret",
+        extra_args: Sequence[str] = (),
+        wait: bool = True,
+        timeout_s: float = 15.0,
+    ) -> None:
+        self.node = node
+        self.state_dir = state_dir or tmp / f"agent-{node}"
+        self.port = free_port()
+        args = [AGENT, "serve", "--backend", "fake", "--listen", "127.0.0.1", "--port", str(self.port)]
+        args += ["--state-dir", str(self.state_dir), "--gpus", str(gpus), "--hostname", node]
+        if model is not None:
+            args += ["--model", model]
+        if seed is not None:
+            args += ["--seed", str(seed)]
+        if push_url:
+            args += ["--push-url", push_url]
+        if secret is not None:
+            args += ["--push-secret-file", str(write_secret(tmp / secret_name, secret))]
+        args += list(extra_args)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if wait:
+            wait_for(self.ready, timeout_s, what=f"agent {node} {self.ready_path}")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"agent {self.node} exited: {self.proc.stderr.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def inject(self, gpu: int, xid: int) -> None:
+        """``fleetyield-agent fault inject``: the fake backend raises that XID on that GPU."""
+        where = ("--state-dir", str(self.state_dir), "--gpu", str(gpu))
+        subprocess.run(
+            (AGENT, "fault", "inject", *where, "--xid", str(xid)), check=True, capture_output=True, timeout=30
+        )
+
+    def close(self) -> str:
+        """SIGTERM (SIGKILL after 10 s); returns what the agent wrote to stderr."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        err = self.proc.stderr.read().decode()
+        self.proc.stderr.close()
+        return err
+
+
+def node_line(
+    name: str,
+    state: str = "IDLE",
+    features: str = "h100,ib",
+    weight: int = 1,
+    reason: str = "",
+    gres: str = "gpu:h100:8(S:0-1)",
+) -> str:
+    """One node of ``scontrol show node --oneliner`` as Slurm 22.05 prints it."""
+    feats = features or "(null)"
+    line = (
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=16 CPUAlloc=0 CPUTot=32 CPULoad=0.01 "
+        f"AvailableFeatures={feats} ActiveFeatures={feats} Gres={gres} "
+        f"NodeAddr={name} NodeHostName={name} Version=22.05.8 OS=Linux 6.1.0-18-amd64 #1 SMP Debian "
+        f"RealMemory=1031000 AllocMem=0 FreeMem=1000000 Sockets=2 Boards=1 State={state} ThreadsPerCore=1 "
+        f"TmpDisk=0 Weight={weight} Owner=N/A MCS_label=N/A Partitions=gpu CfgTRES=cpu=32,gres/gpu=8 "
+        "AllocTRES="
+    )
+    return line + (f" Reason={reason} [root@2026-01-12T10:00:00]" if reason else "")
+
+
+class FakeCommands:
+    """The subprocess seam of ``SlurmCli``: answers reads from ``nodes`` (name -> ``node_line``) and
+    ``jobs``, fails node reads while ``fail_reads``, records every command; ``on_update`` sees each
+    ``scontrol update`` (a no-op here)."""
+
+    def __init__(self, nodes: Sequence[str] = ()) -> None:
+        self.nodes: dict[str, str] = {n: node_line(n) for n in nodes}
+        self.jobs: list[dict] = []
+        self.calls: list[tuple[str, ...]] = []
+        self.fail_reads = False
+        self.lock = threading.Lock()
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        argv = tuple(argv)
+        with self.lock:
+            self.calls.append(argv)
+            if argv[:2] == ("scontrol", "--version"):
+                return CommandResult(0, "slurm-wlm 22.05.8\n", "")
+            if argv[:3] == ("scontrol", "show", "node"):
+                if self.fail_reads:
+                    return CommandResult(1, "", "slurm_load_node error: Unable to contact slurm controller")
+                return CommandResult(0, "\n".join(self.nodes.values()) + "\n", "")
+            if argv[:2] == ("squeue", "--json"):
+                return CommandResult(0, json.dumps({"jobs": self.jobs}), "")
+            if argv[:3] == ("scontrol", "show", "hostnames"):
+                return CommandResult(0, "\n".join(argv[3].split(",")) + "\n", "")
+            if argv[:3] == ("scontrol", "show", "hostlist"):
+                return CommandResult(0, argv[3] + "\n", "")
+            if argv[:2] == ("scontrol", "update"):
+                self.on_update(argv)
+            return CommandResult(0, "", "")
+
+    def on_update(self, argv: tuple[str, ...]) -> None:
+        """Called (under ``lock``) for every ``scontrol update``; a rig may apply it to ``nodes``."""
+
+    def writes(self) -> list[tuple[str, ...]]:
+        with self.lock:
+            return [c for c in self.calls if c[1] in ("update", "requeue")]
+
+    def drains(self) -> list[tuple[str, ...]]:
+        with self.lock:
+            return [c for c in self.calls if c[1:2] == ("update",) and "State=DRAIN" in c]
