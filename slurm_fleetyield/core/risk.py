@@ -161,10 +161,10 @@ def assess(
     for f in fatal:
         fatal_by_node.setdefault(f.node, []).append(f)
     out: dict[str, NodeRisk] = {}
-    # A node whose sensed GPUs are the very objects of a tick where all of them scored the base probability
-    # scores the same again (no fatal evidence or history now either; same params and base): reuse it.
+    # A node whose sensed GPUs are the very objects of its last scoring, with the same fatal history, no
+    # fatal evidence then or now, the same params, base and learned multipliers, scores the same: reuse it.
     memo = state.memo.setdefault("risk", {})
-    mkey = (params, base, sensed.layout)
+    mkey = (params, base, sensed.layout, mult)
     memories = state.nodes
     for name, node in sensed.nodes.items():
         mem = memories.get(name)
@@ -173,9 +173,9 @@ def assess(
         if not node.fresh:
             out[name] = _unknown(node, node_fatal)
             continue
-        if not history and not node_fatal:
+        if not node_fatal:
             hit = memo.get(name)
-            if hit is not None and hit[0] is node.gpus and hit[1] == mkey:
+            if hit is not None and hit[0] is node.gpus and hit[1] == mkey and hit[3] == history:
                 nr = hit[2]
                 if nr.stale_s != node.stale_s:
                     nr = NodeRisk(name, nr.health, nr.probability, nr.gpus, nr.reason, node.stale_s)
@@ -188,7 +188,6 @@ def assess(
         gpus = []
         survive = 1.0
         n_hist = len(history)
-        quiet = 0
         for g in node.gpus:  # _gpu_risk, inlined: this loop runs once per GPU of the fleet
             r = g.reading
             gf = (fatal_gpu.get(r.uuid) or fatal_gpu.get(f"#{r.index}")) if fatal_gpu else None
@@ -202,7 +201,6 @@ def assess(
                         gr = GpuRisk(name, r.index, r.uuid, r.model, base_health, base, ())
                         survive *= 1.0 - base
                         gpus.append(gr)
-                        quiet += 1
                         continue
             n_gpu = history.count(r.uuid) if history else 0
             z, contributions = score(g, n_gpu, n_hist - n_gpu)
@@ -228,8 +226,8 @@ def assess(
             health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
             reason = _summary(gpus, p, base)
         out[name] = nr = NodeRisk(name, health, p, tuple(gpus), reason, node.stale_s)
-        if quiet == len(gpus) and not node_fatal:
-            memo[name] = (node.gpus, mkey, nr)
+        if not node_fatal:
+            memo[name] = (node.gpus, mkey, nr, history)
         else:
             memo.pop(name, None)
     return out

@@ -61,7 +61,7 @@ def test_reused_results_equal_recomputed_ones() -> None:
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
     for i, obs in enumerate(stream):
-        before = {n: r for n, (_g, _k, r) in a.memo.get("risk", {}).items()}
+        before = {n: e[2] for n, e in a.memo.get("risk", {}).items()}
         ra = tick(a, obs, params, obs.time, rng_a)
         reused += sum(1 for n, r in ra.risks.items() if before.get(n) is r)
         rb = tick(replace(b, memo={}), _fresh(obs), params, obs.time, rng_b)
@@ -75,3 +75,35 @@ def test_reused_results_equal_recomputed_ones() -> None:
         assert ra.state.to_dict() == rb.state.to_dict(), f"tick {i}: persisted states differ"
         a, b = ra.state, rb.state
     assert reused > len(stream), "the recorded stream must exercise the reuse"
+
+
+def test_reuse_follows_fatal_history_and_params() -> None:
+    """Same sensed GPUs, but a fatal history that changed (or other params): recomputed, not reused."""
+    from slurm_fleetyield.core import risk
+    from slurm_fleetyield.core.state import NodeMemory
+
+    stream = _record()[:6]
+    params = Params()
+    state = ControllerState.empty()
+    rng = random.Random(1)
+    for obs in stream:
+        r = tick(state, obs, params, obs.time, rng)
+        state = r.state
+    assert r.sensed is not None
+    now = stream[-1].time
+    first = risk.assess(r.sensed, (), state, params, now)
+    again = risk.assess(r.sensed, (), state, params, now)
+    assert any(again[n] is first[n] for n in first), "the same inputs must be reused"
+    name = next(n for n in first if first[n].gpus)
+    uuid = first[name].gpus[0].uuid
+    old = state.nodes[name]
+    hist = (*old.fatal_history, (now - 60.0, uuid), (now - 30.0, uuid + "x"))
+    changed = replace(state, nodes={**state.nodes, name: replace(old, fatal_history=hist)})
+    got = risk.assess(r.sensed, (), changed, params, now)
+    want = risk.assess(r.sensed, (), replace(changed, memo={}), params, now)
+    assert got == want and got[name] != first[name]
+    other = Params(risk={"red_threshold": 0.01, "yellow_threshold": 0.001})
+    assert risk.assess(r.sensed, (), state, other, now) == risk.assess(
+        r.sensed, (), replace(state, memo={}), other, now
+    )
+    assert isinstance(old, NodeMemory)
