@@ -5,8 +5,9 @@ optionally pushing to a controller with a shared secret; ``ready()`` polls it, `
 ``FakeCommands``: the subprocess seam of ``SlurmCli`` (``runner=``): answers ``scontrol``/``squeue`` reads
 like Slurm 22.05 from ``nodes`` (one ``node_line`` a node) and ``jobs``, records every command; ``on_update``
 lets a rig apply the ``scontrol update``s it is given. ``wait_for`` polls with a deadline (never a fixed
-sleep). Used by tests/test_daemon.py, tests/web/webharness.py, tests/attest/wiring_rig.py and
-tests/node_agent/test_outcomes_remote.py (tests/conftest.py puts this directory on ``sys.path``).
+sleep); ``free_port``; ``system_uuid`` (the fake BMC's system ids). Used by tests/test_daemon.py,
+tests/web/webharness.py, tests/attest/wiring_rig.py, tests/node_agent/test_outcomes_remote.py and the
+Redfish rigs (tests/conftest.py puts this directory on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ from slurm_fleetyield.adapters.slurm import CommandResult
 AGENT = str(Path(sys.executable).parent / "fleetyield-agent")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def system_uuid(i: int) -> str:
+    """The fake BMC's system id for the i-th node (the Redfish rigs, unit and docker end-to-end)."""
+    return f"fe11e1d0-0000-4000-8000-{i:012d}"
 
 
 def wait_for(

@@ -110,6 +110,17 @@ class Cluster:
             )
         return proc
 
+    def write_file(self, container: str, path: str, text: str, *, private: bool = False) -> None:
+        """Write ``text`` to ``path`` inside the container (``umask 077`` first with ``private``)."""
+        script = f"umask 077; cat > {path}" if private else f"cat > {path}"
+        subprocess.run(
+            [self.docker, "exec", "-i", container, "bash", "-c", script],
+            input=text,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+
     def sh(self, container: str, script: str, **kw) -> str:
         return self.exec(container, "bash", "-c", script, **kw).stdout
 

@@ -21,7 +21,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from rig import free_port, system_uuid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REDFISH_DIR = REPO_ROOT / "contrib" / "redfish"
@@ -68,16 +69,6 @@ def container_ip(docker: str, name: str) -> str:
     return subprocess.run(
         [docker, "inspect", "-f", fmt, name], capture_output=True, text=True, check=True, timeout=30
     ).stdout.split()[0]
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def system_uuid(i: int) -> str:
-    return f"fe11e1d0-0000-4000-8000-{i:012d}"
 
 
 @dataclass

@@ -126,13 +126,7 @@ def install(cluster: Any, rig: dict[str, Any], **node_overrides: str) -> None:
     }
     nodes[NODE].update({k: toml_str(v) for k, v in node_overrides.items()})
     text = controller_config(rig["original"], lifecycle=LIFECYCLE, redfish=REDFISH, nodes=nodes)
-    subprocess.run(
-        [cluster.docker, "exec", "-i", CTL, "bash", "-c", f"cat > {CONFIG}.new"],
-        input=text,
-        text=True,
-        check=True,
-        timeout=30,
-    )
+    cluster.write_file(CTL, f"{CONFIG}.new", text)
     cluster.exec(CTL, "fleetyield", "validate-config", f"{CONFIG}.new")
     cluster.exec(CTL, "mv", "-f", f"{CONFIG}.new", CONFIG)
     cluster.reset_world()  # stops the controller, cleans the nodes, restarts it (--wipe) on the new config

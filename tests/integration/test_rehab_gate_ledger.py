@@ -123,13 +123,7 @@ def pending_for(cluster: Any, name: str) -> list[dict[str, Any]]:
 def submit(cluster: Any, envelope: str) -> dict[str, Any]:
     """POST an envelope with ``fleetyield submit-approval`` in the controller container; the JSON answer."""
     path = f"/tmp/env-{uuid.uuid4().hex[:8]}.json"
-    subprocess.run(
-        [cluster.docker, "exec", "-i", CTL, "bash", "-c", f"umask 077; cat > {path}"],
-        input=envelope,
-        text=True,
-        check=True,
-        timeout=30,
-    )
+    cluster.write_file(CTL, path, envelope, private=True)
     proc = fy(cluster, "submit-approval", path, "--json", check=False)
     return json.loads(proc.stdout)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
+from rig import free_port, system_uuid
 
 from slurm_fleetyield.adapters.bmc_ratelimit import TokenBucket
 from slurm_fleetyield.adapters.redfish import (
@@ -34,16 +34,6 @@ FAKE_BMC = ROOT / "contrib" / "redfish" / "fake_bmc.py"
 USER, PASSWORD = "fy-admin", "Pa55:w0rd/with@odd=chars"
 NODES = [f"gpu-{i:02d}" for i in range(1, 15)]
 STUCK = "gpu-stuck"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def system_uuid(i: int) -> str:
-    return f"fe11e1d0-0000-4000-8000-{i:012d}"
 
 
 @dataclass
