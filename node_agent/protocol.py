@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -83,15 +83,7 @@ def verify(
     max_skew_s: float = 300,
 ) -> AgentEventBatch:
     """Check a push request and return its parsed batch, or raise ``SignatureError``."""
-    node = verify_signed(secret, headers, body, now, max_skew_s)
-    try:
-        batch = AgentEventBatch.model_validate_json(body)
-    except ValidationError as exc:
-        raise SignatureError(
-            f"malformed body: {exc.error_count()} error(s): {exc.errors()[0]['msg']}"
-        ) from None
-    if batch.node != node:
-        raise SignatureError(f"node mismatch: header says {node!r}, body says {batch.node!r}")
+    node, batch = _signed_batch(AgentEventBatch, secret, headers, body, now, max_skew_s)
     for event in batch.events:
         if event.node != node:
             raise SignatureError(
@@ -176,19 +168,36 @@ def verify_signed(
     return node
 
 
-def verify_outcomes(
-    secret: bytes, headers: Mapping[str, str], body: bytes, now: float, max_skew_s: float = 300
-) -> OutcomeBatch:
-    """Check an outcome forward and return its batch, or raise ``SignatureError``."""
+_SignedBatch = TypeVar("_SignedBatch", AgentEventBatch, OutcomeBatch)
+
+
+def _signed_batch(
+    model: type[_SignedBatch],
+    secret: bytes,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: float,
+    max_skew_s: float,
+) -> tuple[str, _SignedBatch]:
+    """(node, batch): the signature checked (``verify_signed``), the body parsed as ``model``, and the
+    batch's ``node`` the signed one; else ``SignatureError``."""
     node = verify_signed(secret, headers, body, now, max_skew_s)
     try:
-        batch = OutcomeBatch.model_validate_json(body)
+        batch = model.model_validate_json(body)
     except ValidationError as exc:
         raise SignatureError(
             f"malformed body: {exc.error_count()} error(s): {exc.errors()[0]['msg']}"
         ) from None
     if batch.node != node:
         raise SignatureError(f"node mismatch: header says {node!r}, body says {batch.node!r}")
+    return node, batch
+
+
+def verify_outcomes(
+    secret: bytes, headers: Mapping[str, str], body: bytes, now: float, max_skew_s: float = 300
+) -> OutcomeBatch:
+    """Check an outcome forward and return its batch, or raise ``SignatureError``."""
+    node, batch = _signed_batch(OutcomeBatch, secret, headers, body, now, max_skew_s)
     for record in batch.records:
         if not str(record.get("job_id") or "").strip():
             raise SignatureError("malformed body: an outcome record has no job_id")
