@@ -343,16 +343,21 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644, tmp_name: str | None
     tmp = os.path.join(directory, tmp_name or f".{os.path.basename(path)}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+        _fill(fd, data, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _fill(fd: int, data: bytes, mode: int) -> None:
+    """Write ``data`` to the fresh temp file ``fd``, set ``mode`` (the umask is not ours), close it."""
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
@@ -361,11 +366,7 @@ def write_new(path: str, data: bytes, mode: int = 0o644) -> None:
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+        _fill(fd, data, mode)
         os.link(tmp, path)  # atomic, fails if path exists
     finally:
         with contextlib.suppress(OSError):
@@ -457,6 +458,24 @@ def arm_deadline(seconds: float, on_second_expiry: Callable[[], None]) -> float:
     signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, seconds, 0.5)
     return time.monotonic() + seconds
+
+
+def begin(
+    env: Mapping[str, str], log: Logger, on_second_expiry: Callable[[], None]
+) -> tuple[float, HookConfig, float, str]:
+    """A hook's first steps: the default deadline armed before reading the config (a hung /etc mount must
+    not hang the job), then the config and its log file, the deadline re-armed with the configured value
+    less the time spent, and the node name (set on ``log``). Returns (started, config, deadline, node):
+    ``started`` on the monotonic clock, ``deadline`` as ``arm_deadline`` returns it."""
+    started = time.monotonic()
+    arm_deadline(DEFAULT_HARD_TIMEOUT_MS / 1000.0, on_second_expiry)
+    config = load_config(env, log)
+    log.set_log_file(config.log_file)
+    left = config.hard_timeout_ms / 1000.0 - (time.monotonic() - started)
+    deadline = arm_deadline(max(left, 0.001), on_second_expiry)
+    node = node_name(config, env)
+    log.node = node
+    return started, config, deadline, node
 
 
 def disarm_deadline() -> None:

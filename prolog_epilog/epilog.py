@@ -201,14 +201,7 @@ def write_outcome(spool_dir: str, record: dict) -> str:
 
 
 def run(env: Mapping[str, str], log: lib.Logger) -> None:
-    started = time.monotonic()
-    lib.arm_deadline(lib.DEFAULT_HARD_TIMEOUT_MS / 1000.0, lambda: _hard_exit(log))
-    config = lib.load_config(env, log)
-    log.set_log_file(config.log_file)
-    left = config.hard_timeout_ms / 1000.0 - (time.monotonic() - started)
-    deadline = lib.arm_deadline(max(left, 0.001), lambda: _hard_exit(log))
-    node = lib.node_name(config, env)
-    log.node = node
+    started, config, deadline, node = lib.begin(env, log, lambda: _hard_exit(log))
     job_id = env.get("SLURM_JOB_ID", "")
     if not lib.valid_job_id(job_id):
         log("ERROR", f"SLURM_JOB_ID {job_id!r} missing or invalid (not run by slurmd?); nothing to do")

@@ -223,16 +223,7 @@ def is_canary(env: Mapping[str, str]) -> bool:
 
 def run(env: Mapping[str, str], log: lib.Logger) -> int:
     """The prolog proper. Returns the exit status; raises ``HookTimeout`` at the deadline."""
-    started = time.monotonic()
-    # Armed before reading the config (a hung /etc mount must not hang the job start),
-    # then re-armed with the configured value.
-    lib.arm_deadline(lib.DEFAULT_HARD_TIMEOUT_MS / 1000.0, lambda: _hard_exit(log))
-    config = lib.load_config(env, log)
-    log.set_log_file(config.log_file)
-    left = config.hard_timeout_ms / 1000.0 - (time.monotonic() - started)
-    deadline = lib.arm_deadline(max(left, 0.001), lambda: _hard_exit(log))
-    node = lib.node_name(config, env)
-    log.node = node
+    started, config, deadline, node = lib.begin(env, log, lambda: _hard_exit(log))
     job_id = env.get("SLURM_JOB_ID", "")
     if not lib.valid_job_id(job_id):
         log("ERROR", f"SLURM_JOB_ID {job_id!r} missing or invalid (not run by slurmd?); allowing")
