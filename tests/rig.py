@@ -5,14 +5,16 @@ optionally pushing to a controller with a shared secret; ``ready()`` polls it, `
 ``FakeCommands``: the subprocess seam of ``SlurmCli`` (``runner=``): answers ``scontrol``/``squeue`` reads
 like Slurm 22.05 from ``nodes`` (one ``node_line`` a node) and ``jobs``, records every command; ``on_update``
 lets a rig apply the ``scontrol update``s it is given. ``wait_for`` polls with a deadline (never a fixed
-sleep); ``free_port``; ``system_uuid`` (the fake BMC's system ids). Used by tests/test_daemon.py,
-tests/web/webharness.py, tests/attest/wiring_rig.py, tests/node_agent/test_outcomes_remote.py and the
-Redfish rigs (tests/conftest.py puts this directory on ``sys.path``).
+sleep); ``free_port``. The fake BMC: ``system_uuid`` (its system ids), ``start_fake_bmc``, ``stop_group``.
+Used by tests/test_daemon.py, tests/web/webharness.py, tests/attest/wiring_rig.py,
+tests/node_agent/test_outcomes_remote.py and the Redfish rigs (tests/conftest.py puts this directory on
+``sys.path``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from slurm_fleetyield.adapters.slurm import CommandResult
 
 AGENT = str(Path(sys.executable).parent / "fleetyield-agent")
+FAKE_BMC = Path(__file__).resolve().parents[1] / "contrib" / "redfish" / "fake_bmc.py"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -37,6 +40,43 @@ def free_port(host: str = "127.0.0.1") -> int:
 def system_uuid(i: int) -> str:
     """The fake BMC's system id for the i-th node (the Redfish rigs, unit and docker end-to-end)."""
     return f"fe11e1d0-0000-4000-8000-{i:012d}"
+
+
+def start_fake_bmc(
+    config: Path, log_path: Path, url: str, timeout_s: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """``contrib/redfish/fake_bmc.py --fake --config CONFIG`` (sushy-emulator) in its own process group
+    (``stop_group`` ends exactly it), output to ``log_path``; returns once ``url``/redfish/v1 answers 200."""
+    log = log_path.open("wb")  # lives with the process
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE_BMC), "--fake", "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sushy-emulator exited: {log_path.read_text()[-2000:]}")
+        try:  # the service root is served without auth
+            with urllib.request.urlopen(f"{url}/redfish/v1", timeout=1) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.1)  # polling interval, not a fixed wait
+    stop_group(proc)
+    raise RuntimeError(f"sushy-emulator did not answer within {timeout_s:g} s")
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the process group ``proc`` leads (SIGKILL after 10 s), if it still runs."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def wait_for(

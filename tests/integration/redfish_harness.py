@@ -18,20 +18,16 @@ its time.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import signal
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rig import free_port, system_uuid
+from rig import free_port, start_fake_bmc, stop_group, system_uuid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REDFISH_DIR = REPO_ROOT / "contrib" / "redfish"
@@ -113,34 +109,11 @@ class Bmc:
             f"FLEETYIELD_FAKE_DELAY_S = {self.delay_s}\n"
             f"FLEETYIELD_FAKE_STUCK = {[n + NOPOST for n in self.nodes]!r}\n"
         )
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REDFISH_DIR / "fake_bmc.py"), "--fake", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() ends exactly it
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sushy-emulator exited: {self.log_path.read_text()[-2000:]}")
-            try:  # the service root is served without auth
-                with urllib.request.urlopen(f"{self.url}/redfish/v1", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("sushy-emulator did not answer within 30 s")
+        self.proc = start_fake_bmc(config, self.log_path, self.url)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
 
     def requests_from(self, ip: str) -> list[str]:
         """The request lines of client ``ip`` so far ('GET /redfish/v1/Systems/... 200')."""

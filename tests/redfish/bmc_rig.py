@@ -7,18 +7,13 @@ fixed 1 s power-change delay and one system that never powers back on (``gpu-stu
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import bcrypt
-from rig import free_port, system_uuid
+from rig import free_port, start_fake_bmc, stop_group, system_uuid
 
 from slurm_fleetyield.adapters.bmc_ratelimit import TokenBucket
 from slurm_fleetyield.adapters.redfish import (
@@ -65,34 +60,11 @@ class Emulator:
             f"FLEETYIELD_FAKE_DELAY_S = {delay_s}\n"
             f"FLEETYIELD_FAKE_STUCK = {list(stuck)!r}\n"
         )
-        log = (self.workdir / "emulator.log").open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(FAKE_BMC), "--fake", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"emulator exited: {(self.workdir / 'emulator.log').read_text()[-2000:]}")
-            try:  # /redfish/v1 is served without auth
-                with urllib.request.urlopen(f"{self.url}/redfish/v1", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("emulator did not answer within 30 s")
+        self.proc = start_fake_bmc(config, self.workdir / "emulator.log", self.url)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # our own process group (start_new_session)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
 
     def node_map(self, **overrides: Any) -> dict[str, BmcNode]:
         return {n: BmcNode(address=self.url, system_id=u, **overrides) for n, u in self.systems.items()}
