@@ -28,7 +28,6 @@ stale sample, not as fresh data.
 from __future__ import annotations
 
 import json
-import math
 import re
 import urllib.error
 import urllib.parse
@@ -38,12 +37,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_fleetyield.core.model import GpuReading, NodeSample
+from slurm_fleetyield.adapters.dcgm import (
+    AGENT_GPUS_EXPECTED,
+    AGENT_XID_COUNTER,
+    EXPORTER_XID_WINDOW,
+    GpuSeries,
+    is_blank,
+    readings,
+)
+from slurm_fleetyield.core.model import NodeSample
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS, FB_TOTAL, RETIRED_PENDING, SIGNALS
 
-AGENT_XID_COUNTER = "fleetyield_gpu_xid_errors_total"
-EXPORTER_XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
-AGENT_GPUS_EXPECTED = "fleetyield_agent_gpus_expected"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 CORE_FIELDS: tuple[str, ...] = tuple(
@@ -56,8 +60,6 @@ COUNTER_FIELDS = frozenset({*COUNTER_CHANNELS, RETIRED_PENDING})
 """Families dcgm-exporter types as counters: DCGM's int32 blank sentinels are only blanks on gauges (a
 cumulative counter may pass 2^31), the rule the scrape applies from the exposition's TYPE line."""
 
-_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
-_INT32_BLANK = (float(0x7FFFFFF0), float(0x7FFFFFFF))
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 Series = dict[str, Any]
@@ -131,26 +133,9 @@ def _quote(value: str) -> str:
     return json.dumps(value)  # PromQL string literals accept JSON's escapes
 
 
-def _blank(value: float, counter: bool) -> bool:
-    if math.isnan(value) or value >= _INT64_BLANK:
-        return True
-    return not counter and _INT32_BLANK[0] <= value <= _INT32_BLANK[1]
-
-
-@dataclass
-class _Gpu:
-    index: int
-    uuid: str = ""
-    model: str = ""
-    pci_bus_id: str = ""
-    fields: dict[str, float] = field(default_factory=dict)
-    agent_xids: dict[int, float] = field(default_factory=dict)
-    window_xids: dict[int, float] = field(default_factory=dict)
-
-
 @dataclass
 class _Node:
-    gpus: dict[int, _Gpu] = field(default_factory=dict)
+    gpus: dict[int, GpuSeries] = field(default_factory=dict)
     expected: int | None = None
     agent: bool = False
     time: float | None = None
@@ -254,7 +239,7 @@ class PrometheusSense:
             n = state.setdefault(node, _Node())
             if family == AGENT_GPUS_EXPECTED:
                 n.agent = True
-                if value is not None and not _blank(value, False):
+                if value is not None and not is_blank(value, gauge=True):
                     n.expected = int(value)
             elif family == "up" and value == 0:
                 n.down.append(labels.get("instance", "?"))
@@ -272,24 +257,21 @@ class PrometheusSense:
         if value is None:
             n.bad = n.bad or f"{family} has no numeric value"
             return
-        gpu = n.gpus.setdefault(index, _Gpu(index))
-        gpu.uuid = gpu.uuid or labels.get("UUID", "")
-        gpu.model = gpu.model or labels.get("modelName", "")
-        gpu.pci_bus_id = gpu.pci_bus_id or labels.get("pci_bus_id", "")
+        gpu = n.gpus.setdefault(index, GpuSeries(index))
+        gpu.identify(labels)
         if family in (AGENT_XID_COUNTER, EXPORTER_XID_WINDOW):
             if family == AGENT_XID_COUNTER:
                 n.agent = True
             xid = labels.get("xid", "")
-            if not xid or xid == "0" or _blank(value, True):
+            if not xid or xid == "0" or is_blank(value, gauge=False):
                 return  # dcgm-exporter's per-GPU zero series carries no xid label
             try:
                 code = int(xid)
             except ValueError:
                 n.bad = n.bad or f"{family} has xid={xid!r}"
                 return
-            target = gpu.agent_xids if family == AGENT_XID_COUNTER else gpu.window_xids
-            target[code] = target.get(code, 0.0) + value
-        elif not _blank(value, family in COUNTER_FIELDS):
+            gpu.count_xid(family, code, value)
+        elif not is_blank(value, gauge=family not in COUNTER_FIELDS):
             gpu.fields[family] = value
 
     def _node_sample(self, name: str, n: _Node | None, now: float) -> NodeSample:
@@ -303,22 +285,10 @@ class PrometheusSense:
             )
         if n.bad:
             return NodeSample(node=name, time=now, error=f"malformed series: {n.bad}")
-        use_agent = n.agent or any(g.agent_xids for g in n.gpus.values())
-        readings = tuple(
-            GpuReading(
-                index=g.index,
-                uuid=g.uuid,
-                model=g.model,
-                pci_bus_id=g.pci_bus_id,
-                fields=g.fields,
-                xid_totals=dict(g.agent_xids if use_agent else g.window_xids),
-            )
-            for g in sorted(n.gpus.values(), key=lambda g: g.index)
-        )
         return NodeSample(
             node=name,
             time=n.time if n.time is not None else now,
-            gpus=readings,
+            gpus=readings(n.gpus.values(), n.agent),
             expected_gpus=n.expected,
             source="prometheus",
         )

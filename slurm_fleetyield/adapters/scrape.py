@@ -11,30 +11,26 @@ GPU); which readings matter and how much is the core's business.
 
 from __future__ import annotations
 
-import math
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_fleetyield.core.model import GpuReading, NodeSample
+from slurm_fleetyield.adapters.dcgm import (
+    AGENT_GPUS_EXPECTED,
+    AGENT_XID_COUNTER,
+    EXPORTER_XID_WINDOW,
+    GpuSeries,
+    is_blank,
+    readings,
+)
+from slurm_fleetyield.core.model import NodeSample
 
 FIELD_PREFIX = "DCGM_FI_"
-AGENT_XID_COUNTER = "fleetyield_gpu_xid_errors_total"
-"""Our agent's monotonic per-(GPU, XID) counter: exact cumulative counts."""
-EXPORTER_XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
-"""dcgm-exporter's windowed per-(GPU, XID) count: a lower bound of the cumulative count."""
-AGENT_GPUS_EXPECTED = "fleetyield_agent_gpus_expected"
 HOSTNAME_LABELS = ("Hostname", "hostname")
 MAX_BODY_BYTES = 16 * 1024 * 1024
-
-# DCGM writes "no value" as sentinels near the top of the int32/int64 range (DCGM_INT32_BLANK 0x7ffffff0,
-# DCGM_INT64_BLANK 0x7ffffffffffffff0, up to ..._NOT_SUPPORTED/_NOT_PERMISSIONED just above).
-_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
-_INT32_BLANK = (float(0x7FFFFFF0), float(0x7FFFFFFF))
 
 Fetch = Callable[[str, float], bytes]
 """``fetch(url, timeout_s) -> body``; raises on any failure. The network seam (tests may inject one)."""
@@ -53,32 +49,13 @@ def fetch_url(url: str, timeout_s: float) -> bytes:
     return body
 
 
-def _blank(value: float, metric_type: str) -> bool:
-    if math.isnan(value) or value >= _INT64_BLANK:
-        return True
-    # int32 blanks only on gauges: a cumulative counter may legitimately pass through 2^31
-    return metric_type == "gauge" and _INT32_BLANK[0] <= value <= _INT32_BLANK[1]
-
-
-@dataclass
-class _Gpu:
-    index: int
-    uuid: str = ""
-    model: str = ""
-    pci_bus_id: str = ""
-    hostname: str = ""
-    fields: dict[str, float] = field(default_factory=dict)
-    agent_xids: dict[int, float] = field(default_factory=dict)
-    window_xids: dict[int, float] = field(default_factory=dict)
-
-
 def parse_exposition(text: str, node: str, now: float, expect_hostname: str | None = None) -> NodeSample:
     """Turn one exposition into a NodeSample; raise ``ScrapeError`` for anything unusable.
 
     ``expect_hostname``: when set, every GPU's Hostname/hostname label must name this host (short names,
     case-insensitive): a DNS or port mix-up must not pin one node's GPUs on another.
     """
-    gpus: dict[int, _Gpu] = {}
+    gpus: dict[int, GpuSeries] = {}
     expected: int | None = None
     agent = False
     try:
@@ -93,7 +70,7 @@ def parse_exposition(text: str, node: str, now: float, expect_hostname: str | No
                 name = name[: -len("_total")]
             if name == AGENT_GPUS_EXPECTED:
                 agent = True
-                if not _blank(value, "gauge"):
+                if not is_blank(value, gauge=True):
                     expected = int(value)
                 continue
             if name.startswith("fleetyield_"):
@@ -106,22 +83,19 @@ def parse_exposition(text: str, node: str, now: float, expect_hostname: str | No
                 index = int(labels["gpu"])
             except ValueError:
                 raise ScrapeError(f"malformed exposition: {name} has gpu={labels['gpu']!r}") from None
-            gpu = gpus.setdefault(index, _Gpu(index))
-            gpu.uuid = gpu.uuid or labels.get("UUID", "")
-            gpu.model = gpu.model or labels.get("modelName", "")
-            gpu.pci_bus_id = gpu.pci_bus_id or labels.get("pci_bus_id", "")
+            gpu = gpus.setdefault(index, GpuSeries(index))
+            gpu.identify(labels)
             gpu.hostname = gpu.hostname or next((labels[k] for k in HOSTNAME_LABELS if labels.get(k)), "")
             if name in (AGENT_XID_COUNTER, EXPORTER_XID_WINDOW):
                 xid = labels.get("xid", "")
-                if not xid or xid == "0" or _blank(value, "counter"):
+                if not xid or xid == "0" or is_blank(value, gauge=False):
                     continue  # dcgm-exporter's per-GPU zero series carries no xid label
                 try:
                     code = int(xid)
                 except ValueError:
                     raise ScrapeError(f"malformed exposition: {name} has xid={xid!r}") from None
-                target = gpu.agent_xids if name == AGENT_XID_COUNTER else gpu.window_xids
-                target[code] = target.get(code, 0.0) + value
-            elif not _blank(value, family.type):
+                gpu.count_xid(name, code, value)
+            elif not is_blank(value, gauge=family.type == "gauge"):
                 gpu.fields[name] = value
     if expect_hostname:
         want = expect_hostname.split(".", 1)[0].lower()
@@ -131,22 +105,10 @@ def parse_exposition(text: str, node: str, now: float, expect_hostname: str | No
                 raise ScrapeError(
                     f"hostname mismatch: scraped {expect_hostname!r}, exporter says {gpu.hostname!r}"
                 )
-    use_agent_xids = any(g.agent_xids for g in gpus.values()) or agent
-    readings = tuple(
-        GpuReading(
-            index=g.index,
-            uuid=g.uuid,
-            model=g.model,
-            pci_bus_id=g.pci_bus_id,
-            fields=g.fields,
-            xid_totals=dict(g.agent_xids if use_agent_xids else g.window_xids),
-        )
-        for g in sorted(gpus.values(), key=lambda g: g.index)
-    )
     return NodeSample(
         node=node,
         time=now,
-        gpus=readings,
+        gpus=readings(gpus.values(), agent),
         expected_gpus=expected,
         source="agent" if agent else "dcgm-exporter",
     )
