@@ -206,9 +206,12 @@ def widen(
     keep = [n for n in mem.lent if n in eligible_set]
     if not waiting and (last is None or now - last >= pp.hysteresis_s):
         keep = []
-    room = cap - len(held - set(keep))
-    keep = sorted(keep, key=lambda n: (n not in held, n))[: max(0, room)]
-    lent = list(keep)
+    # keep earlier loans (those still running decode first) only while loans + holders fit under the cap
+    lent: list[str] = []
+    for n in sorted(keep, key=lambda n: (n not in held, n)):
+        if len(held.union(lent, (n,))) <= cap:
+            lent.append(n)
+    keep = list(lent)
     if waiting and since is not None and now - since >= pp.lend_after_s:
         unfit = _fit(unfit, [idle.get(n, 0) for n in keep])
         for n in sorted((n for n in lendable if n not in keep), key=lambda n: (-idle.get(n, 0), n)):

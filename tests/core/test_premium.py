@@ -294,3 +294,23 @@ def test_widen_invariants(scene) -> None:  # type: ignore[no-untyped-def]
     # off: nothing lent, and every earlier loan returned
     off = widen(obs, priced, envs, mem, Params(premium={"enabled": False}), now)
     assert off.lent == frozenset() and {e.node for e in off.events} == set(mem.lent)
+
+
+def test_earlier_loans_are_returned_when_decode_holders_already_fill_the_cap():
+    """Found by test_widen_invariants: two lent nodes both still run one decode service and the reserve is 1.
+
+    Keeping either loan would put loans + holders (2) over the cap (2 eligible - 1 reserve); both go back.
+    """
+    names = ("h0", "h1", "l0")
+    slurm = {
+        n: SlurmNode(n, frozenset({"IDLE"}), "", (), (), 1, "h100" if n[0] == "h" else "l40s", 8)
+        for n in names
+    }
+    priced = Priced({n: PricedNode(n, Tier.GREEN, 100, "", (), True) for n in names})
+    envs = {n: Envelope("H100" if n[0] == "h" else "L40S", *(4 * (n[0] == "h",)), True) for n in names}
+    jobs = (JobView(1, "RUNNING", ("h0", "h1"), True, D, 16), JobView(2, "PENDING", (), True, D, 1))
+    params = Params(premium={"reserve_nodes": 0, "reserve_fraction": 0.1, "lend_after_s": 0.0})
+    mem = PremiumMemory(("h0", "h1"))
+    w = widen(Observations(10_000.0, slurm, {}, jobs=jobs), priced, envs, mem, params, 10_000.0)
+    assert w.reserve_nodes == 1
+    assert w.lent == frozenset()
