@@ -182,7 +182,7 @@ class Daemon:
         self.rng = rng or random.Random(config.loop.seed)
         self.dry_run = dry_run
         stored = store.load_state()
-        self.state = ControllerState.from_dict(stored.state) if stored else ControllerState.empty()
+        self.state = stored.state if stored else ControllerState.empty()
         self.tick_no = stored.tick if stored else 0
         self._last_nodes: Mapping[str, SlurmNode] = {}
         self._last_samples: Mapping[str, NodeSample] = {}
@@ -287,7 +287,7 @@ class Daemon:
         processed = [e.event_id for e in pending] if slurm_ok else []
         try:
             self.store.commit_tick(
-                self.tick_no, now, result.state.to_dict(), processed, rows, marks=marks, view=view
+                self.tick_no, now, result.state, processed, rows, marks=marks, view=view
             )
         except BaseException:
             self.views.forget()  # unknown what the store holds now: the next tick rewrites every node

@@ -40,7 +40,7 @@ def cfg(tmp_path) -> Path:
     store.commit_tick(
         5,
         NOW,
-        result.state.to_dict(),
+        result.state,
         (),
         [LogRow(NOW, e.kind, e.node, e.message) for e in result.events]
         + [

@@ -7,6 +7,7 @@ from slurm_fleetyield.adapters.slurm import JobAttempt
 from slurm_fleetyield.adapters.store import Store, TickMarks
 from slurm_fleetyield.core.model import CanaryResult
 from slurm_fleetyield.core.plan import Plan, ProposeDrain, ResetGpu, SubmitCanary, UpdateNodes
+from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.executor import Executor, GateAccess
 from slurm_fleetyield.ports import ActionResult, ApplyReport
 
@@ -38,7 +39,7 @@ def commit(store: Store, tick: int, out: intake.Intake) -> None:
     store.commit_tick(
         tick,
         float(tick),
-        {},
+        ControllerState.empty(),
         marks=TickMarks(out.outcome_keys, out.attempts, (), out.gate_marks, out.canary_seen),
     )
 

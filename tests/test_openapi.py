@@ -78,7 +78,7 @@ def live(tmp_path):
     now = NOW
     store = Store(tmp_path / "fy.db")
     view = render_result(3, now, result, report, samples, dry_run=False, duration_s=0.5)
-    store.commit_tick(3, now, result.state.to_dict(), (), [], view)
+    store.commit_tick(3, now, result.state, (), [], view)
     from slurm_fleetyield.gate import Gatekeeper
 
     with Gatekeeper.open(str(tmp_path / "gate")):

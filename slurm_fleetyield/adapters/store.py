@@ -4,7 +4,11 @@ Input: the daemon's tick outcome (state, processed event ids, log rows, the rend
 events from the push listener. Output: the last committed state on restart, pending inbox events, and the
 read models the CLI and API serve (``last_view``, ``node_explanation``, ``events``).
 
-Tables: ``state`` (one row: ControllerState JSON + tick number), ``view_header`` + ``view_nodes`` (since
+Tables: the controller state since schema 4 as ``state_head`` (one row: tick, time, commit generation,
+node count), ``state_parts`` (fleet-level parts: name -> JSON) and ``state_nodes`` (one document per node,
+upserted only when the node changed; ``core.state_rows``), before schema 4 ``state`` (one row: the whole
+ControllerState as one JSON blob, 40-90 MB at 10k nodes, rewritten every tick; migrated to rows),
+``view_header`` + ``view_nodes`` (since
 schema 3, the read model: the tick's header, and per node its row, floor and explanation, upserted only
 for nodes whose entry changed; ``views.ViewRenderer``), ``last_result`` (before schema 3 the whole read
 model as one JSON blob; still read when no ``view_header`` exists, written only by tools), ``events``
@@ -47,9 +51,13 @@ from typing import Any, Protocol
 
 from slurm_fleetyield.core.explain import explain_text
 from slurm_fleetyield.core.model import FatalEvent
+from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.state_rows import StateEncoder, StateRows, decode
 
-SCHEMA_VERSION = 3
-KNOWN_SCHEMAS = (0, 1, 2, 3)  # 1 -> 2 only adds tables (CREATE IF NOT EXISTS); 2 -> 3: _MIGRATIONS[3]
+SCHEMA_VERSION = 4
+# 1 -> 2 only adds tables (CREATE IF NOT EXISTS); 2 -> 3: _MIGRATIONS[3]; 3 -> 4: _MIGRATIONS[4] and
+# ``_state_to_rows`` (the state blob becomes rows)
+KNOWN_SCHEMAS = (0, 1, 2, 3, 4)
 ATTEMPT_SLOP_S = 300.0
 """Records of one job whose start times differ by less than this are one attempt (each node's Prolog has
 its own clock; a requeued attempt starts after the previous one ended, minutes later at least)."""
@@ -57,12 +65,6 @@ INBOX_KEEP_S = 7 * 86400.0
 """Processed inbox rows are kept this long so a late retry of the same event_id is still a duplicate."""
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS state (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    tick INTEGER NOT NULL,
-    time REAL NOT NULL,
-    state TEXT NOT NULL
-);
 CREATE TABLE IF NOT EXISTS last_result (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     tick INTEGER NOT NULL,
@@ -163,6 +165,28 @@ CREATE TABLE IF NOT EXISTS view_nodes (
     explain TEXT
 );
 """,
+    # 4: the controller state per node (``state_nodes``, upserted only when the node changed) plus its fleet
+    # parts and a header, instead of one ``state`` JSON blob rewritten whole every tick. ``_state_to_rows``
+    # converts an existing blob in the same transaction and drops the ``state`` table.
+    4: """
+CREATE TABLE IF NOT EXISTS state_head (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    tick INTEGER NOT NULL,
+    time REAL NOT NULL,
+    gen INTEGER NOT NULL,
+    nodes INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state_parts (
+    part TEXT PRIMARY KEY,
+    tick INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state_nodes (
+    node TEXT PRIMARY KEY,
+    tick INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+""",
 }
 """Schema version -> the SQL that brings a database of the version before it up to it (run in order, each
 in the transaction that sets ``user_version``)."""
@@ -246,7 +270,7 @@ class RenderedView(Protocol):
 class StoredState:
     tick: int
     time: float
-    state: dict[str, Any]
+    state: ControllerState
 
 
 def _ledger_value(column: str, value: Any) -> Any:
@@ -285,6 +309,11 @@ class Store:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        # what this Store last wrote to (or read from) the state tables: the encoder's base and the commit
+        # generation it belongs to; any other generation found at commit time means a full rewrite
+        self._encoder = StateEncoder()
+        self._state_gen: int | None = None
+        self._state_lock = threading.Lock()
         if readonly:
             if not Path(self.path).exists():
                 raise StoreError(f"{self.path}: no such database (has the daemon run yet?)")
@@ -298,10 +327,19 @@ class Store:
             conn.executescript(_SCHEMA)
             for target in sorted(_MIGRATIONS):
                 if version < target:
-                    # executescript commits first; the DDL and the version bump then share one transaction
-                    conn.executescript(
-                        f"BEGIN IMMEDIATE; {_MIGRATIONS[target]} PRAGMA user_version = {target}; COMMIT;"
-                    )
+                    # each migration's DDL, data conversion and version bump share one transaction
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        for statement in _MIGRATIONS[target].split(";"):
+                            if statement.strip():
+                                conn.execute(statement)
+                        if target == 4:
+                            self._state_to_rows(conn)
+                        conn.execute(f"PRAGMA user_version = {target}")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                    conn.execute("COMMIT")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- connections ----------------------------------------------------------------------------------
@@ -385,14 +423,82 @@ class Store:
     # -- the tick -------------------------------------------------------------------------------------
 
     def load_state(self) -> StoredState | None:
-        row = self._conn().execute("SELECT tick, time, state FROM state WHERE id = 1").fetchone()
-        return None if row is None else StoredState(row[0], row[1], json.loads(row[2]))
+        """The last committed state; None before the first commit. Raises ``ValueError`` when the stored
+        state cannot be read (unsupported version, missing part)."""
+        conn = self._conn()
+        with self._state_lock, self._snapshot(conn):
+            try:
+                head = conn.execute("SELECT tick, time, gen, nodes FROM state_head WHERE id = 1").fetchone()
+            except sqlite3.OperationalError as exc:  # read-only open of a database before schema 4
+                if "no such table" not in str(exc):
+                    raise
+                row = conn.execute("SELECT tick, time, state FROM state WHERE id = 1").fetchone()
+                return (
+                    None
+                    if row is None
+                    else StoredState(row[0], row[1], ControllerState.from_dict(json.loads(row[2])))
+                )
+            if head is None:
+                return None
+            tick, saved_at, gen, count = head
+            parts = dict(conn.execute("SELECT part, doc FROM state_parts").fetchall())
+            nodes = conn.execute("SELECT node, doc FROM state_nodes").fetchall()
+        if len(nodes) != count:
+            raise ValueError(f"{self.path}: stored state has {len(nodes)} node rows, its header says {count}")
+        state = decode(parts, nodes)
+        if not self._readonly:
+            with self._state_lock:
+                self._encoder.seed(state)
+                self._state_gen = gen
+        return StoredState(tick, saved_at, state)
+
+    @staticmethod
+    def _write_state(conn: sqlite3.Connection, rows: StateRows, tick: int, now: float, gen: int) -> None:
+        if rows.full:
+            conn.execute("DELETE FROM state_nodes")
+            conn.execute("DELETE FROM state_parts")
+        conn.executemany(
+            "INSERT INTO state_parts (part, tick, doc) VALUES (?, ?, ?) ON CONFLICT (part) "
+            "DO UPDATE SET tick = excluded.tick, doc = excluded.doc",
+            [(p, tick, doc) for p, doc in rows.parts],
+        )
+        conn.executemany("DELETE FROM state_nodes WHERE node = ?", [(n,) for n in rows.deletes])
+        conn.executemany(
+            "INSERT INTO state_nodes (node, tick, doc) VALUES (?, ?, ?) ON CONFLICT (node) "
+            "DO UPDATE SET tick = excluded.tick, doc = excluded.doc",
+            [(n, tick, doc) for n, doc in rows.nodes],
+        )
+        conn.execute(
+            "INSERT INTO state_head (id, tick, time, gen, nodes) VALUES (1, ?, ?, ?, ?) ON CONFLICT (id) "
+            "DO UPDATE SET tick = excluded.tick, time = excluded.time, gen = excluded.gen, "
+            "nodes = excluded.nodes",
+            (tick, now, gen, rows.node_count),
+        )
+
+    def _state_to_rows(self, conn: sqlite3.Connection) -> None:
+        """Migration 4, inside its transaction: the ``state`` blob (if any) becomes rows, ``state`` goes."""
+        exists = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state'"
+        ).fetchone()
+        if exists is None:
+            return
+        row = conn.execute("SELECT tick, time, state FROM state WHERE id = 1").fetchone()
+        if row is not None:
+            try:
+                state = ControllerState.from_dict(json.loads(row[2]))
+                rows = StateEncoder().encode(state, full=True)
+            except ValueError as exc:  # JSONDecodeError is one
+                raise StoreError(
+                    f"{self.path}: cannot migrate the stored controller state to schema 4: {exc}"
+                ) from None
+            self._write_state(conn, rows, row[0], row[1], 1)
+        conn.execute("DROP TABLE state")
 
     def commit_tick(
         self,
         tick: int,
         now: float,
-        state: Mapping[str, Any],
+        state: ControllerState,
         processed_event_ids: Sequence[str] = (),
         log_rows: Sequence[LogRow] = (),
         last_result: Mapping[str, Any] | None = None,
@@ -401,39 +507,66 @@ class Store:
     ) -> None:
         """State + processed marks + log rows (+ the rendered view, + ``marks``) in one transaction.
 
+        ``state``: only its fleet parts and nodes that changed since this Store's last commit (or load) are
+        written (``core.state_rows``); everything when another writer committed since, or a commit failed.
+
         ``view`` (what the daemon writes): the header and only the changed nodes, by ``executemany``.
         ``last_result`` (a whole view dict as ``views.render_result`` builds it, or any JSON-able dict):
         written as one blob in ``last_result`` as before schema 3, for tools and tests.
         """
-        state_json = json.dumps(state, separators=(",", ":"), allow_nan=False)
         result_json = (
             None if last_result is None else json.dumps(last_result, separators=(",", ":"), allow_nan=False)
         )
-        with self._write() as conn:
+        with self._state_lock:
+            try:
+                rows = self._encoder.encode(state, full=self._state_gen is None)
+                with self._write() as conn:
+                    found = conn.execute("SELECT gen FROM state_head WHERE id = 1").fetchone()
+                    gen = found[0] if found else 0
+                    if not rows.full and gen != self._state_gen:  # someone else wrote the state meanwhile
+                        rows = self._encoder.encode(state, full=True)
+                    self._write_state(conn, rows, tick, now, gen + 1)
+                    self._commit_rest(
+                        conn, tick, now, processed_event_ids, log_rows, result_json, marks, view
+                    )
+            except BaseException:
+                self._encoder.forget()  # unknown what the store holds: the next commit writes everything
+                self._state_gen = None
+                raise
+            self._encoder.accept(rows)
+            self._state_gen = gen + 1
+
+    def _commit_rest(
+        self,
+        conn: sqlite3.Connection,
+        tick: int,
+        now: float,
+        processed_event_ids: Sequence[str],
+        log_rows: Sequence[LogRow],
+        result_json: str | None,
+        marks: TickMarks | None,
+        view: RenderedView | None,
+    ) -> None:
+        """What ``commit_tick`` writes besides the state, inside its transaction."""
+        self._mark_processed(conn, processed_event_ids, now)
+        if marks is not None:
+            self._apply_marks(conn, marks, tick, now)
+        self._append(conn, log_rows, tick)
+        if result_json is not None:
             conn.execute(
-                "INSERT INTO state (id, tick, time, state) VALUES (1, ?, ?, ?) ON CONFLICT (id) "
-                "DO UPDATE SET tick = excluded.tick, time = excluded.time, state = excluded.state",
-                (tick, now, state_json),
+                "INSERT INTO last_result (id, tick, time, result) VALUES (1, ?, ?, ?) ON CONFLICT (id) "
+                "DO UPDATE SET tick = excluded.tick, time = excluded.time, result = excluded.result",
+                (tick, now, result_json),
             )
-            self._mark_processed(conn, processed_event_ids, now)
-            if marks is not None:
-                self._apply_marks(conn, marks, tick, now)
-            self._append(conn, log_rows, tick)
-            if result_json is not None:
-                conn.execute(
-                    "INSERT INTO last_result (id, tick, time, result) VALUES (1, ?, ?, ?) ON CONFLICT (id) "
-                    "DO UPDATE SET tick = excluded.tick, time = excluded.time, result = excluded.result",
-                    (tick, now, result_json),
-                )
-                conn.execute("DELETE FROM view_header")  # the newest view wins, whichever its form
-            if view is not None:
-                self._write_view(conn, view, tick, now)
-            conn.execute(
-                "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (self._events_keep,)
-            )
-            conn.execute(
-                "DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (now - INBOX_KEEP_S,)
-            )
+            conn.execute("DELETE FROM view_header")  # the newest view wins, whichever its form
+        if view is not None:
+            self._write_view(conn, view, tick, now)
+        conn.execute(
+            "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (self._events_keep,)
+        )
+        conn.execute(
+            "DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (now - INBOX_KEEP_S,)
+        )
 
     @staticmethod
     def _write_view(conn: sqlite3.Connection, view: RenderedView, tick: int, now: float) -> None:

@@ -21,7 +21,7 @@ def api(tmp_path, tick_parts, now):
     store = Store(tmp_path / "fy.db")
     view = render_result(3, NOW, result, report, samples, dry_run=False, duration_s=0.5)
     rows = [LogRow(NOW, e.kind, e.node, e.message) for e in result.events]
-    store.commit_tick(3, NOW, result.state.to_dict(), (), rows, view)
+    store.commit_tick(3, NOW, result.state, (), rows, view)
     stats = ControllerStats()
     stats.record_tick(TickSnapshot(3, NOW, 0.5, result, report, True, 0))
     clock = {"now": NOW + 1}
@@ -140,7 +140,7 @@ def test_proposals_ledger_calibration(tmp_path, tick_parts, now):
     store.commit_tick(
         3,
         now,
-        result.state.to_dict(),
+        result.state,
         (),
         [],
         render_result(3, now, result, report, samples, dry_run=False, duration_s=0.1),

@@ -14,6 +14,15 @@ import pytest
 
 from slurm_fleetyield.adapters.store import LogRow, Store, StoreError
 from slurm_fleetyield.core.model import FatalEvent
+from slurm_fleetyield.core.state import ControllerState
+
+
+def st(n: float) -> ControllerState:
+    """A small state told apart by ``last_tick``."""
+    return ControllerState(last_tick=float(n))
+
+
+BAD = ControllerState(last_tick=float("nan"))  # NaN is not JSON: its commit fails
 
 
 def ev(i: str, node: str = "gpu-01") -> FatalEvent:
@@ -48,18 +57,18 @@ def test_commit_tick_is_one_transaction(tmp_path):
     store.commit_tick(
         1,
         100.0,
-        {"version": 1, "x": [1, 2]},
+        st(1),
         ["a"],
         [LogRow(100.0, "drain", "gpu-01", "drained", {"xid": 79})],
         {"tick": 1, "nodes": {}},
     )
-    assert store.load_state().tick == 1 and store.load_state().state == {"version": 1, "x": [1, 2]}
+    assert store.load_state().tick == 1 and store.load_state().state == st(1)
     assert store.pending() == [] and store.last_result() == {"tick": 1, "nodes": {}}
     assert store.events()[0]["kind"] == "drain" and store.events()[0]["data"] == {"xid": 79}
     # a failing commit (NaN is not JSON) changes nothing at all
     store.put_events([ev("b")])
     with pytest.raises(ValueError):
-        store.commit_tick(2, 101.0, {"bad": float("nan")}, ["b"], [LogRow(101.0, "x")])
+        store.commit_tick(2, 101.0, BAD, ["b"], [LogRow(101.0, "x")])
     assert store.load_state().tick == 1 and [e.event_id for e in store.pending()] == ["b"]
     assert len(store.events()) == 1
 
@@ -67,7 +76,7 @@ def test_commit_tick_is_one_transaction(tmp_path):
 def test_events_newest_first_filtered_and_pruned(tmp_path):
     store = Store(tmp_path / "fy.db", events_keep=100)
     for t in range(150):
-        store.commit_tick(t, float(t), {}, (), [LogRow(float(t), "tier_change", f"n{t % 2}", f"m{t}")])
+        store.commit_tick(t, float(t), st(t), (), [LogRow(float(t), "tier_change", f"n{t % 2}", f"m{t}")])
     rows = store.events(limit=5)
     assert [r["message"] for r in rows] == ["m149", "m148", "m147", "m146", "m145"]
     assert all(r["node"] == "n1" for r in store.events(limit=10, node="n1"))
@@ -79,26 +88,28 @@ def test_crash_before_commit_converges(tmp_path):
     path = tmp_path / "fy.db"
     store = Store(path)
     store.put_events([ev("a")])
-    store.commit_tick(1, 1.0, {"n": 1})
+    store.commit_tick(1, 1.0, st(1))
     taken = store.pending()
     # "apply" happened, then the process died before commit_tick(2, ...)
     store.close()
     store = Store(path)
     assert store.pending() == taken and store.load_state().tick == 1
-    store.commit_tick(2, 2.0, {"n": 2}, [e.event_id for e in taken])
-    assert store.pending() == [] and store.load_state().state == {"n": 2}
+    store.commit_tick(2, 2.0, st(2), [e.event_id for e in taken])
+    assert store.pending() == [] and store.load_state().state == st(2)
 
 
 _CHILD = """
 import sys
 from slurm_fleetyield.adapters.store import LogRow, Store
 from slurm_fleetyield.core.model import FatalEvent
+from slurm_fleetyield.core.state import ControllerState
 store = Store(sys.argv[1])
 tick = 0
 while True:
     tick += 1
     store.put_events([FatalEvent(event_id=f"e{tick}", node="n", time=tick, kind="xid", xid=79)])
-    store.commit_tick(tick, float(tick), {"tick": tick, "pad": "x" * 5000}, [f"e{tick}"],
+    state = ControllerState(last_tick=float(tick), processed_events=("x" * 5000,))
+    store.commit_tick(tick, float(tick), state, [f"e{tick}"],
                       [LogRow(float(tick), "tick", "n", str(tick))], {"tick": tick})
     print(tick, flush=True)
 """
@@ -120,7 +131,7 @@ def test_kill_9_mid_write_leaves_a_consistent_database(tmp_path):
     store = Store(path)
     assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     state = store.load_state()
-    assert state.tick >= last and state.state["tick"] == state.tick  # committed ticks are never lost
+    assert state.tick >= last and state.state.last_tick == state.tick  # committed ticks are never lost
     assert store.last_result() == {"tick": state.tick}
     assert store.events(limit=1)[0]["message"] == str(state.tick)  # state and log from the same commit
     # at most the one event put after the last commit is pending: taken again on the next tick
@@ -130,7 +141,7 @@ def test_kill_9_mid_write_leaves_a_consistent_database(tmp_path):
 def test_readonly_open(tmp_path):
     with pytest.raises(StoreError, match="no such database"):
         Store(tmp_path / "missing.db", readonly=True)
-    Store(tmp_path / "fy.db").commit_tick(3, 3.0, {"a": 1}, (), (), {"tick": 3})
+    Store(tmp_path / "fy.db").commit_tick(3, 3.0, st(3), (), (), {"tick": 3})
     ro = Store(tmp_path / "fy.db", readonly=True)
     assert ro.last_result() == {"tick": 3}
     with pytest.raises(sqlite3.OperationalError):
@@ -140,6 +151,7 @@ def test_readonly_open(tmp_path):
 _MARKS_CHILD = r"""
 import sys
 from slurm_fleetyield.adapters.store import Store, TickMarks
+from slurm_fleetyield.core.state import ControllerState
 store = Store(sys.argv[1])
 for i in range(1, 100000):
     store.put_outcomes("gpu-01", [{"job_id": str(i), "start_time": float(i), "end_time": i + 1.0}])
@@ -149,7 +161,7 @@ for i in range(1, 100000):
            "failure": False, "tier_at_start": "green", "cause": "completed"}
     marks = TickMarks(outcome_keys=[k.key for k in store.pending_outcomes()], attempts=[(str(i), float(i))],
                       ledger=[row], gate_marks=[(f"p-{i:012x}", "executed", "gpu-01")])
-    store.commit_tick(i, float(i), {"tick": i}, marks=marks)
+    store.commit_tick(i, float(i), ControllerState(last_tick=float(i)), marks=marks)
     print(i, flush=True)
 """
 
@@ -206,8 +218,8 @@ def _node(name, tick, explain=True):
 
 def test_view_upserts_only_the_given_nodes_in_the_tick_transaction(tmp_path):
     store = Store(tmp_path / "fy.db")
-    store.commit_tick(1, 1.0, {"n": 1}, view=_View(1, [_node("a", 1), _node("b", 1)], replace=True))
-    store.commit_tick(2, 2.0, {"n": 2}, view=_View(2, [_node("b", 2, explain=False)]))
+    store.commit_tick(1, 1.0, st(1), view=_View(1, [_node("a", 1), _node("b", 1)], replace=True))
+    store.commit_tick(2, 2.0, st(2), view=_View(2, [_node("b", 2, explain=False)]))
     assert store.last_result_tick() == 2
     assert store.node_explanation("a") == (1, {"node": "a", "tick": 1})  # untouched since tick 1
     assert store.node_explanation("b") is None  # written without an explanation: none, never a stale one
@@ -215,9 +227,9 @@ def test_view_upserts_only_the_given_nodes_in_the_tick_transaction(tmp_path):
     assert view["tick"] == 2 and set(view["nodes"]) == {"a", "b"} and view["floor"]["a"]["gpus"] == []
     # a failing commit (NaN state) leaves the previous view, header and nodes
     with pytest.raises(ValueError):
-        store.commit_tick(3, 3.0, {"bad": float("nan")}, view=_View(3, [], deletes=["a"]))
+        store.commit_tick(3, 3.0, BAD, view=_View(3, [], deletes=["a"]))
     assert store.last_result_tick() == 2 and set(store.last_view()["nodes"]) == {"a", "b"}
-    store.commit_tick(4, 4.0, {"n": 4}, view=_View(4, [], deletes=["a"]))
+    store.commit_tick(4, 4.0, st(4), view=_View(4, [], deletes=["a"]))
     assert set(store.last_view()["nodes"]) == {"b"}
     store.close()
 
@@ -232,19 +244,188 @@ def test_a_schema_2_database_is_read_then_migrated(tmp_path):
         "nodes": {"a": {"node": "a", "tier": "green", "explain": {"node": "a"}}},
     }
     store = Store(path)
-    store.commit_tick(7, 7.0, {"n": 7}, last_result=legacy)
+    store.commit_tick(7, 7.0, st(7), last_result=legacy)
     conn = store._conn()
-    conn.executescript("DROP TABLE view_header; DROP TABLE view_nodes; PRAGMA user_version = 2;")
+    conn.executescript("DROP TABLE view_header; DROP TABLE view_nodes;")
+    _state_as_blob(conn, 7, 7.0, st(7), version=2)
     store.close()
     ro = Store(path, readonly=True)
     assert ro.last_result_tick() == 7 and ro.last_view() == legacy and ro.node_explanation("a") is None
     ro.close()
     store = Store(path)
-    assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 3
-    assert store.last_view() == legacy and store.load_state().tick == 7
-    store.commit_tick(8, 8.0, {"n": 8}, view=_View(8, [_node("a", 8)], replace=True))
+    assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 4
+    assert store.last_view() == legacy and store.load_state().tick == 7 and store.load_state().state == st(7)
+    store.commit_tick(8, 8.0, st(8), view=_View(8, [_node("a", 8)], replace=True))
     assert store.last_result_tick() == 8 and store.last_view()["nodes"] == {
         "a": {"node": "a", "tier": "green"}
     }
     assert store._conn().execute("SELECT COUNT(*) FROM last_result").fetchone()[0] == 0
+    store.close()
+
+
+# --------------------------------------------------------------------------------------------------------
+# The controller state as rows (schema 4): only what changed is written, a v3 blob is migrated
+# --------------------------------------------------------------------------------------------------------
+
+
+def _state_as_blob(
+    conn: sqlite3.Connection, tick: int, now: float, state: ControllerState, version: int
+) -> None:
+    """Turn a schema-4 database back into the layout before it: the state as one JSON blob."""
+    conn.executescript(
+        "DROP TABLE state_head; DROP TABLE state_parts; DROP TABLE state_nodes; "
+        "CREATE TABLE state (id INTEGER PRIMARY KEY CHECK (id = 1), tick INTEGER NOT NULL, "
+        "time REAL NOT NULL, state TEXT NOT NULL);"
+    )
+    conn.execute("INSERT INTO state VALUES (1, ?, ?, ?)", (tick, now, json.dumps(state.to_dict())))
+    conn.execute(f"PRAGMA user_version = {version}")
+
+
+_FLEET = r'''
+from slurm_fleetyield.core.model import Tier
+from slurm_fleetyield.core.state import ControllerState, GpuTrack, NodeHistory, NodeMemory
+
+N_NODES, EVERY = 300, 10  # node i changes at ticks t with t % EVERY == i % EVERY
+
+
+def fleet_state(tick):
+    """Deterministic state of tick ``tick``: every node's sample time moves, a tenth of the nodes change."""
+    nodes, history = {}, {}
+    for i in range(N_NODES):
+        name = f"n{i:03d}"
+        k = tick - (tick - i) % EVERY  # the last tick at which this node changed
+        nodes[name] = NodeMemory(Tier.GREEN, 0.0, f"r{k} " + "x" * 2000, last_sample_time=float(tick))
+        track = GpuTrack((float(k),), (float(k),), ((0.0, (float(k),)),))
+        history[name] = NodeHistory(float(tick), (float(tick),), {f"GPU-{i}": track})
+    return ControllerState(nodes=nodes, history=history, layout=("c",), last_tick=float(tick))
+'''
+
+
+def _fleet_state(tick: int) -> ControllerState:
+    ns: dict = {}
+    exec(_FLEET, ns)
+    return ns["fleet_state"](tick)
+
+
+def _written_at(store: Store, tick: int) -> int:
+    return store._conn().execute("SELECT COUNT(*) FROM state_nodes WHERE tick = ?", (tick,)).fetchone()[0]
+
+
+def test_a_tick_writes_only_the_nodes_that_changed(tmp_path):
+    store = Store(tmp_path / "fy.db")
+    store.commit_tick(1, 1.0, _fleet_state(1))
+    assert _written_at(store, 1) == 300  # first commit: everything
+    store.commit_tick(2, 2.0, _fleet_state(2))
+    assert _written_at(store, 2) == 30  # sample times moved everywhere: only the clocks part has them
+    assert store.load_state().state == _fleet_state(2)
+    # a restarted store diffs against what it loaded
+    store.close()
+    store = Store(tmp_path / "fy.db")
+    assert store.load_state().state == _fleet_state(2)
+    store.commit_tick(3, 3.0, _fleet_state(3))
+    assert _written_at(store, 3) == 30 and Store(tmp_path / "fy.db").load_state().state == _fleet_state(3)
+    # a node gone is deleted; one back is written
+    gone = _fleet_state(4)
+    gone = ControllerState(
+        nodes={n: m for n, m in gone.nodes.items() if n != "n005"},
+        history={n: h for n, h in gone.history.items() if n != "n005"},
+        layout=gone.layout,
+        last_tick=gone.last_tick,
+    )
+    store.commit_tick(4, 4.0, gone)
+    assert store._conn().execute("SELECT COUNT(*) FROM state_nodes").fetchone()[0] == 299
+    assert Store(tmp_path / "fy.db").load_state().state == gone
+    store.close()
+
+
+def test_another_writer_or_a_failed_commit_means_a_full_rewrite(tmp_path):
+    a, b = Store(tmp_path / "fy.db"), Store(tmp_path / "fy.db")
+    a.commit_tick(1, 1.0, _fleet_state(1))
+    b.commit_tick(2, 2.0, st(2))  # another writer replaced the state
+    a.commit_tick(3, 3.0, _fleet_state(3))  # a's memory of tick 1 is stale: it must not diff against it
+    assert _written_at(a, 3) == 300 and b.load_state().state == _fleet_state(3)
+    with pytest.raises(ValueError):
+        a.commit_tick(4, 4.0, BAD)
+    a.commit_tick(5, 5.0, _fleet_state(5))  # unknown what a failed commit left: everything again
+    assert _written_at(a, 5) == 300 and b.load_state().state == _fleet_state(5)
+    a.close()
+    b.close()
+
+
+def test_a_schema_3_state_blob_is_migrated_to_rows(tmp_path):
+    path = tmp_path / "fy.db"
+    state = _fleet_state(9)
+    store = Store(path)
+    _state_as_blob(store._conn(), 9, 9.5, state, version=3)
+    store.close()
+    ro = Store(path, readonly=True)  # a read-only open does not migrate: the blob is read as it is
+    assert ro.load_state().tick == 9 and ro.load_state().state == state
+    ro.close()
+    store = Store(path)
+    conn = store._conn()
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'state'").fetchone()[0] == 0
+    loaded = store.load_state()
+    assert (loaded.tick, loaded.time) == (9, 9.5) and loaded.state == state
+    store.commit_tick(10, 10.0, loaded.state)
+    assert _written_at(store, 10) == 0  # the migrated rows are the base of the next diff
+    # (the blob held plain GPU histories: the first real tick rewrites each node once, in compact form)
+    store.close()
+
+
+def test_a_schema_3_state_that_cannot_be_read_fails_the_migration_and_changes_nothing(tmp_path):
+    path = tmp_path / "fy.db"
+    store = Store(path)
+    _state_as_blob(store._conn(), 4, 4.0, st(4), version=3)
+    store._conn().execute("UPDATE state SET state = ?", (json.dumps({"version": 99}),))
+    store.close()
+    with pytest.raises(StoreError, match=r"cannot migrate the stored controller state.*version 99"):
+        Store(path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert json.loads(conn.execute("SELECT state FROM state").fetchone()[0]) == {"version": 99}
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'state_nodes'").fetchone()[0] == 0
+    conn.close()
+
+
+_ROWS_CHILD = (
+    _FLEET
+    + r"""
+import sys
+from slurm_fleetyield.adapters.store import Store
+store = Store(sys.argv[1])
+tick = 0
+while True:
+    tick += 1
+    store.commit_tick(tick, float(tick), fleet_state(tick))
+    print(tick, flush=True)
+"""
+)
+
+
+def test_kill_9_mid_commit_leaves_the_previous_consistent_state(tmp_path):
+    """Each tick rewrites a tenth of the node rows and the clocks part: after a kill -9 the stored state is
+    exactly the state of one committed tick (never some nodes of the next one)."""
+    path = tmp_path / "fy.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ROWS_CHILD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        last = 0
+        while last < 25 and time.monotonic() < deadline:
+            last = int(child.stdout.readline())
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(10)
+        child.stdout.close()
+    assert last >= 25
+    store = Store(path)
+    assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    loaded = store.load_state()
+    assert loaded.tick >= last
+    assert loaded.state == _fleet_state(loaded.tick)
+    store.commit_tick(loaded.tick + 1, 0.0, _fleet_state(loaded.tick + 1))  # and it carries on from there
+    assert _written_at(store, loaded.tick + 1) == 30
+    assert Store(path).load_state().state == _fleet_state(loaded.tick + 1)
     store.close()
