@@ -251,8 +251,15 @@ class SimSlurm:
     # ---- jobs ------------------------------------------------------------------------------------------
 
     def start(
-        self, job_id: int, nodes: tuple[str, ...], gpus_per_node: int, end: float, workload: str
+        self,
+        job_id: int,
+        nodes: tuple[str, ...],
+        gpus_per_node: int,
+        end: float,
+        workload: str,
+        requeue: bool = True,
     ) -> None:
+        """``requeue``: Slurm's Requeue flag (``--no-requeue`` jobs keep running on a drained node)."""
         for name in nodes:
             n = self.nodes[name]
             n.free -= gpus_per_node
@@ -262,7 +269,7 @@ class SimSlurm:
             self.on_node[name].add(job_id)
             self._dirty.add(name)
             self._ready.pop(name, None)
-        self.running[job_id] = Placed(job_id, nodes, gpus_per_node, end, workload)
+        self.running[job_id] = Placed(job_id, nodes, gpus_per_node, end, workload, requeue)
         self._started.append(job_id)
         self._running_views = None
 

@@ -12,10 +12,15 @@ Policies:
   (``controller_step``): read the simulated Slurm, scrape (``NodeSample``s built from latent GPU health),
   pending pushed fatal events, tick, apply the plan. Jobs get job_submit.lua's class constraint
   (decode -> fy_ok_decode, batch -> fy_ok_batch, finetune -> fy_ok_finetune, pretrain -> fy_ok_train).
-  Drain proposals (the core's ``drain_proposal`` events, made on entering the red tier) are approved after
-  ``human_delay_h`` if the node is still red, as the daemon's gate would (next issue): the shell then drains
-  the node requeueing its jobs, and the admin swaps the GPUs that show precursor telemetry or a fatal history
-  (``swap_h``) and resumes it.
+  Drain proposals (the plan's ``ProposeDrain`` actions, made on entering the red tier) are approved by a
+  simulated admin after ``human_delay_h`` if the proposal is still open (not withdrawn, not expired) and the
+  node is still red, in service: the approval enters the next tick as a ``GateDecision`` (what the daemon's
+  intake makes of a verified approval; no I/O, no signature), and the drain, its reason and its requeue list
+  come from that tick's plan (core/rehab.py -> lifecycle APPROVED_DRAIN): only jobs with Slurm's Requeue flag
+  are requeued, the others (here: jobs that cannot checkpoint, submitted ``--no-requeue``) run to their end.
+  Once the node is empty the admin powers it off and swaps the GPUs that showed precursor telemetry in the
+  last 2 days or a fatal history (DOWN for ``swap_h``); the lifecycle then brings it back (remediation,
+  canary, probation), or the admin resumes it when the lifecycle parked it for a human.
 - ``oracle``: knows every future fault: drains a node ``oracle_lead_s`` before each fault (checkpointing
   first: no progress lost), swaps the GPU, and routes with the core's own feature/weight functions fed the
   true state (lemon nodes yellow). The upper bound.
@@ -54,6 +59,7 @@ from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import (
     Envelope,
     FatalEvent,
+    GateDecision,
     GpuReading,
     JobView,
     NodeSample,
@@ -62,7 +68,7 @@ from slurm_fleetyield.core.model import (
     WorkloadClass,
 )
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode, Plan
+from slurm_fleetyield.core.plan import DrainNode, Plan, ProposeDrain, WithdrawProposal
 from slurm_fleetyield.core.signals import (
     COUNTER_CHANNELS,
     GPU_TEMP,
@@ -104,6 +110,7 @@ BASE_FIELDS: Mapping[str, float] = {
     SLOWDOWN_TEMP: 87.0,
 }
 DAY, HOUR = 86_400.0, 3_600.0
+SIM_ADMIN = "sim-admin"  # the simulated approver, as GateDecision.admin
 
 ARRIVE, END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED = range(9)
 
@@ -205,6 +212,11 @@ def build_inputs(cfg: SimConfig) -> Inputs:
     return Inputs(names, premium, tuple(jobs), plan)
 
 
+def _requeueable(j: traces.Job) -> bool:
+    """Slurm's Requeue flag: a job that cannot checkpoint (decode services) is submitted ``--no-requeue``."""
+    return j.checkpoint_s is not None
+
+
 # ---- the controller step (what the daemon does per tick, minus I/O) ---------------------------------------
 
 
@@ -216,11 +228,14 @@ def controller_step(
     params: Params,
     now: float,
     rng: random.Random,
+    gate_decisions: Sequence[GateDecision] = (),
 ) -> TickResult:
     """Read Slurm through the port, build ``Observations`` as ``Daemon.tick_once`` does, call ``tick``, apply.
 
-    The daemon's order is kept: nodes, jobs, samples, pending inbox events -> tick -> apply (only when the
-    plan has actions). ``tests/sim/test_equivalence.py`` checks this against ``slurm_fleetyield.daemon``."""
+    The daemon's order is kept: nodes, jobs, samples, pending inbox events, gate decisions -> tick -> apply
+    (only when the plan has actions). ``gate_decisions``: the admins' verified approvals/denials, as the
+    daemon's intake delivers them. ``tests/sim/test_equivalence.py`` checks this against
+    ``slurm_fleetyield.daemon``."""
     nodes = slurm.read_nodes()
     jobs = tuple(slurm.read_jobs())
     canaries = slurm.canary_results() if hasattr(slurm, "canary_results") else ()
@@ -231,6 +246,7 @@ def controller_step(
         fatal_events=tuple(pending),
         jobs=jobs,
         canary_results=canaries,
+        gate_decisions=tuple(gate_decisions),
     )
     result = tick(state, obs, params, now, rng)
     if result.plan.actions:
@@ -307,7 +323,12 @@ class Simulation:
         self.readings: dict[tuple[str, int], GpuReading] = {}
         self.node_gpus: dict[str, tuple[GpuReading, ...]] = {}
         self.last_decisions: Mapping[str, Any] = {}
-        self.proposed: dict[str, float] = {}
+        self.proposed: dict[str, float] = {}  # node -> when its approval was scheduled
+        self.open_proposals: dict[str, tuple[str, float]] = {}  # the gate's view: node -> (id, expires_at)
+        self.pending_decisions: list[GateDecision] = []  # approvals for the next tick
+        self.awaiting_swap: dict[str, tuple[tuple[str, int], ...]] = {}  # approved drains not yet empty
+        self.swap_down: set[str] = set()  # powered off for an approved drain's GPU swap
+        self.repairing: set[str] = set()  # DOWN for a fatal fault's repair
         self.swapping: set[str] = set()
         self.ticks = 0
         self.tick_s = 0.0
@@ -344,7 +365,7 @@ class Simulation:
         v = self._views.get(j.job_id)
         if v is None:
             v = self._views[j.job_id] = JobView(
-                j.job_id, "PENDING", (), True, WorkloadClass(j.workload), j.gpus
+                j.job_id, "PENDING", (), _requeueable(j), WorkloadClass(j.workload), j.gpus
             )
         return v
 
@@ -456,7 +477,7 @@ class Simulation:
             js = self.jobs[jid]
             j = js.job
             remaining = j.duration + js.extra - js.done
-            self.slurm.start(jid, nodes, j.gpus_per_node, self.now + remaining, j.workload)
+            self.slurm.start(jid, nodes, j.gpus_per_node, self.now + remaining, j.workload, _requeueable(j))
             js.started = self.now
             js.run_id += 1
             if js.first_start is None:
@@ -474,6 +495,10 @@ class Simulation:
         if js.job.workload not in PREMIUM_NEEDING:
             self.misuse_gpus -= sum(p.gpus_per_node for n in p.nodes if n in self.premium)
         js.started = None
+        if self.awaiting_swap:
+            for n in p.nodes:
+                if n in self.awaiting_swap and not self.slurm.jobs_on(n):
+                    self._start_swap(n)
         self._want_sched()
 
     def _end(self, payload: tuple[int, int]) -> None:
@@ -548,6 +573,7 @@ class Simulation:
         if f.xid == 79:
             self.hidden.add(key)
         self.slurm.set_down(node, True)
+        self.repairing.add(node)
         self.push(self.now + self.cfg.repair_h * HOUR, REPAIRED, node)
         if self.policy == "baseline":
             self.slurm.set_drain(node, f"nhc: XID {f.xid} on gpu {f.gpu}")
@@ -568,17 +594,22 @@ class Simulation:
             self._tick("push")
 
     def _drain(self, node: str, reason: str) -> None:
-        """Drain requeueing the node's jobs (``_requeue_from_drain`` keeps the oracle's progress)."""
+        """The oracle's drain: requeues every job on the node, keeping its progress (it checkpoints first)."""
         action = DrainNode(node, reason, self.slurm.jobs_on(node), cause="approved")
         self.slurm.apply(Plan((action,)))
         self.m["drains"] += 1
 
     def _repaired(self, node: str) -> None:
-        n = self.slurm.nodes[node]
+        self.repairing.discard(node)
         for g in range(self.cfg.gpus_per_node):
             if (node, g) in self.hidden:
                 self.hidden.discard((node, g))
                 self._dirty_gpu((node, g))
+        if node not in self.swap_down:  # else the swap's end powers it on
+            self._power_on(node)
+
+    def _power_on(self, node: str) -> None:
+        n = self.slurm.nodes[node]
         self.slurm.set_down(node, False)
         if n.drain and (
             n.reason.startswith("nhc:")
@@ -606,7 +637,12 @@ class Simulation:
         node, keys = payload
         self._swap(node, keys)
         self.swapping.discard(node)
-        n = self.slurm.nodes[node]
+        if node in self.swap_down:  # an approved drain's swap: power on; the lifecycle takes it from there
+            self.swap_down.discard(node)
+            if node not in self.repairing:
+                self._power_on(node)
+            return
+        n = self.slurm.nodes[node]  # the oracle's swap: the node was only drained
         if n.drain and not n.down:
             self.slurm.resume(node)
             self._want_sched()
@@ -706,28 +742,56 @@ class Simulation:
 
         t0 = _time.perf_counter()
         pending, self.pending_events = self.pending_events, []
+        decisions, self.pending_decisions = self.pending_decisions, []
         result = controller_step(
-            self.state, self.slurm, self._samples(), pending, self.params, self.now, self.rng
+            self.state,
+            self.slurm,
+            self._samples(),
+            pending,
+            self.params,
+            self.now,
+            self.rng,
+            gate_decisions=decisions,
         )
         self.tick_s += _time.perf_counter() - t0
         self.ticks += 1
         self.state = result.state
         self.last_decisions = result.nodes
-        self.m["drains"] += len(result.plan.of_kind("drain"))
-        if self.policy != "fy_no_drain":
-            for e in result.events:
-                if e.kind == "drain_proposal" and e.node not in self.proposed:
-                    self.proposed[e.node] = self.now
-                    self.push(self.now + self.cfg.human_delay_h * HOUR, APPROVE, e.node)
+        plan = result.plan
+        drains = plan.of_kind("drain")
+        self.m["drains"] += len(drains)
+        for a in drains:
+            if isinstance(a, DrainNode) and a.cause == "approved":
+                self._approved_drain(a.node)
+        # the gate's record of open proposals, kept as the live shell keeps it: from the plan's actions
+        for a in plan.of_kind("withdraw_proposal"):
+            if isinstance(a, WithdrawProposal) and self.open_proposals.get(a.node, ("",))[0] == a.proposal_id:
+                del self.open_proposals[a.node]
+        for a in plan.of_kind("propose_drain"):
+            if isinstance(a, ProposeDrain):
+                self.open_proposals[a.node] = (a.proposal_id, a.expires_at)
+                if self.policy != "fy_no_drain" and a.node not in self.proposed:
+                    self.proposed[a.node] = self.now
+                    self.push(self.now + self.cfg.human_delay_h * HOUR, APPROVE, a.node)
         self._want_sched()
 
     def _approve(self, node: str) -> None:
+        """The simulated admin decides the node's open proposal; an approval goes into the next tick."""
         self.proposed.pop(node, None)
+        pid, expires_at = self.open_proposals.get(node, ("", 0.0))
         d = self.last_decisions.get(node)
         n = self.slurm.nodes[node]
+        if not pid or self.now >= expires_at:
+            return  # withdrawn or expired meanwhile: nothing to decide
         if d is None or d.tier is not Tier.RED or n.drain or n.down:
             return  # no longer red (or already out): the approver declines a stale proposal
-        self._drain(node, f"fleetyield: approved drain proposal: {d.reason}"[:120])
+        self.pending_decisions.append(GateDecision(pid, node, "approve", SIM_ADMIN, self.now))
+        self._tick("approve")
+
+    def _approved_drain(self, node: str) -> None:
+        """The core drained ``node`` for an approval (requeueing what may be requeued): pick the GPUs to
+        swap, score the drain (false: no precursor-announced fault ahead on them), swap once it is empty."""
+        self.open_proposals.pop(node, None)
         self.m["preemptive_drains"] += 1
         since = self.now - 2 * DAY
         keys = []
@@ -747,8 +811,17 @@ class Simulation:
         )
         if not real:
             self.m["false_drains"] += 1
+        self.awaiting_swap[node] = tuple(keys)
+        if not self.slurm.jobs_on(node):
+            self._start_swap(node)
+
+    def _start_swap(self, node: str) -> None:
+        """The approved-drained node is empty: powered off for ``swap_h`` while its GPUs are swapped."""
+        keys = self.awaiting_swap.pop(node)
         self.swapping.add(node)
-        self.push(self.now + self.cfg.swap_h * HOUR, SWAPPED, (node, tuple(keys)))
+        self.swap_down.add(node)
+        self.slurm.set_down(node, True)
+        self.push(self.now + self.cfg.swap_h * HOUR, SWAPPED, (node, keys))
 
     # ---- results -----------------------------------------------------------------------------------------
 

@@ -70,11 +70,11 @@ def record(n_frames: int = 40) -> list:
     frames: list = []
     original = runner.controller_step
 
-    def spy(state, slurm, samples, pending, params, now, rng):  # type: ignore[no-untyped-def]
+    def spy(state, slurm, samples, pending, params, now, rng, gate_decisions=()):  # type: ignore[no-untyped-def]
         frames.append(
             (now, dict(slurm.read_nodes()), tuple(slurm.read_jobs()), dict(samples), tuple(pending))
         )
-        return original(state, slurm, samples, pending, params, now, rng)
+        return original(state, slurm, samples, pending, params, now, rng, gate_decisions)
 
     runner.controller_step = spy  # type: ignore[assignment]
     try:
