@@ -96,7 +96,7 @@ def tick(
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
-    decisions, updates = route.route(obs, priced, envelopes, pw.lent, pw.reason)
+    decisions, updates = route.route(obs, priced, envelopes, pw.lent, pw.reason, state.memo)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
     actions = (*updates, *_merge_drains(drains.drains, rh.drains), *rh.actions, *proposed.actions)

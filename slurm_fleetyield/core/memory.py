@@ -47,10 +47,32 @@ def remember(
         drained_now.setdefault(d.node, d)
     first_fatal = {f.node: f for f in reversed(drains.processed)}
     nodes: dict[str, NodeMemory] = {}
+    # A node whose previous memory is the very one remembered from this decision and priced node last tick,
+    # with no fatal evidence or drain now and no fatal history to trim, is remembered the same, up to its
+    # sample time (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
+    memo = state.memo.setdefault("remember", {})
+    pnodes = priced.nodes
     for name in sorted(set(decisions) | set(sensed.nodes)):
         old = state.nodes.get(name)
         d = decisions.get(name)
         s = sensed.nodes.get(name)
+        hit = memo.get(name)
+        if (
+            hit is not None
+            and hit[2] is old
+            and hit[0] is d
+            and d is not None
+            and hit[1] is pnodes[name]
+            and not old.fatal_history
+            and name not in new_fatal
+            and name not in drained_now
+        ):
+            sample_time = s.sample_time if s is not None and s.fresh else old.last_sample_time
+            kept = _resampled(old, sample_time)
+            if kept is not old:
+                memo[name] = (d, hit[1], kept)
+            nodes[name] = kept
+            continue
         history = old.fatal_history if old else ()
         if name in new_fatal:
             history = (*history, *sorted(new_fatal[name]))
@@ -81,15 +103,22 @@ def remember(
             fy_features=d.fy_features if fresh_features else (old.fy_features if old else ()),
             weight=d.weight if fresh_features else (old.weight if old else None),
         )
+        if name in drained_now:  # drained_by_us and the last XID came from this tick's drain: not reusable
+            memo.pop(name, None)
+        else:
+            memo[name] = (d, pn, nodes[name])
     qp = params.quarantine
-    recovered = {n for n, s in sensed.nodes.items() if s.fresh and not s.missing_gpus}
-    processed = [
-        k
-        for k in state.processed_events
-        if not (
-            k.startswith(MISSING_KEY_PREFIX) and k[len(MISSING_KEY_PREFIX) :].split(":", 1)[0] in recovered
-        )
-    ]
+    processed = list(state.processed_events)
+    if any(k.startswith(MISSING_KEY_PREFIX) for k in processed):  # rare: only then is "recovered" needed
+        recovered = {n for n, s in sensed.nodes.items() if s.fresh and not s.missing_gpus}
+        processed = [
+            k
+            for k in processed
+            if not (
+                k.startswith(MISSING_KEY_PREFIX)
+                and k[len(MISSING_KEY_PREFIX) :].split(":", 1)[0] in recovered
+            )
+        ]
     processed.extend(f.key for f in drains.processed)
     processed.extend(m for f in drains.processed if (m := pushed_marker(f)) is not None)
     drain_times = tuple(t for t in state.drain_times if t > now - qp.window_s) + tuple(
@@ -102,6 +131,24 @@ def remember(
         drain_times=drain_times,
         processed_events=tuple(processed[-qp.max_processed_event_ids :]),
         last_tick=now,
+    )
+
+
+def _resampled(m: NodeMemory, sample_time: float | None) -> NodeMemory:
+    """``m`` with ``last_sample_time`` set (``m`` itself when it is already that): a reused memory."""
+    if sample_time == m.last_sample_time:
+        return m
+    return NodeMemory(
+        m.tier,
+        m.since,
+        m.reason,
+        m.drained_by_us,
+        m.fatal_history,
+        sample_time,
+        m.last_xid,
+        m.last_gpu,
+        m.fy_features,
+        m.weight,
     )
 
 

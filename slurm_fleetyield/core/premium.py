@@ -155,17 +155,17 @@ def widen(
     idle = idle_gpus(obs)
     base: list[int] = []  # idle GPUs of nodes that carry fy_ok_decode without lending
     eligible: list[str] = []  # premium nodes that could be lent
-    premium_nodes: set[str] = set()
-    for name in sorted(obs.slurm):
-        pn = priced.nodes.get(name)
+    pnodes = priced.nodes
+    for name in sorted(idle):  # the nodes not _out (idle_gpus skips exactly those), by name
         env = envelopes.get(name)
-        if env is not None and env.premium:
-            premium_nodes.add(name)
-        if pn is None or env is None or not decode_eligible(pn, env) or _out(obs.slurm[name]):
+        if env is None or not (env.premium or idle[name] > 0):
+            continue
+        pn = pnodes.get(name)
+        if pn is None or not decode_eligible(pn, env):
             continue
         if env.premium:
             eligible.append(name)
-        elif idle.get(name, 0) > 0:
+        else:
             base.append(idle[name])
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     gang, gang_seen = _largest_gang(obs, classes, max_node, mem, pp, now)
@@ -201,7 +201,7 @@ def widen(
     # a node returned while its decode service runs on would let the next loan eat into the reserve
     held = {
         n for j in obs.jobs if j.state in _RUNNING and j.workload is WorkloadClass.DECODE for n in j.nodes
-        if n in premium_nodes
+        if n in obs.slurm and _premium(envelopes.get(n))
     }  # fmt: skip
     keep = [n for n in mem.lent if n in eligible_set]
     if not waiting and (last is None or now - last >= pp.hysteresis_s):
@@ -272,6 +272,7 @@ def _claims(
     claim memory (job id -> since when it first could, kept while it stays pending). A claim older than
     ``grace_s`` claims nothing."""
     free = {n: idle[n] for n in eligible if idle.get(n, 0) > 0}
+    total = sum(free.values())  # kept equal to sum(free.values()) as GPUs are claimed
     claimed: set[str] = set()
     startable = 0
     memory: list[tuple[int, float]] = []
@@ -280,7 +281,7 @@ def _claims(
         if since is not None and now - since >= grace_s:
             memory.append((j.job_id, since))  # lapsed: Slurm is not starting it here, whoever waits
             continue
-        if j.gpus > sum(free.values()):
+        if j.gpus > total:
             continue  # cannot start on these GPUs now, whoever uses them
         pick = _place(_chunks(j, max_node), free, lent)
         if pick is None:
@@ -289,6 +290,7 @@ def _claims(
         memory.append((j.job_id, now if since is None else since))
         for n, g in pick.items():
             free[n] -= g
+            total -= g
             claimed.add(n)
     return frozenset(claimed), startable, tuple(memory)
 
@@ -307,6 +309,10 @@ def _place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> 
         left[n] -= c
         used[n] = used.get(n, 0) + c
     return used
+
+
+def _premium(env: Envelope | None) -> bool:
+    return env is not None and env.premium
 
 
 def _out(s: SlurmNode) -> bool:

@@ -26,9 +26,18 @@ from dataclasses import dataclass
 
 from slurm_fleetyield.core.learn import is_lemon
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage, tier_for
-from slurm_fleetyield.core.model import Envelope, Health, LogEvent, NodeRisk, Observations, Tier, fast_init
+from slurm_fleetyield.core.model import (
+    Envelope,
+    Health,
+    LogEvent,
+    NodeRisk,
+    Observations,
+    SlurmNode,
+    Tier,
+    fast_init,
+)
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode
+from slurm_fleetyield.core.plan import DrainNode, Hold
 from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState, NodeMemory
@@ -50,6 +59,7 @@ TIER_WEIGHTS: Mapping[Tier, int] = {
     Tier.RETIRED: 10_000,
 }
 PREMIUM_OFFSET = 1_000
+_NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
 @fast_init
@@ -105,31 +115,89 @@ def price(
     out: dict[str, PricedNode] = {}
     events: list[LogEvent] = []
     reds: list[str] = []
+    held = drains.held
+    # A node whose inputs are the very objects of its last pricing (risk, envelope, lifecycle memory, hold,
+    # params; equal Slurm drain state, reason and weight, drain reason, and last tier / weight / features /
+    # lemon verdict) is priced the same: its PricedNode is reused (ControllerState.memo, not persisted).
+    # Nodes whose pricing logged a tier change are not memoized (their next memory differs anyway).
+    memo = state.memo.setdefault("price", {})
     for name, slurm in obs.slurm.items():
         risk = risks.get(name)
-        env = envelopes.get(name, Envelope())
+        env = envelopes.get(name, _NO_ENVELOPE)
         memory = state.nodes.get(name)
-        evidence = _evidence(risk, env)
-        premium = env.premium
-        p = risk.probability if risk else float("nan")
-        health = risk.health if risk else Health.UNKNOWN
         lc = lifecycle.get(name) if lifecycle else None
-        stage = lc.stage if lc is not None else Stage.IN_SERVICE
         lemon = memory is not None and bool(memory.fatal_history) and is_lemon(memory, now, lp)
-        if lemon:
-            evidence = (
-                *evidence,
-                f"lemon: >= {lp.lemon_failures} fatal failures in {lp.lemon_window_s / 86400:g} days",
-            )
-        if slurm.drained_by_other and stage is Stage.REMEDIATING:
-            # Slurm's own reason around our reboot (rehab turned any other reason into ADMIN_DRAINED)
-            out[name] = PricedNode(
-                name, tier_for(stage, Tier.QUARANTINED), slurm.weight,
-                f"{lc.reason} (Slurm: {slurm.reason})", evidence, False, health, p,
-            )  # fmt: skip
+        mkey = None if memory is None else (memory.tier, memory.weight, memory.fy_features, lemon)
+        dr = drain_reason.get(name)
+        hold = held.get(name)
+        hit = memo.get(name)
+        if (
+            hit is not None
+            and hit[1] is risk
+            and hit[2] is env
+            and hit[3] is lc
+            and hit[4] is hold
+            and hit[5] is params
+            and hit[6] == dr
+            and hit[7] == mkey
+            and (hit[0] is slurm or hit[8] == (slurm.states, slurm.reason, slurm.weight))
+        ):
+            out[name] = hit[9]
+            if hit[10]:
+                reds.append(name)
             continue
-        if slurm.drained_by_other:
-            out[name] = PricedNode(
+        pn, event, is_red = _price_node(
+            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow
+        )
+        out[name] = pn
+        if is_red:
+            reds.append(name)
+        if event is not None:
+            events.append(event)
+            memo.pop(name, None)
+        else:
+            skey = (slurm.states, slurm.reason, slurm.weight)
+            memo[name] = (slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red)
+    return Priced(out, tuple(events), tuple(sorted(reds)))
+
+
+def _price_node(
+    name: str,
+    slurm: SlurmNode,
+    risk: NodeRisk | None,
+    env: Envelope,
+    memory: NodeMemory | None,
+    lc: LifecycleMemory | None,
+    lemon: bool,
+    drain_reason: str | None,
+    hold: Hold | None,
+    params: Params,
+    now: float,
+    red: float,
+    yellow: float,
+) -> tuple[PricedNode, LogEvent | None, bool]:
+    """One node's pricing (the rules in the module docstring): the node, its tier-change event, is it RED."""
+    evidence = _evidence(risk, env)
+    premium = env.premium
+    p = risk.probability if risk else float("nan")
+    health = risk.health if risk else Health.UNKNOWN
+    stage = lc.stage if lc is not None else Stage.IN_SERVICE
+    if lemon:
+        lp = params.learn
+        evidence = (
+            *evidence,
+            f"lemon: >= {lp.lemon_failures} fatal failures in {lp.lemon_window_s / 86400:g} days",
+        )
+    if slurm.drained_by_other and stage is Stage.REMEDIATING:
+        # Slurm's own reason around our reboot (rehab turned any other reason into ADMIN_DRAINED)
+        assert lc is not None
+        return PricedNode(
+            name, tier_for(stage, Tier.QUARANTINED), slurm.weight,
+            f"{lc.reason} (Slurm: {slurm.reason})", evidence, False, health, p,
+        ), None, False  # fmt: skip
+    if slurm.drained_by_other:
+        return (
+            PricedNode(
                 name,
                 memory.tier if memory else Tier.UNKNOWN,
                 slurm.weight,
@@ -138,56 +206,49 @@ def price(
                 False,
                 health,
                 p,
-            )
-            continue
-        if name in drain_reason:
-            tier = tier_for(stage, Tier.QUARANTINED)
-            reason = (
-                lc.reason
-                if lc is not None and lc.reason and stage is not Stage.IN_SERVICE
-                else drain_reason[name]
-            )
-        elif slurm.drained_by_us:
-            tier = tier_for(stage, Tier.QUARANTINED)
-            reason = (
-                lc.reason if lc is not None and lc.reason and stage is not Stage.IN_SERVICE else slurm.reason
-            )
-        elif name in drains.held:
-            hold = drains.held[name]
-            reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}"
-            keep_tier = memory.tier if memory else Tier.UNKNOWN
-            out[name] = _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p)
-            continue
-        elif stage is not Stage.IN_SERVICE:
-            tier = tier_for(stage, Tier.QUARANTINED)
-            reason = f"{stage.value} (lifecycle): {lc.reason}" if lc is not None else stage.value
-        elif risk is None or risk.health is Health.UNKNOWN:
-            why = risk.reason if risk else "unknown: not sampled"
-            out[name] = _keep(name, Tier.UNKNOWN, memory, premium, why, evidence, params, health, p)
-            continue
-        elif p >= red:
-            tier, reason = Tier.RED, f"{risk.reason} (>= red {red:g})"
-            reds.append(name)
-        elif p >= yellow:
-            tier, reason = Tier.YELLOW, f"{risk.reason} (>= yellow {yellow:g})"
-        else:
-            tier, reason = Tier.GREEN, risk.reason
-        if memory and memory.tier is not tier and memory.tier is not Tier.UNKNOWN:
-            events.append(
-                LogEvent(
-                    now,
-                    name,
-                    "tier_change",
-                    f"{memory.tier.value} -> {tier.value}: {reason}",
-                    {"from": memory.tier.value, "to": tier.value, "risk": p},
-                )
-            )
-        if lemon:
-            reason = f"{reason}; lemon"
-        out[name] = PricedNode(
-            name, tier, weight_of(tier, premium, params), reason, evidence, True, health, p, None, None, lemon
+            ),
+            None,
+            False,
         )
-    return Priced(out, tuple(events), tuple(sorted(reds)))
+    is_red = False
+    if drain_reason is not None:
+        tier = tier_for(stage, Tier.QUARANTINED)
+        reason = lc.reason if lc is not None and lc.reason and stage is not Stage.IN_SERVICE else drain_reason
+    elif slurm.drained_by_us:
+        tier = tier_for(stage, Tier.QUARANTINED)
+        reason = lc.reason if lc is not None and lc.reason and stage is not Stage.IN_SERVICE else slurm.reason
+    elif hold is not None:
+        reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}"
+        keep_tier = memory.tier if memory else Tier.UNKNOWN
+        return _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p), None, False
+    elif stage is not Stage.IN_SERVICE:
+        tier = tier_for(stage, Tier.QUARANTINED)
+        reason = f"{stage.value} (lifecycle): {lc.reason}" if lc is not None else stage.value
+    elif risk is None or risk.health is Health.UNKNOWN:
+        why = risk.reason if risk else "unknown: not sampled"
+        return _keep(name, Tier.UNKNOWN, memory, premium, why, evidence, params, health, p), None, False
+    elif p >= red:
+        tier, reason = Tier.RED, f"{risk.reason} (>= red {red:g})"
+        is_red = True
+    elif p >= yellow:
+        tier, reason = Tier.YELLOW, f"{risk.reason} (>= yellow {yellow:g})"
+    else:
+        tier, reason = Tier.GREEN, risk.reason
+    event = None
+    if memory and memory.tier is not tier and memory.tier is not Tier.UNKNOWN:
+        event = LogEvent(
+            now,
+            name,
+            "tier_change",
+            f"{memory.tier.value} -> {tier.value}: {reason}",
+            {"from": memory.tier.value, "to": tier.value, "risk": p},
+        )
+    if lemon:
+        reason = f"{reason}; lemon"
+    pn = PricedNode(
+        name, tier, weight_of(tier, premium, params), reason, evidence, True, health, p, None, None, lemon
+    )
+    return pn, event, is_red
 
 
 def _keep(

@@ -38,6 +38,7 @@ unknown or empty.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from slurm_fleetyield.core.model import FY_PREFIX, Envelope, NodeDecision, Observations, SlurmNode, Tier
 from slurm_fleetyield.core.plan import UpdateNodes
@@ -45,6 +46,7 @@ from slurm_fleetyield.core.price import Priced
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
+_NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
 def fy_features(tier: Tier, env: Envelope, lemon: bool = False, lent: bool = False) -> tuple[str, ...]:
@@ -77,18 +79,37 @@ def route(
     envelopes: Mapping[str, Envelope],
     lent: frozenset[str] = frozenset(),
     lent_reason: str = "",
+    memo: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
-    """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why."""
+    """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
+    ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated."""
     decisions: dict[str, NodeDecision] = {}
+    seen = memo.setdefault("route", {}) if memo is not None else None
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
     cache: dict[
         tuple[Tier, bool, bool, bool, bool, bool], tuple[str, ...]
     ] = {}  # most nodes share a handful of these
+    # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
+    # same loan, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
+    # (ControllerState.memo via ``memo``; not persisted).
     for name in sorted(obs.slurm):
         slurm = obs.slurm[name]
         pn = priced.nodes[name]
-        env = envelopes.get(name, Envelope())
+        env = envelopes.get(name, _NO_ENVELOPE)
         is_lent = name in lent
+        hit = seen.get(name) if seen is not None else None
+        if (
+            hit is not None
+            and hit[0] is slurm
+            and hit[1] is pn
+            and hit[2] is env
+            and hit[3] is is_lent
+            and (not is_lent or hit[4] == lent_reason)
+        ):
+            decisions[name] = hit[5]
+            if hit[6]:
+                groups.setdefault((hit[5].features, pn.weight), []).append(name)
+            continue
         reason = pn.reason
         if pn.keep_fy is not None:
             fy = pn.keep_fy
@@ -119,8 +140,11 @@ def route(
             env,
             managed,
         )
-        if managed and _differs(slurm, features, pn.weight):
+        differs = managed and _differs(slurm, features, pn.weight)
+        if differs:
             groups.setdefault((features, pn.weight), []).append(name)
+        if seen is not None:
+            seen[name] = (slurm, pn, env, is_lent, lent_reason, decisions[name], differs)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
     updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
     return decisions, updates

@@ -84,10 +84,17 @@ def sense(
     tracker = _Tracker(layout, params, now)
     nodes: dict[str, SensedNode] = {}
     new_history: dict[str, Mapping[str, GpuHistory]] = {}
-    for name in sorted(set(obs.slurm) | set(obs.samples)):
-        sample = obs.samples.get(name)
+    stale_after_s = params.stale_after_s
+    samples, slurms = obs.samples, obs.slurm
+    timeline = tracker.timeline
+    OK = Health.OK
+    for name in sorted(set(slurms) | set(samples)):
+        sample = samples.get(name)
         old = history.get(name, {})
-        unknown = _unknown_reason(sample, params.stale_after_s, now)
+        if sample is None or sample.error or now - sample.time > stale_after_s:
+            unknown = _unknown_reason(sample, stale_after_s, now)
+        else:  # fresh (the common case): _unknown_reason would say None
+            unknown = None
         if unknown is not None:
             age = None if sample is None else now - sample.time
             nodes[name] = SensedNode(
@@ -97,20 +104,18 @@ def sense(
                 new_history[name] = old  # keep the trend; the node may come back
             continue
         assert sample is not None
-        slurm = obs.slurm.get(name)
+        slurm = slurms.get(name)
         expected = max(sample.expected_gpus or 0, slurm.gpu_count if slurm else 0) or None
         quiet = old.quiet if type(old) is NodeHistory else None
-        if quiet is not None and quiet[0] is sample.gpus and sample.time > old.last_time:
+        t = sample.time
+        if quiet is not None and quiet[0] is sample.gpus and t > old.last_time:
             # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick)
-            t = sample.time
             gpus = quiet[1]
-            node_hist = NodeHistory(t, tracker.timeline(t, old.times)[0], old.gpus, quiet)
+            node_hist = NodeHistory(t, timeline(t, old.times)[0], old.gpus, quiet)
         else:
             gpus, node_hist = tracker.node(sample, old)
         new_history[name] = node_hist
-        nodes[name] = SensedNode(
-            name, Health.OK, "fresh sample", sample.time, now - sample.time, gpus, expected
-        )
+        nodes[name] = SensedNode(name, OK, "fresh sample", t, now - t, gpus, expected)
     return Sensed(nodes, new_history, layout, tuple(events))
 
 

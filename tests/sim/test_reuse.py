@@ -14,6 +14,9 @@ import copy
 import random
 from dataclasses import replace
 
+import pytest
+
+from slurm_fleetyield.core import memory
 from slurm_fleetyield.core.loop import tick
 from slurm_fleetyield.core.model import Observations
 from slurm_fleetyield.core.params import Params
@@ -54,16 +57,28 @@ def _fresh(obs: Observations) -> Observations:
     return replace(obs, samples=samples)
 
 
-def test_reused_results_equal_recomputed_ones() -> None:
+def test_reused_results_equal_recomputed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     stream = _record()
     params = Params()
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
+    # price and route leave a reused node's memo entry as it was; remember hands a reused memory to _resampled
+    stage_reused = {"price": 0, "route": 0, "remember": 0}
+    resampled = memory._resampled
+
+    def counted(m, t):  # type: ignore[no-untyped-def]
+        stage_reused["remember"] += 1
+        return resampled(m, t)
+
+    monkeypatch.setattr(memory, "_resampled", counted)
     for i, obs in enumerate(stream):
         before = {n: e[2] for n, e in a.memo.get("risk", {}).items()}
+        entries = {k: dict(a.memo.get(k, {})) for k in ("price", "route")}
         ra = tick(a, obs, params, obs.time, rng_a)
         reused += sum(1 for n, r in ra.risks.items() if before.get(n) is r)
+        for k, old in entries.items():
+            stage_reused[k] += sum(1 for n, e in ra.state.memo[k].items() if old.get(n) is e)
         rb = tick(replace(b, memo={}), _fresh(obs), params, obs.time, rng_b)
         assert ra.plan == rb.plan, f"tick {i}: plans differ"
         assert dict(ra.nodes) == dict(rb.nodes), f"tick {i}: decisions differ"
@@ -75,6 +90,8 @@ def test_reused_results_equal_recomputed_ones() -> None:
         assert ra.state.to_dict() == rb.state.to_dict(), f"tick {i}: persisted states differ"
         a, b = ra.state, rb.state
     assert reused > len(stream), "the recorded stream must exercise the reuse"
+    for k, n in stage_reused.items():
+        assert n > len(stream), f"the recorded stream must exercise the {k} reuse ({n})"
 
 
 def test_reuse_follows_fatal_history_and_params() -> None:
@@ -107,3 +124,67 @@ def test_reuse_follows_fatal_history_and_params() -> None:
         r.sensed, (), replace(state, memo={}), other, now
     )
     assert isinstance(old, NodeMemory)
+
+
+def test_price_route_remember_reuse_follows_their_inputs() -> None:
+    """Price, route and remember reuse a node's result for the very same inputs, and recompute it when the
+    last memory, the drains or the loan changed (compared with the same call on an empty memo)."""
+    from slurm_fleetyield.core import price, profile, route
+    from slurm_fleetyield.core.model import Tier
+    from slurm_fleetyield.core.plan import DrainNode
+    from slurm_fleetyield.core.quarantine import Drains
+
+    stream = _record()[:6]
+    params = Params()
+    state = ControllerState.empty()
+    rng = random.Random(1)
+    for obs in stream:
+        r = tick(state, obs, params, obs.time, rng)
+        state = r.state
+    obs, now, sensed = stream[-1], stream[-1].time, r.sensed
+    assert sensed is not None
+    envs = profile.profile(sensed, obs, state, params.profile)
+    none = Drains()
+
+    def priced(st: ControllerState, risks=r.risks, drains=none):  # type: ignore[no-untyped-def]
+        got = price.price(obs, sensed, risks, envs, drains, st, params, now)
+        want = price.price(obs, sensed, risks, envs, drains, replace(st, memo={}), params, now)
+        assert repr(got) == repr(want)  # repr: an unknown node's risk is NaN
+        return got
+
+    p1 = priced(state)
+    assert all(p1.nodes[n] is e[9] for n, e in state.memo["price"].items() if n in p1.nodes)
+    name = next(n for n, pn in p1.nodes.items() if pn.tier is Tier.GREEN and pn.managed)
+    old = state.nodes[name]
+    assert priced(replace(state, nodes={**state.nodes, name: replace(old, tier=Tier.YELLOW)})).events
+    dark = {n: v for n, v in r.risks.items() if n != name}  # no risk: UNKNOWN, keeps the last weight
+    priced(state, dark)
+    heavier = replace(state, nodes={**state.nodes, name: replace(old, weight=12_345)})
+    assert priced(heavier, dark).nodes[name].weight == 12_345
+    assert priced(state).nodes[name] is priced(state).nodes[name]  # the memo holds the same inputs again
+    other = replace(obs.slurm[name], states=frozenset({"IDLE", "DRAIN"}), reason="admin: cabling")
+    by_admin = price.price(replace(obs, slurm={**obs.slurm, name: other}), sensed, r.risks, envs, none,
+                           state, params, now)  # fmt: skip
+    assert not by_admin.nodes[name].managed, "a Slurm view drained by someone else is priced anew"
+    drained = Drains(drains=(DrainNode(name, "fleetyield: test drain"),))
+    assert priced(state, drains=drained).nodes[name].tier is Tier.QUARANTINED
+
+    def routed(lent: frozenset[str], why: str = ""):  # type: ignore[no-untyped-def]
+        got = route.route(obs, p1, envs, lent, why, state.memo)
+        assert got == route.route(obs, p1, envs, lent, why, None) == route.route(obs, p1, envs, lent, why)
+        return got
+
+    d1, _ = routed(frozenset())
+    d2, _ = routed(frozenset())
+    assert all(d2[n] is d1[n] for n in d1)
+    assert "lent" in routed(frozenset({name}), "a")[0][name].reason
+    assert "(premium widening: b)" in routed(frozenset({name}), "b")[0][name].reason
+    assert d1[name] is r.nodes[name]  # the tick's own decision: its remembered memory is reusable
+
+    def remembered(drains: Drains) -> ControllerState:
+        got = memory.remember(state, sensed, d1, p1, (), drains, params, now)
+        assert got == memory.remember(replace(state, memo={}), sensed, d1, p1, (), drains, params, now)
+        return got
+
+    assert remembered(none).nodes[name] is state.nodes[name]  # reused: same sample time
+    assert remembered(drained).nodes[name].drained_by_us
