@@ -136,7 +136,7 @@ class RiskParams(BaseModel):
         "2^(-age / half-life), age counted from the fault; two or more failures keep the full weights. "
         "22 d: Poisson fit of Titan's hazard after a GPU's return to service following its first DBE/OTB, "
         "RR(t) = exp(5.6 x 2^(-t / 22 d)) (olcf/TitanGPULife gc_full.csv, 188 returned GPUs, 70 second "
-        "failures in 60,092 GPU-days; 95% profile interval ~14-30 d). With the default weights one "
+        "failures in 60,092 GPU-days; 95% profile-likelihood interval 13-36 d). With the default weights one "
         "remediated fault is yellow for ~0.2 half-lives (~4.5 d), then green with the decayed contribution "
         "still shown. None: the old rule (full weight for fatal_history_days).",
     )
