@@ -13,7 +13,14 @@ import math
 from typing import Any
 
 from slurm_fleetyield.core.loop import TickResult
-from slurm_fleetyield.core.risk import CompiledSignal, compile_signals, fatal_uuids, logit, signal_values
+from slurm_fleetyield.core.risk import (
+    CompiledSignal,
+    compile_signals,
+    fatal_events,
+    history_decay,
+    logit,
+    signal_values,
+)
 
 
 def _num(x: float | None) -> float | None:
@@ -119,9 +126,11 @@ def _signals(node: str, uuid: str, result: TickResult) -> list[dict[str, Any]]:
     if gpu is None:
         return []
     compiled = _compiled(result.params, result.sensed.layout)
-    history = fatal_uuids(result.previous, node, result.params, result.now)
+    events = fatal_events(result.previous, node, result.params, result.now)
+    history = [u for _, u in events]
     n_gpu = history.count(uuid)
-    rows = signal_values(gpu, compiled, n_gpu, len(history) - n_gpu)
+    decay = history_decay(events, result.params, result.now)
+    rows = signal_values(gpu, compiled, n_gpu, len(history) - n_gpu, decay)
     return [{"signal": n, "value": v, "contribution": c} for n, v, c in rows]
 
 

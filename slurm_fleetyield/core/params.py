@@ -128,6 +128,18 @@ class RiskParams(BaseModel):
         description="Fatal events younger than this make a GPU/node a repeat offender (Titan, SC'20: 18.5% "
         "of fatal events hit a GPU that had failed before; Meta RSC: ~1.2% lemon nodes).",
     )
+    single_fault_half_life_days: float | None = Field(
+        22.0,
+        gt=0,
+        description="A node whose only fatal failure within fatal_history_days is one isolated fault has its "
+        "repeat-offender contributions (gpu_repeat_offender, node_repeat_offender) scaled by "
+        "2^(-age / half-life), age counted from the fault; two or more failures keep the full weights. "
+        "22 d: Poisson fit of Titan's hazard after a GPU's return to service following its first DBE/OTB, "
+        "RR(t) = exp(5.6 x 2^(-t / 22 d)) (olcf/TitanGPULife gc_full.csv, 188 returned GPUs, 70 second "
+        "failures in 60,092 GPU-days; 95% profile-likelihood interval 13-36 d). With the default weights one "
+        "remediated fault is yellow for ~0.2 half-lives (~4.5 d), then green with the decayed contribution "
+        "still shown. None: the old rule (full weight for fatal_history_days).",
+    )
     default_slowdown_temp_c: float = Field(
         87.0,
         gt=0,

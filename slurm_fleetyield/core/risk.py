@@ -11,7 +11,9 @@ Model (logistic, additive in log-odds, so each term is readable on its own):
 Learned multipliers (core/learn.py, empirical Bayes from resolved predictions) scale a GPU's hazard by the
 multiplier of its bucket: the base rate for GPUs no signal moved, the dominant signal otherwise
 (p' = 1 - (1 - p)^m); without evidence they are all 1. A GPU with fatal evidence this tick has p = 1 and
-health BAD. GPU health: BAD at or above red_threshold,
+health BAD. Fatal history: one isolated failure in the window has its repeat-offender contributions decayed by
+2^(-age / risk.single_fault_half_life_days) (Titan: the excess hazard after a return fades); two or more keep
+the full weights. GPU health: BAD at or above red_threshold,
 WARN at or above yellow_threshold, else OK. A node without fresh data has health UNKNOWN and probability NaN
 (unknown, never 0): unless a pushed fatal event names it, which makes it BAD with p = 1.
 """
@@ -168,14 +170,19 @@ def assess(
     memories = state.nodes
     for name, node in sensed.nodes.items():
         mem = memories.get(name)
-        history = fatal_uuids(state, name, params, now) if mem is not None and mem.fatal_history else []
+        if mem is not None and mem.fatal_history:
+            events = fatal_events(state, name, params, now)
+            history = [u for _, u in events]
+            decay = history_decay(events, params, now)
+        else:
+            history, decay = [], 1.0
         node_fatal = fatal_by_node.get(name, ())
         if not node.fresh:
             out[name] = _unknown(node, node_fatal)
             continue
         if not node_fatal:
             hit = memo.get(name)
-            if hit is not None and hit[0] is node.gpus and hit[1] == mkey and hit[3] == history:
+            if hit is not None and hit[0] is node.gpus and hit[1] == mkey and hit[3] == (history, decay):
                 nr = hit[2]
                 if nr.stale_s != node.stale_s:
                     nr = NodeRisk(name, nr.health, nr.probability, nr.gpus, nr.reason, node.stale_s)
@@ -203,7 +210,7 @@ def assess(
                         gpus.append(gr)
                         continue
             n_gpu = history.count(r.uuid) if history else 0
-            z, contributions = score(g, n_gpu, n_hist - n_gpu)
+            z, contributions = score(g, n_gpu, n_hist - n_gpu, decay)
             if gf:
                 xids = tuple(sorted({f.xid for f in gf if f.xid is not None}))
                 gr = GpuRisk(name, r.index, r.uuid, r.model, Health.BAD, 1.0, contributions, xids)
@@ -227,7 +234,7 @@ def assess(
             reason = _summary(gpus, p, base)
         out[name] = nr = NodeRisk(name, health, p, tuple(gpus), reason, node.stale_s)
         if not node_fatal:
-            memo[name] = (node.gpus, mkey, nr, history)
+            memo[name] = (node.gpus, mkey, nr, (history, decay))
         else:
             memo.pop(name, None)
     return out
@@ -254,9 +261,10 @@ def _gpu_risk(
     n_node: int,
     yellow: float,
     red: float,
+    decay: float = 1.0,
 ) -> GpuRisk:
     r = g.reading
-    z, contributions = scorer.score(g, n_gpu, n_node)
+    z, contributions = scorer.score(g, n_gpu, n_node, decay)
     if fatal:
         xids = tuple(sorted({f.xid for f in fatal if f.xid is not None}))
         return GpuRisk(node, r.index, r.uuid, r.model, Health.BAD, 1.0, contributions, xids)
@@ -310,7 +318,10 @@ class Scorer:
         self.quiet_margin = next((p[4][0][0] for p in self.quiet_plan if p[0] == _MARGIN and p[4]), None)
         self.margin_enabled = any(p[0] == _MARGIN for p in self.quiet_plan)
 
-    def score(self, g: SensedGpu, n_gpu: int, n_node: int) -> tuple[float, tuple[Contribution, ...]]:
+    def score(
+        self, g: SensedGpu, n_gpu: int, n_node: int, decay: float = 1.0
+    ) -> tuple[float, tuple[Contribution, ...]]:
+        """``decay`` scales the fatal-history contributions (see ``history_decay``)."""
         z = self.base_logit
         out: list[Contribution] = []
         fget = g.reading.fields.get
@@ -380,6 +391,8 @@ class Scorer:
             for t, w in steps:
                 if v >= t:
                     c = w
+            if code >= _GPU_HIST:
+                c *= decay
             if c:
                 z += c
                 out.append(Contribution(name, v, c, unit))
@@ -387,7 +400,27 @@ class Scorer:
 
 
 def fatal_uuids(state: ControllerState, node: str, params: Params, now: float) -> list[str]:
-    """GPU uuids ("" for node-wide) of the node's distinct fatal events within ``fatal_history_days``.
+    """GPU uuids ("" for node-wide) of the node's distinct fatal events within ``fatal_history_days``
+    (``fatal_events`` without the times)."""
+    return [u for _, u in fatal_events(state, node, params, now)]
+
+
+def history_decay(events: list[tuple[float, str]], params: Params, now: float) -> float:
+    """Scale of the repeat-offender contributions: 2^(-age / single_fault_half_life_days) when ``events``
+    (``fatal_events``) is one isolated failure, else 1 (none, or a repeat offender: full weights).
+
+    Titan (Ostrouchov et al., SC '20; olcf/TitanGPULife gc_full.csv): after a GPU's return to service
+    following its first fatal event, the hazard of a second one relative to never-failed GPUs fits
+    exp(5.6 x 2^(-t / 22 d)): x159 in the first week, x28 in weeks 2-4, x7 in days 30-90, ~x3.6 beyond."""
+    half_life = params.risk.single_fault_half_life_days
+    if half_life is None or len(events) != 1:
+        return 1.0
+    age = max(0.0, now - events[0][0])
+    return 2.0 ** (-age / (half_life * 86_400.0))
+
+
+def fatal_events(state: ControllerState, node: str, params: Params, now: float) -> list[tuple[float, str]]:
+    """(time, GPU uuid or "" for node-wide) of the node's distinct fatal events within ``fatal_history_days``.
 
     One fault reaches the history through several reports: an XID 79 arrives as the pushed XID, the pushed
     'GPU missing' of the same GPU and the scrape's unnamed 'GPU missing'. The repeat-offender signals count
@@ -400,7 +433,7 @@ def fatal_uuids(state: ControllerState, node: str, params: Params, now: float) -
     start = now - params.risk.fatal_history_days * 86_400.0
     hist = sorted(h for h in memory.fatal_history if h[0] >= start)
     if len(hist) < 2:
-        return [u for _, u in hist]
+        return hist
     dedup = params.learn.lemon_dedup_s
     named = [t for t, u in hist if u]
     last: dict[str, float] = {}
@@ -411,18 +444,22 @@ def fatal_uuids(state: ControllerState, node: str, params: Params, now: float) -
         if not u and any(abs(t - x) <= dedup for x in named):
             continue
         last[u] = t
-        out.append(u)
+        out.append((t, u))
     return out
 
 
 def signal_values(
-    g: SensedGpu, compiled: tuple[CompiledSignal, ...], n_gpu: int, n_node: int
+    g: SensedGpu, compiled: tuple[CompiledSignal, ...], n_gpu: int, n_node: int, decay: float = 1.0
 ) -> tuple[tuple[str, float | None, float], ...]:
-    """Every enabled signal's (name, value, contribution) for one GPU: the slow, obvious path (explain)."""
+    """Every enabled signal's (name, value, contribution) for one GPU: the slow, obvious path (explain).
+    ``decay`` scales the fatal-history signals' contributions (``history_decay``)."""
     out = []
     for cs in compiled:
         v = cs.read(g, n_gpu, n_node)
-        out.append((cs.name, v, 0.0 if v is None else cs.contribution(v)))
+        c = 0.0 if v is None else cs.contribution(v)
+        if SIGNALS_BY_NAME[cs.name].kind in ("gpu_history", "node_history"):
+            c *= decay
+        out.append((cs.name, v, c))
     return tuple(out)
 
 

@@ -140,3 +140,101 @@ def test_one_fault_seen_through_several_reports_is_one_event_of_history():
     assert uuids(again, now=1000.0 + window + 10) == ["GPU-a", "GPU-a"]
     assert uuids(((1000.0, ""), (1000.0 + window + 1, ""))) == ["", ""]  # node-wide events apart
     assert uuids(((5.0, "GPU-a"),), now=5.0 + P().risk.fatal_history_days * 86_400.0 + 1) == []
+
+
+# --- One remediated fault decays (issue #5 experiment; risk.single_fault_half_life_days) ---
+
+DAY = 86_400.0
+
+
+def _fault_and_resume(f: Fleet, r: Runner, node: str, gpu: int) -> None:
+    f.push(node, 79, gpu, r.now)
+    r.tick()
+    f.drain_by_admin(node, "")
+    f.slurm_update(node, states=frozenset({"IDLE"}), reason="")
+    r.tick()
+
+
+def _at(r: Runner, when: float):
+    r.now = when
+    return r.tick(advance=False).risks["gpu000"]
+
+
+def test_one_isolated_fault_is_yellow_at_first_then_green_with_a_note():
+    """The old rule held one remediated fault yellow for fatal_history_days (90 d): risk ~0.061 > 0.05."""
+    f = Fleet(2)
+    r = Runner(f)
+    r.tick()
+    t0 = r.now
+    _fault_and_resume(f, r, "gpu000", 3)
+    assert _at(r, t0 + 600.0).health is Health.WARN  # just back: as before
+    later = _at(r, t0 + 7 * DAY)
+    assert later.health is Health.OK, later
+    assert later.probability < Params().risk.yellow_threshold
+    g3 = later.gpus[3]
+    (note,) = [c for c in g3.contributions if c.signal == "gpu_repeat_offender"]  # green with a note
+    assert 0 < note.weight < 2.5
+    assert note.weight == pytest.approx(2.5 * 2 ** (-7 / 22), rel=0.01)  # age ~7 d, half-life 22 d
+    assert g3.probability > later.gpus[0].probability  # the faulted GPU still ranks worse
+    old = Params.model_validate({"risk": {"single_fault_half_life_days": None}})
+    r_old = Runner(Fleet(2), old)
+    r_old.tick()
+    t_old = r_old.now
+    _fault_and_resume(r_old.fleet, r_old, "gpu000", 3)
+    assert _at(r_old, t_old + 7 * DAY).health is Health.WARN  # the old rule, still available
+
+
+def test_decay_scales_both_history_contributions_by_the_half_life():
+    from slurm_fleetyield.core.model import Tier
+    from slurm_fleetyield.core.risk import fatal_events, history_decay
+    from slurm_fleetyield.core.state import ControllerState, NodeMemory
+
+    p = Params()
+    hl = p.risk.single_fault_half_life_days * DAY
+    st = ControllerState(nodes={"n": NodeMemory(Tier.GREEN, 0.0, "", fatal_history=((1000.0, "GPU-a"),))})
+    ev = fatal_events(st, "n", p, 1000.0 + hl)
+    assert ev == [(1000.0, "GPU-a")]
+    assert history_decay(ev, p, 1000.0 + hl) == pytest.approx(0.5)
+    assert history_decay(ev, p, 1000.0) == 1.0
+    assert history_decay([], p, 1000.0) == 1.0
+    two = [(1000.0, "GPU-a"), (1000.0 + DAY, "GPU-b")]
+    assert history_decay(two, p, 1000.0 + 30 * DAY) == 1.0  # a repeat offender keeps full weights
+    with pytest.raises(ValueError):
+        Params.model_validate({"risk": {"single_fault_half_life_days": 0}})
+
+
+def test_repeat_offender_stays_yellow_at_any_age_in_the_window():
+    f = Fleet(2)
+    r = Runner(f)
+    r.tick()
+    t0 = r.now
+    _fault_and_resume(f, r, "gpu000", 3)
+    r.now = t0 + 2 * DAY  # well past lemon_dedup_s: a second, distinct failure
+    r.tick(advance=False)
+    _fault_and_resume(f, r, "gpu000", 5)
+    late = _at(r, t0 + 60 * DAY)
+    assert late.health is Health.WARN, late
+    w = {c.signal: c.weight for c in late.gpus[3].contributions}
+    assert w == {"gpu_repeat_offender": 2.5, "node_repeat_offender": 1.0}
+
+
+def test_fast_scorer_and_explain_path_agree_on_decayed_history():
+    from slurm_fleetyield.core.risk import fatal_events, history_decay
+
+    f = Fleet(1)
+    r = Runner(f)
+    r.tick()
+    t0 = r.now
+    _fault_and_resume(f, r, "gpu000", 2)
+    r.now = t0 + 3 * DAY
+    res = r.tick(advance=False)
+    compiled = compile_signals(r.params, res.sensed.layout)
+    ev = fatal_events(res.previous, "gpu000", r.params, r.now)
+    decay = history_decay(ev, r.params, r.now)
+    assert 0.5 < decay < 1.0
+    for i, g in enumerate(res.sensed.nodes["gpu000"].gpus):
+        n_gpu = [u for _, u in ev].count(g.reading.uuid)
+        slow = {n: c for n, _v, c in signal_values(g, compiled, n_gpu, len(ev) - n_gpu, decay) if c}
+        fast = {c.signal: c.weight for c in res.risks["gpu000"].gpus[i].contributions}
+        assert slow == pytest.approx(fast), (i, slow, fast)
+        assert fast  # every GPU carries a (decayed) history term
