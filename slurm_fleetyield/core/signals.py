@@ -246,8 +246,9 @@ SIGNALS: tuple[SignalSpec, ...] = (
         (),
         ((1.0, 2.5), (2.0, 3.5)),
         "past fatal events",
-        "A GPU that failed before fails again far more often: 18.5% of Titan's fatal events hit a GPU "
-        "that had already failed once.",
+        "A GPU that failed before fails again far more often: Titan GPUs returned to service after a DBE/"
+        "off-the-bus failure failed again x159 as often in their first week, x28 in days 7-30, x7 in "
+        "days 30-90.",
         "Ostrouchov et al., GPU Lifetimes on Titan (SC '20)",
     ),
     SignalSpec(
