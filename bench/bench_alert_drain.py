@@ -24,20 +24,28 @@ aborts the run. Also explicit, so a run of many injections is neither capped nor
 (default 3: a node with three XID 79s in a week is retired for RMA). The drain cap stays at its value
 (1 node): each node is handed back before the next injection.
 
-Putting a node back, as an admin does, right after DRAIN is seen (the same loop inside slurmctld, within
-milliseconds): the admin takes the node over (``scontrol update State=DRAIN Reason="fy-bench: admin ..."``:
-a reason not ours, so FleetYield hands it off - lifecycle back to in service, no reboot ladder, not counted
-against the drain cap, never resumed by FleetYield), resets the GPU through the agent (``fleetyield-agent
-reset --gpu N``), waits until Prometheus and Alertmanager have resolved the alert, and resumes the node
-(``scontrol update State=RESUME``). The next injection starts only once the whole cluster is clean again
-(every node IDLE, green, labelled, no hold). Injections rotate over the four nodes and their GPUs.
+Each injection hits a node running a job that does not allow requeue (``sbatch --no-requeue -w NODE``), so
+the drain leaves the node DRAINING (MIXED+DRAIN) with the job on it - what a busy GPU node looks like - and
+the controller's lifecycle waits for the node to be empty before it starts its reboot ladder. Without the job
+the next tick can issue ``scontrol reboot`` a few ms after the drain (a tick woken by the agent's pushes runs
+right after the one that drained) and the admin below would lose that race.
 
-Keep each interval run under 5 minutes (12 injections take ~2): FleetYieldFatalXid compares with the
-series of 5 minutes ago, which a fresh Prometheus does not have yet; older, it would see a reset GPU's
-XID 79 counter as new (see the notes of issue 6).
+Putting a node back, as an admin does, right after DRAIN is seen (the same loop inside slurmctld): the admin
+takes the node over (``scontrol update State=DRAIN Reason="fy-bench: admin ..."``: a reason not ours, so
+FleetYield hands it off - lifecycle back to in service, not counted against the drain cap, never resumed or
+remediated by FleetYield), cancels the job, resets the GPU through the agent (``fleetyield-agent reset --gpu
+N``), waits until Prometheus and Alertmanager have resolved the alert, and resumes the node (``scontrol update
+State=RESUME``). The controller's event log must show no reboot, GPU reset, resume or canary for the node. The
+next injection starts only once every node is IDLE and in service again for the controller (labelled, green
+or yellow - a node with past fatal faults is yellow for a while: risk signal node_repeat_offender -, no hold).
+Injections rotate over the four nodes and their GPUs.
+
+Keep each interval run under 5 minutes (20 injections took 2.5 on a 2-core VM): FleetYieldFatalXid
+compares with the series of 5 minutes ago, which a fresh Prometheus does not have yet; older, it would see
+a reset GPU's XID 79 counter as new and drain the repaired node again (see the notes of issue 6).
 
 Run (cluster up; it is shared, so under its lock):
-    flock /tmp/fy-cluster.lock .venv/bin/python bench/bench_alert_drain.py [--injections 12] \
+    flock /tmp/fy-cluster.lock .venv/bin/python bench/bench_alert_drain.py [--injections 20] \
         [--intervals 1s,100ms] [--json out.json]
 """
 
@@ -161,7 +169,8 @@ while :; do
   if grep -qE '^ +State=[A-Z_+]*DRAIN' <<<"$out" && grep -qE '^ +Reason=fleetyield:' <<<"$out"; then
     date +%s.%N
     grep -E '^ +Reason=' <<<"$out" | sed -E 's/^ +Reason=//'
-    scontrol update NodeName="$node" State=DRAIN Reason={shlex.quote(ADMIN_REASON)}
+    scontrol update NodeName="$node" State=DRAIN Reason={shlex.quote(ADMIN_REASON)} || echo takeover failed
+    scontrol show node "$node" | grep -E '^ +(State|Reason)=' | sed -E 's/^ +/after takeover: /'
     exit 0
   fi
   ((SECONDS < deadline)) || {{ echo timeout; grep -E '^ +(State|Reason)=' <<<"$out"; exit 1; }}
@@ -191,6 +200,69 @@ def controller_events(c: Cluster, node: str, since: float) -> list[dict[str, Any
     return [e for e in reversed(events) if float(e.get("time", 0)) >= since]
 
 
+def describe(c: Cluster, node: str | None = None, since: float = 0.0) -> str:
+    """What stops ``world_is_clean``: Slurm's view, the controller's summary and NODE's events since
+    ``since`` (for error messages)."""
+    lines = []
+    for name, f in sorted(c.node_info().items()):
+        keys = ("State", "Reason", "AvailableFeatures", "Weight")
+        lines.append(f"{name}: " + " ".join(f"{k}={f.get(k, '')}" for k in keys))
+    try:
+        status = c.api("/v1/status")
+        lines.append(f"summary: {json.dumps(status.get('summary'))}")
+        lines.append(f"holds: {json.dumps(status.get('plan', {}).get('holds'))}")
+        lines += [f"row {r['node']}: {json.dumps(r)}" for r in c.api("/v1/nodes")]
+        if node:
+            lines += [
+                f"  {e['time']:.3f} {e['kind']} {e['message']} {json.dumps(e['data'])}"
+                for e in controller_events(c, node, since)
+            ]
+    except (AssertionError, ValueError) as exc:
+        lines.append(f"controller API: {exc}")
+    return "\n".join(lines)
+
+
+def in_service(c: Cluster) -> bool:
+    """Every node IDLE in Slurm, in service for the controller (its last tick saw it IDLE, labelled it as
+    Slurm shows it, green or yellow), no hold, no scrape error. Not ``world_is_clean``: a node that had a
+    fatal fault stays yellow for a while (risk signal node_repeat_offender), which is the risk model's
+    business, not this benchmark's."""
+    info = c.node_info()
+    if any(info.get(n, {}).get("State") != "IDLE" for n in NODES):
+        return False
+    status = c.api("/v1/status")
+    summary = status.get("summary", {})
+    if set(summary.get("stages", {})) - {"in_service"} or summary.get("scrape_errors") != 0:
+        return False
+    if status.get("plan", {}).get("holds"):
+        return False
+    rows = {r["node"]: r for r in c.api("/v1/nodes")}
+    return all(
+        n in rows
+        and rows[n]["tier"] in ("green", "yellow")
+        and rows[n]["slurm_state"] == "IDLE"
+        and ",".join(rows[n]["features"]) == info[n].get("AvailableFeatures")
+        for n in NODES
+    )
+
+
+def wait_clean(
+    c: Cluster, what: str, node: str | None = None, since: float = 0.0, timeout: float = 120
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if in_service(c):
+                return
+        except (AssertionError, subprocess.SubprocessError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"timed out after {timeout:.0f} s waiting for {what}:\n{describe(c, node, since)}"
+            )
+        time.sleep(0.2)
+
+
 def alert_active(prom: Prometheus, am: Alertmanager, node: str) -> bool:
     firing = prom.query(f'ALERTS{{alertname="{ALERT}", node="{node}"}}')["data"]["result"]
     am_alerts = http_json(f"{am.url}/api/v2/alerts?active=true&silenced=false&inhibited=false")
@@ -199,12 +271,33 @@ def alert_active(prom: Prometheus, am: Alertmanager, node: str) -> bool:
     )
 
 
+def submit_job(c: Cluster, node: str) -> str:
+    """A running job that does not allow requeue: the quarantine leaves it running (DRAINING), so the
+    lifecycle waits for the node to be empty before its reboot ladder, whenever its next tick comes.
+    Class batch (fy_ok_batch): a node that had fatal faults is yellow for a while, which admits batch."""
+    job = c.ctl(
+        "sbatch", "--parsable", "-w", node, "--no-requeue", "--time=10", f"--job-name=fy-bench-{node}",
+        "--comment=fy:batch",
+        "-o", "/dev/null", "--wrap", "sleep 600",
+    ).strip().split(";")[0]  # fmt: skip
+
+    def running() -> bool:
+        state = c.ctl("squeue", "-h", "-j", job, "-o", "%T").strip()
+        if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            raise RuntimeError(f"bench job {job} on {node} is {state or 'gone'}")
+        return state == "RUNNING"
+
+    wait_for(running, 60, f"bench job {job} running on {node}", interval=0.1)
+    return job
+
+
 def inject_once(
     c: Cluster, prom: Prometheus, am: Alertmanager, node: str, gpu: int, timeout_s: float
 ) -> dict[str, Any]:
-    c.poll(c.world_is_clean, timeout=120, interval=0.2, what="a clean, labelled cluster before injecting")
+    wait_clean(c, "every node idle and in service before injecting")
     if alert_active(prom, am, node):
         raise RuntimeError(f"{ALERT} still active for {node} before the injection")
+    job = submit_job(c, node)
     watcher = subprocess.Popen(
         [c.docker, "exec", "slurmctld", "bash", "-c", watch_script(node, timeout_s)],
         stdout=subprocess.PIPE,
@@ -221,6 +314,8 @@ def inject_once(
         if watcher.poll() is None:
             watcher.kill()
     lines = text.strip().splitlines()
+    if any("takeover failed" in line for line in lines):
+        raise RuntimeError(f"{node}: the admin takeover (scontrol update State=DRAIN) failed: {text.strip()}")
     if watcher.returncode != 0 or len(lines) < 2:
         raise RuntimeError(f"{node} not drained by FleetYield within {timeout_s:.0f} s: {text.strip()}")
     drained_at, reason = float(lines[0]), lines[1]
@@ -233,11 +328,15 @@ def inject_once(
         raise RuntimeError(f"{node}: the drain's evidence is {keys!r}, not only the alert (am-...)")
     # The admin repairs and hands the node back (the takeover is done: the watcher's scontrol update).
     if c.node_info()[node].get("Reason", "").startswith("fleetyield:"):
-        raise RuntimeError(f"{node}: the admin takeover did not replace our reason")
+        raise RuntimeError(
+            f"{node}: our reason is back after the admin takeover (drained {drained_at:.3f}, watcher: "
+            f"{lines[2:]}):\n{describe(c, node, t_fault - 5.0)}"
+        )
+    c.ctl("scancel", job)
     c.agent(node, "reset", "--gpu", str(gpu))
     wait_for(lambda: not alert_active(prom, am, node), 60, f"{ALERT} resolved for {node}", interval=0.05)
     c.ctl("scontrol", "update", f"NodeName={node}", "State=RESUME")
-    c.poll(c.world_is_clean, timeout=120, interval=0.2, what=f"{node} back in a clean, labelled cluster")
+    wait_clean(c, f"{node} back in service", node, t_fault - 5.0)
     acted = [
         f"{e['kind']} {e['data'].get('action')}: {e['message']}"
         for e in controller_events(c, node, t_fault)
@@ -326,7 +425,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--injections", type=int, default=12, help="per interval setting (>= 1)")
+    ap.add_argument("--injections", type=int, default=20, help="per interval setting (>= 1)")
     ap.add_argument("--intervals", default="1s,100ms", help="scrape = rule evaluation interval settings")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for one DRAIN")
     ap.add_argument("--json", help="write the raw samples here")
