@@ -9,27 +9,18 @@ from __future__ import annotations
 
 import pytest
 
+from sim.fleets import fault_heavy
 from slurm_fleetyield.core.plan import DrainNode
 from slurm_fleetyield.sim import runner
 
 # a small, fault-heavy synthetic fleet where approved drains hit nodes running both kinds of jobs
-CFG = dict(
-    nodes=12,
-    days=10,
-    seed=4,
-    workload="synthetic",
-    node_rate_per_1000_node_days=400.0,
-    precursor_share=0.5,
-    lead_h=12.0,
-    control_interval_s=1800.0,
-)
+CFG = dict(nodes=12, days=10, seed=4, lead_h=12.0)
 
 
 def test_approved_drain_comes_from_the_plan_and_never_requeues_a_no_requeue_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    cfg = runner.make_config(**CFG)
-    sim = runner.Simulation(cfg, "fleetyield", runner.build_inputs(cfg))
+    sim = fault_heavy(**CFG)
     approvals: list = []
     approved: list[DrainNode] = []
     kept: list[int] = []  # jobs left running on a node the plan just drained for an approval
@@ -77,8 +68,7 @@ def test_approved_drain_comes_from_the_plan_and_never_requeues_a_no_requeue_job(
 
 def test_a_stale_proposal_is_declined(monkeypatch: pytest.MonkeyPatch) -> None:
     """The admin approves only an open proposal of a node still red and in service."""
-    cfg = runner.make_config(**CFG)
-    sim = runner.Simulation(cfg, "fleetyield", runner.build_inputs(cfg))
+    sim = fault_heavy(**CFG)
     sent: list = []
     original = runner.controller_step
 

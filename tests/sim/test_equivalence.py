@@ -12,6 +12,7 @@ import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sim.fleets import fault_heavy
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.config import from_mapping
 from slurm_fleetyield.core.model import FatalEvent, JobView, NodeSample, SlurmNode
@@ -56,17 +57,7 @@ class Replay:
 
 
 def record(n_frames: int = 40) -> list:
-    cfg = runner.make_config(
-        nodes=12,
-        days=6,
-        seed=3,
-        workload="synthetic",
-        node_rate_per_1000_node_days=400.0,
-        precursor_share=0.5,
-        lead_h=6.0,
-        control_interval_s=1800.0,
-    )
-    sim = runner.Simulation(cfg, "fleetyield", runner.build_inputs(cfg))
+    sim = fault_heavy(nodes=12, days=6, seed=3)
     frames: list = []
     original = runner.controller_step
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import pytest
 
+from sim.fleets import fault_heavy
 from slurm_fleetyield.core import memory
 from slurm_fleetyield.core.loop import tick
 from slurm_fleetyield.core.model import Observations
@@ -25,17 +26,7 @@ from slurm_fleetyield.sim import runner
 
 
 def _record() -> list[Observations]:
-    cfg = runner.make_config(
-        nodes=10,
-        days=4,
-        seed=5,
-        workload="synthetic",
-        node_rate_per_1000_node_days=400.0,
-        precursor_share=0.5,
-        lead_h=6.0,
-        control_interval_s=1800.0,
-    )
-    sim = runner.Simulation(cfg, "fleetyield", runner.build_inputs(cfg))
+    sim = fault_heavy(nodes=10, days=4, seed=5)
     seen: list[Observations] = []
     original = runner.tick
 
