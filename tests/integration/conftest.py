@@ -5,8 +5,8 @@ The session fixture ``cluster`` makes sure the cluster is up: when ``sinfo`` ins
 (``make down`` / ``.ci/run`` does), so a cluster you started by hand survives the tests.
 
 ``Cluster.reset_world()`` puts the cluster back into its clean state (no jobs, no faults, no drains,
-a controller with an empty store that has labelled every node green); the closed-loop tests run it
-after each test through the ``clean_world`` fixture.
+a controller with an empty store that has labelled every node green); the function fixture ``world``
+runs it around each test that asks for it (test_closed_loop.py, test_rehab_gate_ledger.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,6 +95,9 @@ class Cluster:
     nodes: tuple[tuple[str, str], ...] = tuple(NODES.items())  # (node, gpu model)
     agent_state_dir: str = AGENT_STATE_DIR
     poll = staticmethod(poll)
+    # Set by the fixtures that leave the cluster clean (``world``, test_attestation's ``attested``): the next
+    # ``world`` can skip its reset before the test.
+    _fy_clean: bool = field(default=False, init=False, repr=False)
 
     def exec(
         self, container: str, *cmd: str, check: bool = True, timeout: float = 60
@@ -303,3 +306,18 @@ def cluster() -> Cluster:
             pytest.fail(f"{CLUSTER_DIR}/up.sh failed with status {proc.returncode}")
         docker = _docker_binary()
     return Cluster(docker=docker)
+
+
+@pytest.fixture
+def world(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, clean before the test (once per session at least) and restored after it.
+
+    A module whose tests need more (another controller config, attestation on) defines its own ``world``,
+    which overrides this one.
+    """
+    if not cluster._fy_clean:
+        cluster.reset_world()
+    cluster._fy_clean = False
+    yield cluster
+    cluster.reset_world()
+    cluster._fy_clean = True

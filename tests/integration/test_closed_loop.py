@@ -2,8 +2,8 @@
 
 One test per "must be shown" item of the closed-loop issue. The controller (container ``fleetyield``)
 ticks every 2 s (contrib/slurm-docker-cluster/fleetyield/fleetyield.toml); agents push fatal events to it.
-Every wait is a poll with a deadline; ``clean_world`` puts the cluster back (no jobs, no faults, no drains,
-a controller with a fresh store, every node green) after each test, in ~3 s.
+Every wait is a poll with a deadline; ``world`` (conftest.py) puts the cluster back (no jobs, no faults,
+no drains, a controller with a fresh store, every node green) after each test, in ~3 s.
 
 Run: ``.venv/bin/pytest tests/integration/test_closed_loop.py`` (brings the cluster up when needed).
 """
@@ -16,7 +16,6 @@ import statistics
 import subprocess
 import tomllib
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,17 +31,6 @@ TICK_S = tomllib.loads(CONTROLLER_TOML.read_text())["loop"]["interval_s"]
 LATENCY_GOAL_S = 1.0  # p50 from the fault injection command to `scontrol show node` showing DRAIN
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def world(cluster: Any) -> Iterator[Any]:
-    """The cluster, clean before the test (once per session at least) and restored after it."""
-    if not getattr(cluster, "_fy_clean", False):
-        cluster.reset_world()
-    cluster._fy_clean = False
-    yield cluster
-    cluster.reset_world()
-    cluster._fy_clean = True
 
 
 def gpu_count(metrics_text: str) -> int:

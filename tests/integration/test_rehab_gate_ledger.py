@@ -24,7 +24,6 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,16 +36,6 @@ ADMIN_DIR = "/root/fy-admin"  # private keys: in the controller container, never
 AUTHORIZED_KEYS = "/var/lib/fleetyield/admin/authorized_keys"  # [gate] authorized_keys of the cluster config
 H100 = ("gpu-h100-1", "gpu-h100-2")
 PROPOSAL_ID = re.compile(r"^p-[0-9a-f]{12}$")
-
-
-@pytest.fixture
-def world(cluster: Any) -> Iterator[Any]:
-    if not getattr(cluster, "_fy_clean", False):
-        cluster.reset_world()
-    cluster._fy_clean = False
-    yield cluster
-    cluster.reset_world()
-    cluster._fy_clean = True
 
 
 @pytest.fixture(scope="session")
