@@ -18,9 +18,16 @@ Calibration (every number's source; see ``shared/data/README.md``):
   faulty GPU -> XID 79 (fell off the bus), HBM3 -> XID 48 (double-bit ECC), SRAM -> XID 95 (uncontained
   ECC), GPU system processor -> XID 119 (GSP RPC timeout).
 - Lemons: ~1.2% of nodes are lemons (Meta RSC); each carries one lemon GPU whose hazard multiplier is solved
-  so that the share of fatal events hitting a GPU that already failed in the run equals 18.5% (Titan, SC '20:
-  18.5% of fatal events hit a GPU that had failed before; ``sim/calibrate.py`` re-measures it from
-  ``titan-gpu-lifetimes/gc_full.csv``). Titan gives the shape only, never the rate.
+  so that the repeat share of the run equals ``TITAN_REPEAT_SHARE`` = 7.15% (Titan, Ostrouchov et al. SC '20,
+  ``titan-gpu-lifetimes/gc_full.csv``, measured by ``sim/calibrate.py``: 400 of 5,597 distinct fatal failures
+  hit a GPU that had failed before and returned to service since). One definition on both sides, per physical
+  GPU: reports within one repair window (Titan: one day; here: ``repair_s``, default 24 h = ``repair_h``) are
+  one failure (the runner drops a fault on a node that is DOWN for repair), and a repeat is a failure of a GPU
+  that came back to service after an earlier one (here every repaired GPU does, in place; a swapped GPU is a
+  new GPU with the base hazard). The raw 18.5% used before counted Titan's re-reports (770 of its 1,177
+  "repeats") and is not this quantity. Caveat: Titan replaced 90.5% of its failed GPUs and returned only 9.5%
+  to service; this simulator returns every repaired GPU, so per returned GPU its lemons are milder than
+  Titan's (docs/simulator.md, Calibration). Titan gives the shape only, never the rate.
 - Precursors: no public study gives the share of fatal faults preceded by an observable signal
   (shared/data/README.md), so ``precursor_share`` is swept (0-50%). A precursor episode starts ``lead`` before
   the fault and escalates in three stages (early / mid / late = last quarter): HBM classes show correctable
@@ -58,7 +65,7 @@ LLAMA3_RATE_PER_1000_NODE_DAYS = 419 / (54 * 16_384 / 8) * 1000  # 3.79, Llama 3
 LLAMA3_GPU_SHARE = 256 / 419  # faulty GPU + HBM3 + SRAM + GSP (Llama 3 Table 5)
 LLAMA3_SDC_SHARE = 6 / 419  # silent data corruption (Llama 3 Table 5)
 META_RSC_LEMON_NODE_SHARE = 0.012  # Meta RSC (arXiv 2410.21680)
-TITAN_REPEAT_SHARE = 0.185  # Titan GPU lifetimes (SC '20): fatal events hitting an already-failed GPU
+TITAN_REPEAT_SHARE = 0.0715  # Titan (SC '20) deduplicated: 400 / 5,597 failures after a return
 
 # (class, Llama 3 Table 5 count, XID, precursor signature)
 FAULT_CLASSES: tuple[tuple[str, int, int, str], ...] = (
@@ -164,20 +171,27 @@ class FaultPlan:
 
 
 def solve_lemon_multiplier(
-    hazard: float, lemon_gpu_share: float, repeat_share: float, horizon_days: float
+    hazard: float, lemon_gpu_share: float, repeat_share: float, horizon_days: float, repair_days: float = 0.0
 ) -> float:
     """Multiplier M of the lemon GPUs' hazard such that, over the horizon, ``repeat_share`` of all fatal
-    events hit a GPU that already failed in the run (Poisson per GPU: repeats = lambda - 1 + exp(-lambda));
-    the mean hazard stays ``hazard``. Returns 1 when there are no lemons or no repeats are asked for."""
+    events (``repeat_share(faults, repair_s)``'s definition) hit a GPU that already failed in the run and came
+    back from repair. Poisson per GPU with a dead time of ``repair_days`` after each counted event (faults
+    while the node is DOWN are not events): first events 1 - exp(-lambda), repeats (lambda - 1 + exp(-lambda))
+    / (1 + rate x repair_days); the mean hazard stays ``hazard``. Returns 1 when there are no lemons or no
+    repeats are asked for."""
     s = lemon_gpu_share
     if s <= 0 or repeat_share <= 0:
         return 1.0
 
     def share(m: float) -> float:
         h0 = hazard / (1 - s + s * m)  # keep the fleet mean at ``hazard``
-        lam_n, lam_l = h0 * horizon_days, h0 * m * horizon_days
-        rep = (1 - s) * (lam_n - 1 + math.exp(-lam_n)) + s * (lam_l - 1 + math.exp(-lam_l))
-        total = (1 - s) * lam_n + s * lam_l
+        rep = total = 0.0
+        for frac, rate in ((1 - s, h0), (s, h0 * m)):
+            lam = rate * horizon_days
+            first = 1 - math.exp(-lam)
+            again = (lam - first) / (1 + rate * repair_days)
+            rep += frac * again
+            total += frac * (first + again)
         return rep / total if total > 0 else 0.0
 
     lo, hi = 1.0, 1e6
@@ -204,9 +218,15 @@ def _poisson_times(rate_per_s: float, horizon_s: float, rng: random.Random) -> l
 
 
 def generate(
-    nodes: Sequence[str], gpus_per_node: int, params: FaultParams, horizon_s: float, rng: random.Random
+    nodes: Sequence[str],
+    gpus_per_node: int,
+    params: FaultParams,
+    horizon_s: float,
+    rng: random.Random,
+    repair_s: float = DAY,
 ) -> FaultPlan:
-    """Draw one fault plan. Deterministic for a given ``rng`` state."""
+    """Draw one fault plan. Deterministic for a given ``rng`` state. ``repair_s``: how long a fatal fault
+    keeps its node DOWN (the runner's ``repair_h``), the dead time the lemon solve accounts for."""
     params.validate()
     horizon_days = horizon_s / DAY
     hazard = params.gpu_fatal_per_gpu_day
@@ -214,7 +234,7 @@ def generate(
     lemon_nodes = sorted(rng.sample(list(nodes), n_lemon)) if n_lemon else []
     lemons = frozenset((n, rng.randrange(gpus_per_node)) for n in lemon_nodes)
     s = len(lemons) / max(1, len(nodes) * gpus_per_node)
-    m = solve_lemon_multiplier(hazard, s, params.repeat_share, horizon_days)
+    m = solve_lemon_multiplier(hazard, s, params.repeat_share, horizon_days, repair_s / DAY)
     h0 = hazard / (1 - s + s * m)
     weights = [c[1] for c in FAULT_CLASSES]
     faults: list[Fault] = []
@@ -274,17 +294,21 @@ def _poisson_count(mean: float, rng: random.Random) -> int:
     return n
 
 
-def repeat_share(faults: Sequence[Fault]) -> float:
-    """Share of fatal events hitting a GPU that already failed (in this plan, with repairs, not swaps)."""
+def repeat_share(faults: Sequence[Fault], repair_s: float = DAY) -> float:
+    """Share of fatal events hitting a GPU that already failed in this plan and came back from repair, as the
+    baseline runner counts them: a fatal fault puts its node DOWN for ``repair_s`` and a fault on a DOWN node
+    is no event (the same failure seen again, Titan's re-report); the repaired GPU returns to service in
+    place, so every later event on it is a repeat. No swaps here (a swapped GPU is a new GPU: ``runner``)."""
     seen: set[tuple[str, int]] = set()
+    down_until: dict[str, float] = {}
     rep = total = 0
     for f in faults:
-        if f.quiet:
+        if f.quiet or f.time < down_until.get(f.node, -math.inf):
             continue
+        down_until[f.node] = f.time + repair_s
         total += 1
         key = (f.node, f.gpu)
-        if key in seen:
-            rep += 1
+        rep += key in seen
         seen.add(key)
     return rep / total if total else 0.0
 

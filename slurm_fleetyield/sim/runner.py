@@ -207,7 +207,12 @@ def build_inputs(cfg: SimConfig) -> Inputs:
             f"larger than the fleet ({cfg.nodes} x {cfg.gpus_per_node})",
         )
     plan = fm.generate(
-        names, cfg.gpus_per_node, cfg.faults, cfg.horizon_s, random.Random(f"faults-{cfg.seed}")
+        names,
+        cfg.gpus_per_node,
+        cfg.faults,
+        cfg.horizon_s,
+        random.Random(f"faults-{cfg.seed}"),
+        cfg.repair_h * HOUR,
     )
     return Inputs(names, premium, tuple(jobs), plan)
 
@@ -304,11 +309,12 @@ class Simulation:
         # faults
         self.cancelled: set[int] = set()
         self.gpu_failed: dict[tuple[str, int], int] = {}  # fatal events per GPU (repeat share)
-        self.fault_hist: list[tuple[float, str, int]] = []
+        self.fault_hist: list[tuple[float, str, int, float | None]] = []  # time, node, GPU, its swap time
         self.swapped_at: dict[tuple[str, int], float] = {}
         self.hidden: set[tuple[str, int]] = set()
         self.xids: dict[tuple[str, int], dict[int, float]] = {}
         self.lemons = set(inputs.plan.lemons)
+        self.plan_multiplier = inputs.plan.lemon_multiplier
         self.faults_by_gpu: dict[tuple[str, int], list[fm.Fault]] = {}
         for f in inputs.plan.faults:
             self.faults_by_gpu.setdefault((f.node, f.gpu), []).append(f)
@@ -562,7 +568,7 @@ class Simulation:
         self.m["fatal_faults"] += 1
         key = (node, f.gpu)
         self.gpu_failed[key] = self.gpu_failed.get(key, 0) + 1
-        self.fault_hist.append((self.now, node, f.gpu))
+        self.fault_hist.append((self.now, node, f.gpu, self.swapped_at.get(key)))
         for jid in jobs:
             self.m["failures_hitting_jobs"] += 1
             self._interrupt(jid)
@@ -621,15 +627,22 @@ class Simulation:
         self._want_sched()
 
     def _swap(self, node: str, keys: Sequence[tuple[str, int]]) -> None:
-        """Replace GPUs: their future precursor-announced and lemon faults vanish, telemetry restarts."""
+        """Replace GPUs: their future precursor-announced faults and a lemon's excess faults vanish, telemetry
+        restarts. The new GPU has the base hazard: a lemon's later faults are thinned to 1 / multiplier of
+        them, each kept or dropped by a draw fixed by (seed, fault id), so every policy thins alike."""
         for key in keys:
             self.swapped_at[key] = self.now
             self.xids.pop(key, None)
             self.gpu_failed.pop(key, None)
             lemon = key in self.lemons
             self.lemons.discard(key)
+            keep = 1.0 / self.plan_multiplier if lemon else 1.0
             for f in self.faults_by_gpu.get(key, ()):
-                if f.time > self.now and (lemon or (f.episode is not None and f.episode.start <= self.now)):
+                if f.time <= self.now or f.fault_id in self.cancelled:
+                    continue
+                announced = f.episode is not None and f.episode.start <= self.now
+                excess = lemon and random.Random(f"lemon-swap-{self.cfg.seed}-{f.fault_id}").random() >= keep
+                if announced or excess:
                     self.cancelled.add(f.fault_id)
             self._dirty_gpu(key)
 
@@ -836,12 +849,15 @@ class Simulation:
         return m
 
 
-def _repeat_share(hist: Sequence[tuple[float, str, int]]) -> float:
-    seen: set[tuple[str, int]] = set()
+def _repeat_share(hist: Sequence[tuple[float, str, int, float | None]]) -> float:
+    """Share of counted fatal faults (none while the node was DOWN) on a GPU that failed before in the run
+    and came back from repair: per physical GPU, so a swapped-in GPU starts with no history (Titan counts per
+    serial number; ``faults.repeat_share`` is the same count on the plan, for a run without swaps)."""
+    seen: set[tuple[str, int, float | None]] = set()
     rep = 0
-    for _, n, g in hist:
-        rep += (n, g) in seen
-        seen.add((n, g))
+    for _, n, g, gen in hist:
+        rep += (n, g, gen) in seen
+        seen.add((n, g, gen))
     return rep / len(hist) if hist else 0.0
 
 

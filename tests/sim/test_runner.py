@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurm_fleetyield.sim import faults as fm
 from slurm_fleetyield.sim import report, runner
 
 SMALL = dict(
@@ -75,3 +76,44 @@ def test_unknown_policy_and_option_are_errors() -> None:
     cfg = runner.make_config(nodes=4, days=1, workload="synthetic")
     with pytest.raises(ValueError, match="unknown policy"):
         runner.Simulation(cfg, "magic", runner.build_inputs(cfg))
+
+
+def test_baseline_counts_repeats_as_the_fault_model_defines_them() -> None:
+    """The runner's repeat share (faults on a DOWN node are no events; repaired GPUs return in place) is the
+    one the lemon solve targets (faults.repeat_share on the plan), not the plan's raw per-GPU count."""
+    cfg = runner.make_config(
+        nodes=8, days=30, workload="synthetic", node_rate_per_1000_node_days=400.0, lemon_node_share=0.25
+    )
+    inputs = runner.build_inputs(cfg)
+    m = runner.run_one(cfg, "baseline", inputs)
+    want = fm.repeat_share(inputs.plan.faults, repair_s=cfg.repair_h * runner.HOUR)
+    assert m["repeat_share"] == want > 0
+    assert want != fm.repeat_share(inputs.plan.faults, repair_s=0.0)  # this seed has faults in repair windows
+
+
+def test_repeats_are_per_physical_gpu() -> None:
+    hist = [(0.0, "n0", 0, None), (10.0, "n0", 0, 5.0), (20.0, "n0", 0, 5.0), (30.0, "n0", 1, None)]
+    assert runner._repeat_share(hist) == 0.25  # the swapped-in GPU (swap at 5.0) failed twice: one repeat
+
+
+def test_a_swapped_lemon_leaves_a_gpu_with_the_base_hazard() -> None:
+    cfg = runner.make_config(nodes=2, days=1, workload="synthetic")
+    inputs = runner.build_inputs(cfg)
+    lemon, plain = ("n0000", 0), ("n0001", 0)
+    faults = tuple(
+        fm.Fault(i, 100.0 + i, *key, "hbm3", 48, key == lemon) for i, key in enumerate([lemon, plain] * 1000)
+    )
+    plan = fm.FaultPlan(faults, (), frozenset({lemon}), 10.0, cfg.faults, cfg.horizon_s)
+    kept = []
+    for _ in range(2):
+        sim = runner.Simulation(
+            cfg, "baseline", runner.Inputs(inputs.nodes, inputs.premium, inputs.jobs, plan)
+        )
+        sim._swap("n0000", [lemon])
+        sim._swap("n0001", [plain])
+        kept.append({f.fault_id for f in faults if f.fault_id not in sim.cancelled})
+    assert kept[0] == kept[1]  # the thinning is fixed by seed and fault id
+    on_lemon = sum(faults[i].lemon for i in kept[0])
+    assert 70 <= on_lemon <= 130  # 1,000 lemon faults kept at 1 / 10 (sd ~9.5)
+    assert len(kept[0]) - on_lemon == 1000  # a plain GPU's unannounced faults all stay
+    assert lemon not in sim.lemons
