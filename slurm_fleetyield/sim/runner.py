@@ -46,10 +46,12 @@ interval of redone work (whole run when not checkpointable) and counts as a fail
 from __future__ import annotations
 
 import bisect
+import gc
 import heapq
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -223,6 +225,28 @@ def _requeueable(j: traces.Job) -> bool:
 
 
 # ---- the controller step (what the daemon does per tick, minus I/O) ---------------------------------------
+
+
+@contextmanager
+def _long_lived_heap() -> Iterator[None]:
+    """Garbage-collector settings for the event loop (results unchanged; only CPU time).
+
+    A run keeps a large long-lived heap (every job of the trace, its state, the controller state) and each
+    tick allocates hundreds of thousands of short-lived objects that die by reference counting, almost none of
+    them in cycles. With CPython's default thresholds (700, 10, 10) every 700 net allocations start a
+    collection, and the older generations, which hold the whole heap, are traversed again and again (1,000
+    nodes x 33 days: 28,011 / 2,546 / 117 collections that freed 616 objects). Freezing what exists when the
+    loop starts (``gc.freeze``) and raising the thresholds cuts that run from 120.0 to 83.8 CPU seconds.
+    Cycles are still collected, just less often; the previous settings are restored afterwards.
+    """
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 1_000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def controller_step(
@@ -424,10 +448,11 @@ class Simulation:
             SWAPPED: self._swapped,
         }
         heap = self.heap
-        while heap and heap[0][0] <= horizon:
-            t, _, kind, payload = heapq.heappop(heap)
-            self._advance(t)
-            handlers[kind](payload)
+        with _long_lived_heap():
+            while heap and heap[0][0] <= horizon:
+                t, _, kind, payload = heapq.heappop(heap)
+                self._advance(t)
+                handlers[kind](payload)
         self._advance(horizon)
         for js in self.jobs.values():  # progress of jobs still running at the end counts as useful
             if js.started is not None:
