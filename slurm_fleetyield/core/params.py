@@ -126,18 +126,20 @@ class RiskParams(BaseModel):
         90.0,
         gt=0,
         description="Fatal events younger than this make a GPU/node a repeat offender (Titan, SC'20: "
-        "returned GPUs fail again x159 in week 1, x7 in days 30-90, ~x3.5 later; Meta RSC: ~1.2% lemons).",
+        "returned GPUs fail again x342 in week 1, x48 in days 30-90, x4 later; Meta RSC: ~1.2% lemons).",
     )
     single_fault_half_life_days: float | None = Field(
-        22.0,
+        80.0,
         gt=0,
         description="A node whose only fatal failure within fatal_history_days is one isolated fault has its "
         "repeat-offender contributions (gpu_repeat_offender, node_repeat_offender) scaled by "
         "2^(-age / half-life), age counted from the fault; two or more failures keep the full weights. "
-        "22 d: Poisson fit of Titan's hazard after a GPU's return to service following its first DBE/OTB, "
-        "RR(t) = exp(5.6 x 2^(-t / 22 d)) (olcf/TitanGPULife gc_full.csv, 188 returned GPUs, 70 second "
-        "failures in 60,092 GPU-days; 95% profile-likelihood interval 13-36 d). With the default weights one "
-        "remediated fault is yellow for ~0.2 half-lives (~4.5 d), then green with the decayed contribution "
+        "80 d: Poisson fit of Titan's hazard after a GPU's return to service following its first DBE/OTB "
+        "(olcf/TitanGPULife gc_full.csv; sim/calibrate.post_failure_hazard, repeat_stats' definition of a "
+        "return: in place or re-inserted), RR(t) = exp(5.78 x 2^(-t / 80 d)), 495 returned GPUs, 342 second "
+        "failures in 87,351 GPU-days, 95% profile-likelihood interval 68-94 d. Was 22 d (13-36 d): the same "
+        "fit on the 187 re-insertions only (rows without insert dropped). With the default weights one "
+        "remediated fault is yellow for ~0.2 half-lives (~16 d), then green with the decayed contribution "
         "still shown. None: the old rule (full weight for fatal_history_days).",
     )
     default_slowdown_temp_c: float = Field(

@@ -410,8 +410,9 @@ def history_decay(events: list[tuple[float, str]], params: Params, now: float) -
     (``fatal_events``) is one isolated failure, else 1 (none, or a repeat offender: full weights).
 
     Titan (Ostrouchov et al., SC '20; olcf/TitanGPULife gc_full.csv): after a GPU's return to service
-    following its first fatal event, the hazard of a second one relative to never-failed GPUs fits
-    exp(5.6 x 2^(-t / 22 d)): x159 in the first week, x28 in weeks 2-4, x7 in days 30-90, ~x3.6 beyond."""
+    following its first fatal event (in place or re-inserted), the hazard of a second one relative to
+    never-failed GPUs fits exp(5.78 x 2^(-t / 80 d)): x342 in the first week, x106 in days 7-30, x48 in days
+    30-90, x4.0 beyond (``sim/calibrate.post_failure_hazard``)."""
     half_life = params.risk.single_fault_half_life_days
     if half_life is None or len(events) != 1:
         return 1.0

@@ -247,7 +247,7 @@ SIGNALS: tuple[SignalSpec, ...] = (
         ((1.0, 2.5), (2.0, 3.5)),
         "past fatal events",
         "A GPU that failed before fails again far more often: Titan GPUs returned to service after a DBE/"
-        "off-the-bus failure failed again x159 as often in their first week, x28 in days 7-30, x7 in "
+        "off-the-bus failure failed again x342 as often in their first week, x106 in days 7-30, x48 in "
         "days 30-90.",
         "Ostrouchov et al., GPU Lifetimes on Titan (SC '20)",
     ),

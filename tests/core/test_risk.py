@@ -161,27 +161,32 @@ def _at(r: Runner, when: float):
 
 
 def test_one_isolated_fault_is_yellow_at_first_then_green_with_a_note():
-    """The old rule held one remediated fault yellow for fatal_history_days (90 d): risk ~0.061 > 0.05."""
+    """The old rule held one remediated fault yellow for fatal_history_days (90 d): risk ~0.061 > 0.05.
+    With the default weights the decayed node crosses 0.05 at ~0.2 half-lives (2^-0.2 of the repeat-offender
+    terms): yellow at 0.15, green at 0.25 (80 d: 12 d and 20 d; it was 3.3 d and 5.5 d at 22 d)."""
+    hl = Params().risk.single_fault_half_life_days
+    assert hl == 80.0  # Titan, all returns to service (tests/sim/test_calibrate.py pins the fit)
     f = Fleet(2)
     r = Runner(f)
     r.tick()
     t0 = r.now
     _fault_and_resume(f, r, "gpu000", 3)
     assert _at(r, t0 + 600.0).health is Health.WARN  # just back: as before
-    later = _at(r, t0 + 7 * DAY)
+    assert _at(r, t0 + 0.15 * hl * DAY).health is Health.WARN  # 12 d: still yellow
+    later = _at(r, t0 + 0.25 * hl * DAY)  # 20 d
     assert later.health is Health.OK, later
     assert later.probability < Params().risk.yellow_threshold
     g3 = later.gpus[3]
     (note,) = [c for c in g3.contributions if c.signal == "gpu_repeat_offender"]  # green with a note
     assert 0 < note.weight < 2.5
-    assert note.weight == pytest.approx(2.5 * 2 ** (-7 / 22), rel=0.01)  # age ~7 d, half-life 22 d
+    assert note.weight == pytest.approx(2.5 * 2 ** (-20 / 80), rel=0.01)  # age ~20 d, half-life 80 d
     assert g3.probability > later.gpus[0].probability  # the faulted GPU still ranks worse
     old = Params.model_validate({"risk": {"single_fault_half_life_days": None}})
     r_old = Runner(Fleet(2), old)
     r_old.tick()
     t_old = r_old.now
     _fault_and_resume(r_old.fleet, r_old, "gpu000", 3)
-    assert _at(r_old, t_old + 7 * DAY).health is Health.WARN  # the old rule, still available
+    assert _at(r_old, t_old + 0.25 * hl * DAY).health is Health.WARN  # the old rule, still available
 
 
 def test_decay_scales_both_history_contributions_by_the_half_life():
