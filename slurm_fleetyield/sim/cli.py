@@ -51,6 +51,13 @@ def _common(f):  # type: ignore[no-untyped-def]
             show_default=True,
             help="Seconds between controller ticks (plus one per fatal push).",
         ),
+        click.option(
+            "--post-return",
+            default="none",
+            show_default=True,
+            type=click.Choice(["none", "titan", "titan-floor"]),
+            help="Hazard of a repaired GPU: none (as new; only lemons fail more) or Titan's post-return fit.",
+        ),
         click.option("--human-delay-h", default=4.0, show_default=True, help="Drain proposal -> approval."),
         click.option("--repair-h", default=24.0, show_default=True),
         click.option("--swap-h", default=24.0, show_default=True),

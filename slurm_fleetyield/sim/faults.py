@@ -28,6 +28,15 @@ Calibration (every number's source; see ``shared/data/README.md``):
   "repeats") and is not this quantity. Caveat: Titan replaced 90.5% of its failed GPUs and returned only 9.5%
   to service; this simulator returns every repaired GPU, so per returned GPU its lemons are milder than
   Titan's (docs/simulator.md, Calibration). Titan gives the shape only, never the rate.
+- Post-return hazard (``post_return``, default "none": a repaired GPU is as good as new). "titan": after each
+  counted fatal fault (the repeat rule above) the GPU returns at fault + ``repair_s`` with an excess hazard
+  base x (RR(t) - 1), RR(t) = exp(c0 x 2^(-t/H)), t = days since its latest return, Titan's fit on all 495
+  returns (``calibrate.post_failure_hazard``: c0 5.78, H 80.0 d; x323 at the return, x18 at 80 d);
+  "titan-floor" the better fit exp(1.33 + 4.57 x 2^(-t/48.9 d)) (x3.8 forever). Follow-ups can have
+  follow-ups (the clock restarts at each counted fault), drawn from a stream of their own so the planned
+  faults stay the "none" plan's; the RR is relative, applied to this model's base rate (2.9e-4 per GPU-day,
+  Titan's was 1.4e-4). Lemons are unchanged and get follow-ups at the base rate like every GPU. A swapped
+  GPU is new: the runner cancels the follow-ups of faults before the swap.
 - Precursors: no public study gives the share of fatal faults preceded by an observable signal
   (shared/data/README.md), so ``precursor_share`` is swept (0-50%). A precursor episode starts ``lead`` before
   the fault and escalates in three stages (early / mid / late = last quarter): HBM classes show correctable
@@ -46,6 +55,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from slurm_fleetyield.core.signals import (
     NVLINK_CRC_DATA,
@@ -66,6 +76,17 @@ LLAMA3_GPU_SHARE = 256 / 419  # faulty GPU + HBM3 + SRAM + GSP (Llama 3 Table 5)
 LLAMA3_SDC_SHARE = 6 / 419  # silent data corruption (Llama 3 Table 5)
 META_RSC_LEMON_NODE_SHARE = 0.012  # Meta RSC (arXiv 2410.21680)
 TITAN_REPEAT_SHARE = 0.0715  # Titan (SC '20) deduplicated: 400 / 5,597 failures after a return
+
+PostReturn = Literal["none", "titan", "titan-floor"]
+# Hazard of a GPU after its return to service relative to never-failed GPUs, RR(t) = exp(floor + c0 x
+# 2^(-t/H)), t = days since the return: Titan (Ostrouchov et al. SC '20, shared/data/README.md), all 495
+# returns (342 second failures), ``calibrate.post_failure_hazard``'s Poisson fits, pinned against its output
+# by tests/sim/test_calibrate.py. (floor, c0, half-life days); "titan" is the no-floor fit (RR -> 1: the shape
+# core/risk.py's history_decay assumes), "titan-floor" the better fit (+15.0 log-lik): RR -> 3.79 forever.
+POST_RETURN_RR: Mapping[str, tuple[float, float, float]] = {
+    "titan": (0.0, 5.780, 79.95),
+    "titan-floor": (1.332, 4.571, 48.90),
+}
 
 # (class, Llama 3 Table 5 count, XID, precursor signature)
 FAULT_CLASSES: tuple[tuple[str, int, int, str], ...] = (
@@ -88,6 +109,9 @@ class FaultParams:
     precursor_share: float = 0.25
     lead_h: float = 24.0  # mean precursor lead time; each episode draws uniformly in [0.5, 1.5] x lead_h
     false_alarm_ratio: float = 1.0
+    # "none": a repaired GPU has the base hazard again (only lemons fail more); "titan" / "titan-floor": every
+    # counted fatal fault adds follow-up faults on the same GPU at base x (RR(t) - 1) after its return
+    post_return: PostReturn = "none"
 
     def validate(self) -> FaultParams:
         checks = {
@@ -99,6 +123,7 @@ class FaultParams:
             "precursor_share": 0 <= self.precursor_share <= 1,
             "lead_h": self.lead_h > 0,
             "false_alarm_ratio": self.false_alarm_ratio >= 0,
+            "post_return": self.post_return == "none" or self.post_return in POST_RETURN_RR,
         }
         for name, ok in checks.items():
             if not ok:
@@ -152,6 +177,11 @@ class Fault:
     xid: int | None  # None: quiet (silent data corruption)
     lemon: bool
     episode: Episode | None = None
+    parent: int | None = None  # a post-return follow-up: the fault whose return started its excess hazard
+
+    @property
+    def follow_up(self) -> bool:
+        return self.parent is not None
 
     @property
     def quiet(self) -> bool:
@@ -249,27 +279,38 @@ def generate(
             for t in _poisson_times(sdc_rate * (m if lemon else 1.0) * h0 / hazard, horizon_s, rng):
                 faults.append(Fault(0, t, node, g, "sdc", None, lemon))
     faults.sort(key=lambda f: (f.time, f.node, f.gpu))
-    sig_of = {c[0]: c[3] for c in FAULT_CLASSES}
-    out: list[Fault] = []
-    episodes: list[Episode] = []
-    for i, f in enumerate(faults):
-        ep = None
+    leads: list[float | None] = []  # precursor lead per fault (None: no precursor), drawn in time order
+    for f in faults:
+        lead = None
         if not f.quiet and rng.random() < params.precursor_share:
             lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
-            ep = Episode(f.node, f.gpu, max(0.0, f.time - lead), f.time, sig_of[f.cls], 3, i)
+        leads.append(lead)
+    n_true = sum(lead is not None for lead in leads)
+    benign = _benign(nodes, gpus_per_node, params, horizon_s, n_true, rng)
+    drafts = [_Draft(f, lead, None) for f, lead in zip(faults, leads, strict=True)]
+    n_follow = 0
+    if params.post_return != "none":
+        # A stream of its own, seeded from the plan's: the faults and episodes above are the "none" plan's.
+        post = random.Random(f"post-return-{rng.getrandbits(64)}")
+        follow = _follow_ups(drafts, lemons, params, h0 / DAY, horizon_s, repair_s, post)
+        n_follow = len(follow)
+        n_true_follow = sum(d.lead is not None for d in follow)
+        benign += _benign(nodes, gpus_per_node, params, horizon_s, n_true_follow, post)
+        n_true += n_true_follow
+        drafts = sorted(drafts + follow, key=lambda d: (d.fault.time, d.fault.node, d.fault.gpu))
+    sig_of = {c[0]: c[3] for c in FAULT_CLASSES}
+    ids = {id(d): i for i, d in enumerate(drafts)}
+    out: list[Fault] = []
+    episodes: list[Episode] = []
+    for i, d in enumerate(drafts):
+        f, ep = d.fault, None
+        if d.lead is not None:
+            ep = Episode(f.node, f.gpu, max(0.0, f.time - d.lead), f.time, sig_of[f.cls], 3, i)
             episodes.append(ep)
-        out.append(Fault(i, f.time, f.node, f.gpu, f.cls, f.xid, f.lemon, ep))
-    n_true = len(episodes)
-    n_benign = (
-        _poisson_count(params.false_alarm_ratio * n_true, rng) if n_true or params.false_alarm_ratio else 0
-    )
-    for _ in range(n_benign):
-        node = nodes[rng.randrange(len(nodes))]
-        g = rng.randrange(gpus_per_node)
-        lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
-        start = rng.uniform(0.0, max(0.0, horizon_s - lead))
-        sig = "hbm" if rng.random() < 0.5 else "link"
-        episodes.append(Episode(node, g, start, start + lead, sig, rng.randint(1, 3), None))
+        parent = ids[id(d.parent)] if d.parent is not None else None
+        out.append(Fault(i, f.time, f.node, f.gpu, f.cls, f.xid, f.lemon, ep, parent))
+    n_benign = len(benign)
+    episodes += benign
     episodes.sort(key=lambda e: (e.start, e.node, e.gpu))
     fatal = [f for f in out if not f.quiet]
     summary = {
@@ -281,7 +322,128 @@ def generate(
         "lemon_multiplier": m,
         "fatal_per_1000_node_days": 1000.0 * len(fatal) / max(1e-9, len(nodes) * horizon_days),
     }
+    if params.post_return != "none":
+        summary["follow_up_faults"] = float(n_follow)
     return FaultPlan(tuple(out), tuple(episodes), lemons, m, params, horizon_s, h0, summary)
+
+
+def post_return_rr(kind: str, t_days: float) -> float:
+    """Titan's hazard ratio ``t_days`` after a return to service (``POST_RETURN_RR``); 1 for "none"."""
+    if kind == "none":
+        return 1.0
+    floor, c0, half_life = POST_RETURN_RR[kind]
+    return math.exp(floor + c0 * 2.0 ** (-max(0.0, t_days) / half_life))
+
+
+@dataclass(slots=True)
+class _Draft:
+    fault: Fault  # fault_id not yet assigned
+    lead: float | None  # precursor lead (s), None: no precursor
+    parent: _Draft | None  # a follow-up's parent
+
+
+def _benign(
+    nodes: Sequence[str],
+    gpus_per_node: int,
+    params: FaultParams,
+    horizon_s: float,
+    n_true: int,
+    rng: random.Random,
+) -> list[Episode]:
+    """Benign look-alike episodes: a Poisson number, ``false_alarm_ratio`` per true precursor."""
+    n_benign = (
+        _poisson_count(params.false_alarm_ratio * n_true, rng) if n_true or params.false_alarm_ratio else 0
+    )
+    out: list[Episode] = []
+    for _ in range(n_benign):
+        node = nodes[rng.randrange(len(nodes))]
+        g = rng.randrange(gpus_per_node)
+        lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+        start = rng.uniform(0.0, max(0.0, horizon_s - lead))
+        sig = "hbm" if rng.random() < 0.5 else "link"
+        out.append(Episode(node, g, start, start + lead, sig, rng.randint(1, 3), None))
+    return out
+
+
+def _follow_ups(
+    drafts: Sequence[_Draft],
+    lemons: frozenset[tuple[str, int]],
+    params: FaultParams,
+    base_per_s: float,
+    horizon_s: float,
+    repair_s: float,
+    rng: random.Random,
+) -> list[_Draft]:
+    """Post-return follow-up faults (``params.post_return``): after each counted fatal fault on a GPU
+    (planned or itself a follow-up: a chain, bounded by the horizon) the GPU returns at fault + ``repair_s``
+    and gets an excess hazard ``base_per_s`` x (RR(t) - 1), t = time since that return, until its next counted
+    fault, whose return restarts the clock (Titan measured the hazard since the latest return). Counted:
+    ``repeat_share``'s definition (a fault on a node DOWN for repair is no event and restarts nothing). Drawn
+    by thinning (RR decreases with t); classes, XIDs and precursors are drawn as for planned faults. Lemons
+    keep their multiplier; their follow-ups come at the base rate like any GPU's. Policy-independent: a GPU
+    swap cancels the follow-ups of faults before the swap (``runner``)."""
+    kind = params.post_return
+    weights = [c[1] for c in FAULT_CLASSES]
+
+    def excess(t_s: float) -> float:
+        return base_per_s * (post_return_rr(kind, t_s / DAY) - 1.0)
+
+    def draw(node: str, gpu: int, ret: float, since: float, parent: _Draft) -> _Draft | None:
+        t = max(ret, since)
+        top = excess(t - ret)  # the excess rate only falls with age: an envelope from ``t`` on
+        if top <= 0:
+            return None
+        while True:
+            t += rng.expovariate(top)
+            if t >= horizon_s:
+                return None
+            if rng.random() * top < excess(t - ret):
+                cls, _, xid, _sig = rng.choices(FAULT_CLASSES, weights)[0]
+                lead = None
+                if rng.random() < params.precursor_share:
+                    lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+                return _Draft(Fault(0, t, node, gpu, cls, xid, (node, gpu) in lemons), lead, parent)
+
+    by_node: dict[str, list[_Draft]] = {}
+    for d in drafts:
+        if not d.fault.quiet:
+            by_node.setdefault(d.fault.node, []).append(d)
+    out: list[_Draft] = []
+    for node in sorted(by_node):
+        planned = by_node[node]  # in time order
+        i = 0
+        down_until = -math.inf
+        clock: dict[int, tuple[float, _Draft]] = {}  # GPU -> (its return time, the fault it returns from)
+        cand: dict[int, _Draft] = {}  # GPU -> its next follow-up
+        while True:
+            nxt_p = planned[i] if i < len(planned) else None
+            g_c = min(cand, key=lambda g: (cand[g].fault.time, g), default=None)
+            nxt_c = cand[g_c] if g_c is not None else None
+            if nxt_p is None and nxt_c is None:
+                break
+            if nxt_c is not None and (nxt_p is None or nxt_c.fault.time < nxt_p.fault.time):
+                d = nxt_c
+                del cand[d.fault.gpu]
+                out.append(d)
+            else:
+                assert nxt_p is not None
+                d = nxt_p
+                i += 1
+            f = d.fault
+            if f.time < down_until:  # no event: the clock runs on from its last return
+                if d is nxt_c:
+                    ret, parent = clock[f.gpu]
+                    nd = draw(node, f.gpu, ret, f.time, parent)
+                    if nd is not None:
+                        cand[f.gpu] = nd
+                continue
+            down_until = f.time + repair_s
+            clock[f.gpu] = (down_until, d)
+            cand.pop(f.gpu, None)
+            nd = draw(node, f.gpu, down_until, down_until, d)
+            if nd is not None:
+                cand[f.gpu] = nd
+    return out
 
 
 def _poisson_count(mean: float, rng: random.Random) -> int:

@@ -147,6 +147,8 @@ class SimConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["faults"] = asdict(self.faults)
+        if self.faults.post_return == "none":  # the default: reports stay byte-identical to before the option
+            del d["faults"]["post_return"]
         return d
 
 
@@ -342,6 +344,7 @@ class Simulation:
         self.faults_by_gpu: dict[tuple[str, int], list[fm.Fault]] = {}
         for f in inputs.plan.faults:
             self.faults_by_gpu.setdefault((f.node, f.gpu), []).append(f)
+        self.fault_time = [f.time for f in inputs.plan.faults]  # by fault_id
         self.episodes = fm.episodes_by_gpu(inputs.plan.episodes)
         self.ep_starts = sorted(inputs.plan.episodes, key=lambda e: e.start)
         self.ep_ptr = 0
@@ -568,8 +571,15 @@ class Simulation:
 
     # ---- faults ------------------------------------------------------------------------------------------
 
+    def _voided(self, f: fm.Fault) -> bool:
+        """Cancelled, or a post-return follow-up of a fault that was cancelled (never happened, or its GPU
+        was swapped): then it is cancelled too, and so are its own follow-ups."""
+        if f.parent is not None and f.parent in self.cancelled:
+            self.cancelled.add(f.fault_id)
+        return f.fault_id in self.cancelled
+
     def _fault(self, f: fm.Fault) -> None:
-        if f.fault_id in self.cancelled:
+        if self._voided(f):
             return
         node = f.node
         jobs = self.slurm.jobs_on(node)
@@ -654,7 +664,8 @@ class Simulation:
     def _swap(self, node: str, keys: Sequence[tuple[str, int]]) -> None:
         """Replace GPUs: their future precursor-announced faults and a lemon's excess faults vanish, telemetry
         restarts. The new GPU has the base hazard: a lemon's later faults are thinned to 1 / multiplier of
-        them, each kept or dropped by a draw fixed by (seed, fault id), so every policy thins alike."""
+        them, each kept or dropped by a draw fixed by (seed, fault id), so every policy thins alike. The old
+        GPU's post-return follow-ups (``--post-return``: those of faults before the swap) are cancelled."""
         for key in keys:
             self.swapped_at[key] = self.now
             self.xids.pop(key, None)
@@ -662,12 +673,17 @@ class Simulation:
             lemon = key in self.lemons
             self.lemons.discard(key)
             keep = 1.0 / self.plan_multiplier if lemon else 1.0
-            for f in self.faults_by_gpu.get(key, ()):
-                if f.time <= self.now or f.fault_id in self.cancelled:
+            for f in self.faults_by_gpu.get(key, ()):  # in time order: a parent before its follow-ups
+                if f.time <= self.now or self._voided(f):
                     continue
                 announced = f.episode is not None and f.episode.start <= self.now
-                excess = lemon and random.Random(f"lemon-swap-{self.cfg.seed}-{f.fault_id}").random() >= keep
-                if announced or excess:
+                excess = (
+                    lemon
+                    and not f.follow_up  # follow-ups come at the base rate, not the lemon's
+                    and random.Random(f"lemon-swap-{self.cfg.seed}-{f.fault_id}").random() >= keep
+                )
+                old_gpu = f.parent is not None and self.fault_time[f.parent] <= self.now
+                if announced or excess or old_gpu:
                     self.cancelled.add(f.fault_id)
             self._dirty_gpu(key)
 
@@ -688,7 +704,7 @@ class Simulation:
     # ---- oracle ------------------------------------------------------------------------------------------
 
     def _oracle_drain(self, f: fm.Fault) -> None:
-        if f.fault_id in self.cancelled:
+        if self._voided(f):
             return
         n = self.slurm.nodes[f.node]
         if n.down or n.drain:

@@ -18,7 +18,7 @@ from slurm_fleetyield.sim.calibrate import (
     repeat_stats,
     titan_shape,
 )
-from slurm_fleetyield.sim.faults import TITAN_REPEAT_SHARE
+from slurm_fleetyield.sim.faults import POST_RETURN_RR, TITAN_REPEAT_SHARE
 
 # gc_full.csv's layout: stints carry insert..remove; a fatal row's remove is the logged event time; an event
 # that ended no stint (or a second one at the same time) is a row of its own without insert.
@@ -229,3 +229,8 @@ def test_titan_hazard_reproduces_the_stop_11_fit_and_refits_with_all_returns() -
     assert [b.events for b in new.bins] == [136, 93, 75, 38]
     assert new.fit is not None and new.fit.half_life_days == pytest.approx(80.0, abs=0.5)
     assert new.fit.ci_days == pytest.approx((68.0, 94.4), abs=0.5)
+    # the simulator's --post-return constants (sim/faults.py POST_RETURN_RR) are these fits
+    assert new.fit_floor is not None
+    for kind, fit in (("titan", new.fit), ("titan-floor", new.fit_floor)):
+        floor, c0, half_life = POST_RETURN_RR[kind]
+        assert (floor, c0, half_life) == pytest.approx((fit.floor, fit.c0, fit.half_life_days), abs=0.01)

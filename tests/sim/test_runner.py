@@ -117,3 +117,48 @@ def test_a_swapped_lemon_leaves_a_gpu_with_the_base_hazard() -> None:
     assert 70 <= on_lemon <= 130  # 1,000 lemon faults kept at 1 / 10 (sd ~9.5)
     assert len(kept[0]) - on_lemon == 1000  # a plain GPU's unannounced faults all stay
     assert lemon not in sim.lemons
+
+
+def test_a_swap_cancels_the_old_gpus_post_return_follow_ups() -> None:
+    """A GPU swapped in is new: follow-ups of faults before the swap (and theirs, a chain) never happen; a
+    fault of the new GPU and its own follow-ups stay. A follow-up of a cancelled fault is void at its time."""
+    cfg = runner.make_config(nodes=2, days=1, workload="synthetic", post_return="titan")
+    inputs = runner.build_inputs(cfg)
+    h = runner.HOUR
+
+    def f(i: int, t_h: float, node: str, parent: int | None) -> fm.Fault:
+        return fm.Fault(i, t_h * h, node, 0, "hbm3", 48, False, None, parent)
+
+    faults = (
+        f(0, 10, "n0000", None),  # the old GPU's fault
+        f(1, 30, "n0001", None),  # another node: cancelled below as if the oracle had absorbed it
+        f(2, 100, "n0000", 0),  # follow-up of 0
+        f(3, 150, "n0001", 1),  # follow-up of the cancelled 1
+        f(4, 200, "n0000", 2),  # follow-up of a follow-up
+        f(5, 300, "n0000", None),  # the new GPU's own fault
+        f(6, 400, "n0000", 5),  # and its follow-up
+    )
+    plan = fm.FaultPlan(faults, (), frozenset(), 1.0, cfg.faults, cfg.horizon_s)
+    sim = runner.Simulation(cfg, "baseline", runner.Inputs(inputs.nodes, inputs.premium, inputs.jobs, plan))
+    sim.now = 50 * h
+    sim.cancelled.add(1)
+    sim._swap("n0000", [("n0000", 0)])
+    assert sim.cancelled == {1, 2, 4}
+    sim.now = 150 * h
+    sim._fault(faults[3])
+    assert sim.cancelled == {1, 2, 3, 4} and sim.m["fatal_faults"] == 0
+    sim.now = 300 * h
+    sim._fault(faults[5])
+    assert sim.m["fatal_faults"] == 1
+
+
+def test_post_return_titan_runs_are_deterministic_and_report_the_option(tmp_path: Path) -> None:
+    kw = {**SMALL, "days": 8, "post_return": "titan"}
+    pol = ("baseline", "fleetyield", "oracle")
+    a = runner.main_simulate(tmp_path / "a", seeds=2, plots=False, policies=pol, **kw)
+    runner.main_simulate(tmp_path / "b", seeds=2, plots=False, policies=pol, **kw)
+    assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
+    assert a["config"]["faults"]["post_return"] == "titan"
+    none = runner.main_simulate(tmp_path / "c", seeds=2, plots=False, policies=pol, **{**SMALL, "days": 8})
+    assert "post_return" not in none["config"]["faults"]  # the default leaves reports as they were
+    assert a["policies"]["baseline"] != none["policies"]["baseline"]
