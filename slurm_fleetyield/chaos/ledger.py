@@ -129,8 +129,24 @@ def outcomes(
                 int(code) if code.isdigit() else None, ckpt, "", any(n in premium for n in nodes),
             )
         )  # fmt: skip
-    pending.sort(key=lambda iv: iv[0])
-    return out, tuple(pending)
+    return out, union(pending)
+
+
+def union(intervals: Iterable[tuple[float, float | None]]) -> tuple[tuple[float, float | None], ...]:
+    """The disjoint union of (start, end or None = still open) intervals, sorted.
+
+    Premium misuse counts a GPU-second once while *any* premium-needing job waits, as the controller records
+    it (``core.settle._track_pending``: one interval while any such job is PENDING); one interval per waiting
+    job would count the same GPU-second once per job waiting with it."""
+    out: list[tuple[float, float | None]] = []
+    for a, b in sorted(intervals, key=lambda iv: iv[0]):
+        if out:
+            la, lb = out[-1]
+            if lb is None or a <= lb:  # overlaps (or touches) the last one: extend it
+                out[-1] = (la, None if lb is None or b is None else max(lb, b))
+                continue
+        out.append((a, b))
+    return tuple(out)
 
 
 def parse_ckpt_logs(text: str) -> list[dict[str, object]]:

@@ -191,6 +191,23 @@ def test_ledger_from_recorded_sacct_uses_core_settle():
     assert ab.table({a: {"0": tot} for a in ab.ARMS}, [0]).startswith("A/B on the docker cluster: MEASURED")
 
 
+SACCT_TWO_WAITING = """JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Comment
+201|COMPLETED|0:0|2026-01-01T00:00:00|2026-01-01T00:05:00|2026-01-01T00:06:00|gpu-h100-2|cpu=1,gres/gpu=8,node=1|fy:pretrain
+202|COMPLETED|0:0|2026-01-01T00:00:30|2026-01-01T00:07:00|2026-01-01T00:08:00|gpu-h100-2|cpu=1,gres/gpu=8,node=1|fy:finetune
+203|COMPLETED|0:0|2026-01-01T00:00:00|2026-01-01T00:01:00|2026-01-01T00:03:00|gpu-h100-1|cpu=1,gres/gpu=4,node=1|fy:batch
+"""
+
+
+def test_premium_misuse_counts_a_gpu_second_once_however_many_jobs_wait():
+    # batch 203 holds 4 h100 GPUs 00:01-00:03 while BOTH 201 and 202 are pending: 4 x 120 s, not twice that
+    entries, tot = ledger.ledger(SACCT_TWO_WAITING, [], [], ab.PREMIUM_NODES)
+    by = {e.job_id: e for e in entries}
+    assert by[203].premium_misuse_gpu_s == 4 * 120
+    assert tot["premium_misuse_gpu_s"] == 4 * 120
+    assert ledger.union([(0.0, 10.0), (5.0, 20.0), (30.0, None), (40.0, 50.0)]) == ((0.0, 20.0), (30.0, None))
+    assert ledger.union([(3.0, 4.0), (0.0, 1.0)]) == ((0.0, 1.0), (3.0, 4.0))
+
+
 def test_arm_setup_bare_disables_and_emulates_nhc_fleetyield_enables():
     bare = [" ".join(c) for c in ab.setup_commands("bare", ("gpu-h100-1",))]
     assert any("touch /etc/slurm/fleetyield.disabled" in c for c in bare)
