@@ -6,9 +6,10 @@ optionally pushing to a controller with a shared secret; ``ready()`` polls it, `
 like Slurm 22.05 from ``nodes`` (one ``node_line`` a node) and ``jobs``, records every command; ``on_update``
 lets a rig apply the ``scontrol update``s it is given. ``wait_for`` polls with a deadline (never a fixed
 sleep); ``free_port``. The fake BMC: ``system_uuid`` (its system ids), ``start_fake_bmc``, ``stop_group``.
-Used by tests/test_daemon.py, tests/web/webharness.py, tests/attest/wiring_rig.py,
-tests/node_agent/test_outcomes_remote.py and the Redfish rigs (tests/conftest.py puts this directory on
-``sys.path``).
+``approval_listener``: the real approval listener and the fy.toml an admin's CLI reads
+(tests/test_gate_cli.py, tests/sim/test_equivalence_gate.py). Used by tests/test_daemon.py,
+tests/web/webharness.py, tests/attest/wiring_rig.py, tests/node_agent/test_outcomes_remote.py and the Redfish
+rigs (tests/conftest.py puts this directory on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_fleetyield.adapters.slurm import CommandResult
 
@@ -101,6 +103,41 @@ def write_secret(path: Path, secret: bytes) -> Path:
     path.write_bytes(secret)
     path.chmod(0o600)
     return path
+
+
+def approval_listener(
+    tmp: Path,
+    store: Any,
+    gate_dir: Path,
+    authorized_keys: Path,
+    secret: bytes,
+    wake: threading.Event | None = None,
+    clock: Callable[[], float] | None = None,
+) -> tuple[Any, Path]:
+    """The admin's side of the human gate: the controller's REAL approval listener (``IngestServer``, started
+    on a free port) and the ``fy.toml`` that ``fleetyield pending/approve/deny --config`` read (store, gate
+    and push sections pointing at it). Returns (server, config path); the caller stops the server."""
+    from slurm_fleetyield.adapters.ingest import IngestServer
+
+    kw = {} if clock is None else {"clock": clock}
+    server = IngestServer(
+        "127.0.0.1",
+        0,
+        secret,
+        store,
+        wake if wake is not None else threading.Event(),
+        gate_dir=str(gate_dir),
+        authorized_keys=str(authorized_keys),
+        **kw,
+    )
+    server.start()
+    cfg = tmp / "fy.toml"
+    cfg.write_text(
+        f'[store]\npath = "{tmp / "fy.db"}"\n'
+        f'[gate]\nstate_dir = "{gate_dir}"\nauthorized_keys = "{authorized_keys}"\n'
+        f'[push]\nhost = "127.0.0.1"\nport = {server.port}\nsecret_file = "{tmp / "push.secret"}"\n'
+    )
+    return server, cfg
 
 
 class AgentProcess:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rig import approval_listener
 
-from slurm_fleetyield.adapters.ingest import IngestServer
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.cli import main
 from slurm_fleetyield.gate import Gatekeeper, Proposal, ProposalStatus, keygen, sign_statement
@@ -51,22 +51,7 @@ def rig(tmp_path: Path):
             )
     store = Store(tmp_path / "fy.db")
     wake = threading.Event()
-    server = IngestServer(
-        "127.0.0.1",
-        0,
-        b"secret-0123456789abcdef",
-        store,
-        wake,
-        gate_dir=str(gate_dir),
-        authorized_keys=str(auth),
-    )
-    server.start()
-    cfg = tmp_path / "fy.toml"
-    cfg.write_text(
-        f'[store]\npath = "{tmp_path / "fy.db"}"\n'
-        f'[gate]\nstate_dir = "{gate_dir}"\nauthorized_keys = "{auth}"\n'
-        f'[push]\nhost = "127.0.0.1"\nport = {server.port}\nsecret_file = "{tmp_path / "s"}"\n'
-    )
+    server, cfg = approval_listener(tmp_path, store, gate_dir, auth, b"secret-0123456789abcdef", wake)
 
     class Rig:
         pass

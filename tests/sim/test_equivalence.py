@@ -56,14 +56,22 @@ class Replay:
         return ApplyReport()
 
 
-def record(n_frames: int = 40) -> list:
-    sim = fault_heavy(nodes=12, days=6, seed=3)
+def record_steps(sim: runner.Simulation) -> list:
+    """Run ``sim`` and return (now, nodes, jobs, samples, pending fatal events, gate decisions) of every
+    controller step it made."""
     frames: list = []
     original = runner.controller_step
 
     def spy(state, slurm, samples, pending, params, now, rng, gate_decisions=()):  # type: ignore[no-untyped-def]
         frames.append(
-            (now, dict(slurm.read_nodes()), tuple(slurm.read_jobs()), dict(samples), tuple(pending))
+            (
+                now,
+                dict(slurm.read_nodes()),
+                tuple(slurm.read_jobs()),
+                dict(samples),
+                tuple(pending),
+                tuple(gate_decisions),
+            )
         )
         return original(state, slurm, samples, pending, params, now, rng, gate_decisions)
 
@@ -72,6 +80,11 @@ def record(n_frames: int = 40) -> list:
         sim.run()
     finally:
         runner.controller_step = original  # type: ignore[assignment]
+    return frames
+
+
+def record(n_frames: int = 40) -> list:
+    frames = [f[:5] for f in record_steps(fault_heavy(nodes=12, days=6, seed=3))]
     assert any(f[4] for f in frames), "the recorded stream must contain pushed fatal events"
     return frames[:n_frames] + [f for f in frames[n_frames:] if f[4]][:5]
 

@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from rig import approval_listener
 
 from sim.fleets import fault_heavy
-from sim.test_equivalence import Replay, ReplayAgents
-from slurm_fleetyield.adapters.ingest import IngestServer
+from sim.test_equivalence import Replay, ReplayAgents, record_steps
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.cli import main
 from slurm_fleetyield.config import from_mapping
@@ -50,29 +49,7 @@ RNG_SEED = f"tick-{CFG['seed']}"  # the simulator's controller rng: the replay d
 
 def record() -> list:
     """(now, nodes, jobs, samples, pending fatal events, gate decisions) of every controller step."""
-    sim = fault_heavy(**CFG)
-    frames: list = []
-    original = runner.controller_step
-
-    def spy(state, slurm, samples, pending, params, now, rng, gate_decisions=()):  # type: ignore[no-untyped-def]
-        frames.append(
-            (
-                now,
-                dict(slurm.read_nodes()),
-                tuple(slurm.read_jobs()),
-                dict(samples),
-                tuple(pending),
-                tuple(gate_decisions),
-            )
-        )
-        return original(state, slurm, samples, pending, params, now, rng, gate_decisions)
-
-    runner.controller_step = spy  # type: ignore[assignment]
-    try:
-        sim.run()
-    finally:
-        runner.controller_step = original  # type: ignore[assignment]
-    return frames[:N_FRAMES]
+    return record_steps(fault_heavy(**CFG))[:N_FRAMES]
 
 
 @pytest.fixture(scope="module")
@@ -122,22 +99,8 @@ def daemon_path(
         control=ReplayAgents(),  # type: ignore[arg-type]
         gate=gate,
     )
-    listener = IngestServer(
-        "127.0.0.1",
-        0,
-        b"equivalence-push-secret",
-        store,
-        threading.Event(),
-        clock=lambda: clock["t"],
-        gate_dir=str(gate_dir),
-        authorized_keys=str(auth),
-    )
-    listener.start()
-    cfg = tmp / "fy.toml"
-    cfg.write_text(
-        f'[store]\npath = "{tmp / "fy.db"}"\n'
-        f'[gate]\nstate_dir = "{gate_dir}"\nauthorized_keys = "{auth}"\n'
-        f'[push]\nhost = "127.0.0.1"\nport = {listener.port}\nsecret_file = "{tmp / "push.secret"}"\n'
+    listener, cfg = approval_listener(
+        tmp, store, gate_dir, auth, b"equivalence-push-secret", clock=lambda: clock["t"]
     )
     cli = CliRunner()
     try:
