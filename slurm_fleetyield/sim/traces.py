@@ -194,7 +194,11 @@ def fill(
     trace_span_s: float | None = None,
 ) -> list[Job]:
     """Compress the trace's arrivals onto the horizon and replicate it until the offered GPU-hours reach
-    ``load`` x ``fleet_gpus`` x horizon. Replica k > 0 is shifted by a uniform offset (mod horizon)."""
+    ``load`` x ``fleet_gpus`` x horizon. Every replica, the first included, is rotated by its own uniform
+    offset (mod horizon) drawn from ``rng``: the seed varies the workload's timing as well as the faults.
+    (Until stop 12 the first replica was never shifted, so a fleet small enough for one replica -- openb at
+    16 or 32 nodes -- replayed the identical job stream on every seed, and the confidence intervals over
+    seeds measured fault luck only.)"""
     if not trace:
         raise TraceError("<trace>", None, "no jobs to replay")
     if not 0 < load <= 2:
@@ -205,8 +209,8 @@ def fill(
     target = load * fleet_gpus * horizon_s / 3600.0
     replicas = max(1, round(target / per_replica)) if per_replica > 0 else 1
     out: list[Job] = []
-    for k in range(replicas):
-        shift = 0.0 if k == 0 else rng.uniform(0.0, horizon_s)
+    for _ in range(replicas):
+        shift = rng.uniform(0.0, horizon_s)
         for j in trace:
             t = (j.submit * squeeze + shift) % horizon_s
             out.append(replace(j, submit=t))

@@ -28,6 +28,21 @@ def test_openb_matches_the_data_readme() -> None:
     assert all(0 <= j.submit < 30 * 86_400.0 for j in filled)
 
 
+def test_fill_varies_the_workload_timing_with_the_seed_even_for_one_replica() -> None:
+    jobs = traces.synthetic(traces.SyntheticParams(), 10 * 86_400.0, 64, 0.5, random.Random(1))
+    span = max(j.submit for j in jobs)
+
+    def stream(seed: int) -> list[tuple[float, str, int]]:
+        filled = traces.fill(jobs, 10 * 86_400.0, 64, 0.5, random.Random(seed), span)
+        return [(j.submit, j.workload, j.gpus) for j in filled]
+
+    one = stream(0)
+    assert len(one) == len(jobs)  # one replica at this load
+    assert stream(0) == one  # same seed, same stream
+    assert stream(1) != one  # another seed rotates the arrivals
+    assert sorted(x[1:] for x in stream(1)) == sorted(x[1:] for x in one)  # the same jobs
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".json"])
 def test_generic_round_trip(tmp_path: Path, suffix: str) -> None:
     jobs = traces.synthetic(traces.SyntheticParams(), 5 * 86_400.0, 64, 0.5, random.Random(1))
