@@ -286,9 +286,7 @@ class Daemon:
             )
         processed = [e.event_id for e in pending] if slurm_ok else []
         try:
-            self.store.commit_tick(
-                self.tick_no, now, result.state, processed, rows, marks=marks, view=view
-            )
+            self.store.commit_tick(self.tick_no, now, result.state, processed, rows, marks=marks, view=view)
         except BaseException:
             self.views.forget()  # unknown what the store holds now: the next tick rewrites every node
             raise
