@@ -18,7 +18,7 @@ import pytest
 
 from sim.fleets import fault_heavy
 from slurm_fleetyield.core import memory
-from slurm_fleetyield.core.loop import tick
+from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import Observations
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.state import ControllerState
@@ -46,6 +46,18 @@ def _record() -> list[Observations]:
 def _fresh(obs: Observations) -> Observations:
     samples = {n: replace(s, gpus=tuple(copy.deepcopy(g) for g in s.gpus)) for n, s in obs.samples.items()}
     return replace(obs, samples=samples)
+
+
+def _replay(stream: list[Observations], params: Params) -> TickResult:
+    """Tick through ``stream`` from an empty state; the last tick's result."""
+    state = ControllerState.empty()
+    rng = random.Random(1)
+    r = None
+    for obs in stream:
+        r = tick(state, obs, params, obs.time, rng)
+        state = r.state
+    assert r is not None
+    return r
 
 
 def test_reused_results_equal_recomputed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,11 +104,8 @@ def test_reuse_follows_fatal_history_and_params() -> None:
 
     stream = _record()[:6]
     params = Params()
-    state = ControllerState.empty()
-    rng = random.Random(1)
-    for obs in stream:
-        r = tick(state, obs, params, obs.time, rng)
-        state = r.state
+    r = _replay(stream, params)
+    state = r.state
     assert r.sensed is not None
     now = stream[-1].time
     first = risk.assess(r.sensed, (), state, params, now)
@@ -127,11 +136,8 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
 
     stream = _record()[:6]
     params = Params()
-    state = ControllerState.empty()
-    rng = random.Random(1)
-    for obs in stream:
-        r = tick(state, obs, params, obs.time, rng)
-        state = r.state
+    r = _replay(stream, params)
+    state = r.state
     obs, now, sensed = stream[-1], stream[-1].time, r.sensed
     assert sensed is not None
     envs = profile.profile(sensed, obs, state, params.profile)
