@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,18 +116,25 @@ while True:
 """
 
 
-def test_kill_9_mid_write_leaves_a_consistent_database(tmp_path):
-    path = tmp_path / "fy.db"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE, text=True)
+def _kill_9_after(child_code: str, path: Path, ticks: int, timeout: float) -> int:
+    """Run ``child_code`` (it commits to the store at ``path`` and prints each committed tick); SIGKILL it
+    once it has printed ``ticks`` (or ``timeout`` s passed). Returns the last tick it printed."""
+    child = subprocess.Popen([sys.executable, "-c", child_code, str(path)], stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         last = 0
-        while last < 50 and time.monotonic() < deadline:
+        while last < ticks and time.monotonic() < deadline:
             last = int(child.stdout.readline())
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.wait(10)
         child.stdout.close()
+    return last
+
+
+def test_kill_9_mid_write_leaves_a_consistent_database(tmp_path):
+    path = tmp_path / "fy.db"
+    last = _kill_9_after(_CHILD, path, 50, timeout=30)
     assert last >= 50
     store = Store(path)
     assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -168,18 +176,7 @@ for i in range(1, 100000):
 
 def test_kill_9_never_loses_a_committed_ledger_row_or_mark(tmp_path):
     path = tmp_path / "fy.db"
-    child = subprocess.Popen(
-        [sys.executable, "-c", _MARKS_CHILD, str(path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 30
-        last = 0
-        while last < 40 and time.monotonic() < deadline:
-            last = int(child.stdout.readline())
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(10)
-        child.stdout.close()
+    last = _kill_9_after(_MARKS_CHILD, path, 40, timeout=30)
     assert last >= 40
     store = Store(path)
     assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -407,18 +404,7 @@ def test_kill_9_mid_commit_leaves_the_previous_consistent_state(tmp_path):
     """Each tick rewrites a tenth of the node rows and the clocks part: after a kill -9 the stored state is
     exactly the state of one committed tick (never some nodes of the next one)."""
     path = tmp_path / "fy.db"
-    child = subprocess.Popen(
-        [sys.executable, "-c", _ROWS_CHILD, str(path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 60
-        last = 0
-        while last < 25 and time.monotonic() < deadline:
-            last = int(child.stdout.readline())
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(10)
-        child.stdout.close()
+    last = _kill_9_after(_ROWS_CHILD, path, 25, timeout=60)
     assert last >= 25
     store = Store(path)
     assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
