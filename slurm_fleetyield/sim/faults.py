@@ -281,10 +281,7 @@ def generate(
     faults.sort(key=lambda f: (f.time, f.node, f.gpu))
     leads: list[float | None] = []  # precursor lead per fault (None: no precursor), drawn in time order
     for f in faults:
-        lead = None
-        if not f.quiet and rng.random() < params.precursor_share:
-            lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
-        leads.append(lead)
+        leads.append(None if f.quiet else _precursor_lead(params, rng))
     n_true = sum(lead is not None for lead in leads)
     benign = _benign(nodes, gpus_per_node, params, horizon_s, n_true, rng)
     drafts = [_Draft(f, lead, None) for f, lead in zip(faults, leads, strict=True)]
@@ -335,6 +332,16 @@ def post_return_rr(kind: str, t_days: float) -> float:
     return math.exp(floor + c0 * 2.0 ** (-max(0.0, t_days) / half_life))
 
 
+def _lead(params: FaultParams, rng: random.Random) -> float:
+    """An episode's lead time (s): uniform in [0.5, 1.5] x ``lead_h``."""
+    return params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+
+
+def _precursor_lead(params: FaultParams, rng: random.Random) -> float | None:
+    """A fatal fault's precursor lead (s), or None for the ``1 - precursor_share`` without a precursor."""
+    return _lead(params, rng) if rng.random() < params.precursor_share else None
+
+
 @dataclass(slots=True)
 class _Draft:
     fault: Fault  # fault_id not yet assigned
@@ -358,7 +365,7 @@ def _benign(
     for _ in range(n_benign):
         node = nodes[rng.randrange(len(nodes))]
         g = rng.randrange(gpus_per_node)
-        lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+        lead = _lead(params, rng)
         start = rng.uniform(0.0, max(0.0, horizon_s - lead))
         sig = "hbm" if rng.random() < 0.5 else "link"
         out.append(Episode(node, g, start, start + lead, sig, rng.randint(1, 3), None))
@@ -399,9 +406,7 @@ def _follow_ups(
                 return None
             if rng.random() * top < excess(t - ret):
                 cls, _, xid, _sig = rng.choices(FAULT_CLASSES, weights)[0]
-                lead = None
-                if rng.random() < params.precursor_share:
-                    lead = params.lead_h * HOUR * rng.uniform(0.5, 1.5)
+                lead = _precursor_lead(params, rng)
                 return _Draft(Fault(0, t, node, gpu, cls, xid, (node, gpu) in lemons), lead, parent)
 
     by_node: dict[str, list[_Draft]] = {}
