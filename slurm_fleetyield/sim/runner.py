@@ -344,7 +344,6 @@ class Simulation:
         self.faults_by_gpu: dict[tuple[str, int], list[fm.Fault]] = {}
         for f in inputs.plan.faults:
             self.faults_by_gpu.setdefault((f.node, f.gpu), []).append(f)
-        self.fault_time = [f.time for f in inputs.plan.faults]  # by fault_id
         self.episodes = fm.episodes_by_gpu(inputs.plan.episodes)
         self.ep_starts = sorted(inputs.plan.episodes, key=lambda e: e.start)
         self.ep_ptr = 0
@@ -682,7 +681,8 @@ class Simulation:
                     and not f.follow_up  # follow-ups come at the base rate, not the lemon's
                     and random.Random(f"lemon-swap-{self.cfg.seed}-{f.fault_id}").random() >= keep
                 )
-                old_gpu = f.parent is not None and self.fault_time[f.parent] <= self.now
+                # fault ids index the plan's faults (faults.generate numbers them in order)
+                old_gpu = f.parent is not None and self.inp.plan.faults[f.parent].time <= self.now
                 if announced or excess or old_gpu:
                     self.cancelled.add(f.fault_id)
             self._dirty_gpu(key)
