@@ -16,7 +16,7 @@ CLASS DESIGN
       decode           -> fy_ok_decode    healthy non-premium nodes (see trade-off below)
       batch            -> fy_ok_batch     green, yellow and probation nodes
       finetune         -> fy_ok_finetune
-      pretrain/default -> fy_ok_train     green only
+      pretrain/default -> fy_ok_train     green (or yellow lent to a waiting gang)
       canary           -> nothing         the controller submits canaries itself with
                                           --constraint=fy_canary and -w <node>
   Constraint syntax: no user constraint -> `fy_ok_x`; a plain AND list (a&b, a,b) ->

@@ -7,7 +7,7 @@ this tick (``ledger``) and the risk model's track record (``calibration``). The 
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
-premium widening -> route -> gate (proposals) -> plan -> remember -> settle -> learn.
+premium widening -> gang widening -> route -> gate (proposals) -> plan -> remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
 of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
@@ -20,8 +20,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from slurm_fleetyield.core import (
+    gangs,
     gate,
     learn,
     memory,
@@ -96,21 +98,23 @@ def tick(
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
-    decisions, updates = route.route(obs, priced, envelopes, pw.lent, pw.reason, state.memo)
+    gw = gangs.widen(obs, priced, envelopes, state.nodes, params, now)
+    decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
     actions = (*updates, *_merge_drains(drains.drains, rh.drains), *rh.actions, *proposed.actions)
     plan = Plan(actions, (*drains.holds, *rh.holds))
     remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
-    learned, calibration = learn.learn(
-        state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now
-    )
+    learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw.memory, state.memo)
-    events = tuple(e for stage in (sensed, drains, decided, rh, priced, pw, proposed) for e in stage.events)
-    return TickResult(
-        new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calibration
-    )
+    events = _events(sensed, drains, decided, rh, priced, pw, gw, proposed)
+    return TickResult(new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calib)
+
+
+def _events(*stages: Any) -> tuple[LogEvent, ...]:
+    """The log events of the stages, in stage order."""
+    return tuple(e for stage in stages for e in stage.events)
 
 
 def _next_state(

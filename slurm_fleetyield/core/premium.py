@@ -89,6 +89,11 @@ class Widening:
     reserve_nodes: int = 0
     reason: str = ""
 
+    @property
+    def loan(self) -> tuple[frozenset[str], str]:
+        """(lent nodes, why): route's arguments."""
+        return self.lent, self.reason
+
 
 def decode_eligible(pn: PricedNode, env: Envelope) -> bool:
     """Would this node carry fy_ok_decode if it were not premium (green, full HBM, not a lemon, derived)?"""

@@ -17,7 +17,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 |                    | many uncorrectable remapped rows                                                   |
 | fy_ok_batch        | tier green, yellow or probation (checkpointable work may use marginal nodes)       |
 | fy_ok_train        | tier green and NVLink intact: fy_nvlink_full, or a board without NVLink (L40S...)  |
-|                    | (gangs that need NVLink also ask for fy_nvlink_full explicitly)                    |
+|                    | (gangs that need NVLink also ask for fy_nvlink_full explicitly) -- or a yellow     |
+|                    | node lent to a training job that idle green nodes cannot hold (core/gangs.py)      |
 | fy_ok_finetune     | tier green and fy_hbm_full                                                         |
 | fy_ok_decode       | tier green and fy_hbm_full, and fy_nonpremium -- or a premium node lent to waiting |
 |                    | decode by core/premium.py (not one pending premium work can start on now; a       |
@@ -46,12 +47,16 @@ from slurm_fleetyield.core.price import Priced
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
+_TRAIN = f"{FY_PREFIX}ok_train"
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
-def fy_features(tier: Tier, env: Envelope, lemon: bool = False, lent: bool = False) -> tuple[str, ...]:
+def fy_features(
+    tier: Tier, env: Envelope, lemon: bool = False, lent: bool = False, train_lent: bool = False
+) -> tuple[str, ...]:
     """The fy_ features of a node in ``tier`` with envelope ``env`` (``lemon``: see learn; ``lent``: a
-    premium node lent fy_ok_decode by core/premium.py), sorted."""
+    premium node lent fy_ok_decode by core/premium.py; ``train_lent``: a yellow node lent fy_ok_train by
+    core/gangs.py), sorted."""
     f = [f"{FY_PREFIX}tier_{tier.value}", f"{FY_PREFIX}premium" if env.premium else f"{FY_PREFIX}nonpremium"]
     if env.nvlink_full:
         f.append(f"{FY_PREFIX}nvlink_full")
@@ -68,6 +73,8 @@ def fy_features(tier: Tier, env: Envelope, lemon: bool = False, lent: bool = Fal
             f.append(f"{FY_PREFIX}ok_finetune")
             if not env.premium or lent:
                 f.append(f"{FY_PREFIX}ok_decode")
+    if train_lent and tier is Tier.YELLOW and not lemon and (env.nvlink_full or not env.nvlink):
+        f.append(f"{FY_PREFIX}ok_train")
     if tier is Tier.CANARY:
         f.append(f"{FY_PREFIX}canary")
     return tuple(sorted(f))
@@ -80,23 +87,27 @@ def route(
     lent: frozenset[str] = frozenset(),
     lent_reason: str = "",
     memo: dict[str, dict[str, Any]] | None = None,
+    train_lent: frozenset[str] = frozenset(),
+    train_reason: str = "",
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
-    ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated."""
+    ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
+    ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why."""
     decisions: dict[str, NodeDecision] = {}
     seen = memo.setdefault("route", {}) if memo is not None else None
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
     cache: dict[
-        tuple[Tier, bool, bool, bool, bool, bool], tuple[str, ...]
+        tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
     ] = {}  # most nodes share a handful of these
     # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
-    # same loan, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
+    # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
     # (ControllerState.memo via ``memo``; not persisted).
     for name in sorted(obs.slurm):
         slurm = obs.slurm[name]
         pn = priced.nodes[name]
         env = envelopes.get(name, _NO_ENVELOPE)
         is_lent = name in lent
+        gang = name in train_lent
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None
@@ -105,6 +116,8 @@ def route(
             and hit[2] is env
             and hit[3] is is_lent
             and (not is_lent or hit[4] == lent_reason)
+            and hit[7] is gang
+            and (not gang or hit[8] == train_reason)
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -117,12 +130,14 @@ def route(
                 fy = tuple(f for f in fy if f != _DECODE)
         else:
             tier = pn.feature_tier or pn.tier
-            key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon, is_lent)
+            key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon, is_lent, gang)
             fy = cache.get(key)
             if fy is None:
-                fy = cache[key] = fy_features(tier, env, pn.lemon, is_lent)
+                fy = cache[key] = fy_features(tier, env, pn.lemon, is_lent, gang)
         if is_lent:
             reason = f"{reason}; fy_ok_decode lent (premium widening: {lent_reason})"
+        if gang and _TRAIN in fy:
+            reason = f"{reason}; fy_ok_train lent (gang widening: {train_reason})"
         admin = slurm.admin_features
         features = (*admin, *fy)
         managed = pn.managed and _slurm_known(slurm)
@@ -144,7 +159,7 @@ def route(
         if differs:
             groups.setdefault((features, pn.weight), []).append(name)
         if seen is not None:
-            seen[name] = (slurm, pn, env, is_lent, lent_reason, decisions[name], differs)
+            seen[name] = (slurm, pn, env, is_lent, lent_reason, decisions[name], differs, gang, train_reason)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
     updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
     return decisions, updates

@@ -26,8 +26,8 @@ Policies:
   true state (lemon nodes yellow). The upper bound.
 - ablations: ``fy_no_premium`` (decode gets fy_ok_finetune: no premium reservation at all),
   ``fy_no_widening`` (``premium.enabled = False``: the old wall, decode never on premium GPUs),
-  ``fy_no_yellow`` (batch needs fy_tier_green too: no yellow reclaim), ``fy_no_drain`` (proposals never
-  approved).
+  ``fy_no_yellow`` (batch needs fy_tier_green too, no gang widening: no yellow reclaim), ``fy_no_drain``
+  (proposals never approved), ``fy_no_gangs`` (``gangs.enabled = False``: fy_ok_train on green nodes only).
 The core sees the queue as ``squeue`` shows it: running jobs with their nodes and GPUs, and every pending job
 with its class and GPUs (premium widening, core/premium.py, decides from them).
 
@@ -92,8 +92,11 @@ POLICIES = (
     "fy_no_widening",
     "fy_no_yellow",
     "fy_no_drain",
+    "fy_no_gangs",
 )
-FY_POLICIES = frozenset({"fleetyield", "fy_no_premium", "fy_no_widening", "fy_no_yellow", "fy_no_drain"})
+FY_POLICIES = frozenset(
+    {"fleetyield", "fy_no_premium", "fy_no_widening", "fy_no_yellow", "fy_no_drain", "fy_no_gangs"}
+)
 PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
 OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
 ADMIN_CONSTRAINT = {"pretrain": ("h100",)}  # gangs need NVLink boards under every policy (an admin feature)
@@ -153,9 +156,12 @@ class SimConfig:
 
 
 def policy_params(policy: str) -> Params:
-    """Default ``Params``; ``fy_no_widening`` switches premium widening off (the old wall)."""
+    """Default ``Params``; ``fy_no_widening`` switches premium widening off (the old wall), ``fy_no_gangs``
+    gang widening (fy_ok_train on green nodes only)."""
     if policy == "fy_no_widening":
         return Params(premium={"enabled": False})
+    if policy in ("fy_no_gangs", "fy_no_yellow"):  # no yellow reclaim: no yellow node lent to gangs either
+        return Params(gangs={"enabled": False})
     return Params()
 
 

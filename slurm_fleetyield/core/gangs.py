@@ -1,0 +1,133 @@
+"""Gang widening: training work that cannot start on green nodes borrows yellow ones.
+
+Input: the Slurm view (nodes and jobs), priced nodes, envelopes, the previous state's node memories (which
+yellow nodes carried ``fy_ok_train`` last tick), ``Params`` (``gangs``; ``settle.premium_needing_classes``).
+Output: ``GangLoans``: the yellow nodes that carry ``fy_ok_train`` this tick, the figures behind it, the
+reason route appends to theirs, and log events when the lent set changes.
+
+Why: ``fy_ok_train`` sits on green nodes only (core/route.py). After a fatal fault a repaired node stays
+yellow for weeks (the single-fault decay, 80 d half-life: ~16 d above the yellow threshold), so in a fleet
+with many faults an 8-node pretrain gang waits for eight green nodes while yellow ones with the same hardware
+run batch or sit idle. Simulated (docs/results.md, "Gang widening"): the high-fault fleet lost 10.5% net
+goodput against unmodified Slurm that way, 97% of it pretrain work never done. Yellow is a risk tier, not a
+verdict: a training job checkpoints, and a gang that waits does no work at all.
+
+Rule, per tick:
+1. demand: the PENDING jobs of a ``gangs.classes`` class (pretrain: the class job_submit gives
+   ``fy_ok_train``), each in whole nodes (GPUs / the largest node's GPU count, rounded up); the largest sets
+   the need. Its pool is the premium nodes when the class is premium-needing (the nodes it is kept for), all
+   nodes otherwise;
+2. supply: in-service pool nodes that carry ``fy_ok_train`` on their own (green, full NVLink or none, not a
+   lemon) with every GPU idle: what the job could start on now;
+3. if the supply is short of the need, that many yellow pool nodes (same envelope rule, in service, not in a
+   lifecycle stage, not lemons) carry ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop
+   between equal candidates), then the lowest risk, then by name;
+4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that
+   started on a lent node keeps running (Slurm does not stop jobs when features change).
+A lent node keeps its yellow weight (lower than green's: work lands on yellow before green), so a job that
+needs more nodes than are idle and green takes the lent yellow ones for the rest. Red, quarantined and
+rehabilitating nodes are never lent; neither are lemons.
+
+Stateless: the lent set of the last tick is read from the node memories (a yellow node remembered with
+``fy_ok_train``), so nothing new is persisted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_fleetyield.core.model import Envelope, LogEvent, Observations, Tier
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.premium import idle_gpus
+from slurm_fleetyield.core.price import Priced, PricedNode
+from slurm_fleetyield.core.state import NodeMemory
+
+OK_TRAIN = "fy_ok_train"
+
+
+@dataclass(frozen=True, slots=True)
+class GangLoans:
+    lent: frozenset[str] = frozenset()
+    need_nodes: int = 0  # whole nodes of the largest pending job of a gang class
+    green_idle_nodes: int = 0  # of its pool: trainable on their own, every GPU idle
+    reason: str = ""
+    events: tuple[LogEvent, ...] = ()
+
+    @property
+    def loan(self) -> tuple[frozenset[str], str]:
+        """(lent nodes, why): route's arguments."""
+        return self.lent, self.reason
+
+
+def trains(tier: Tier, env: Envelope, lemon: bool) -> bool:
+    """Would a node in ``tier`` carry ``fy_ok_train`` if its tier were green (the envelope rule)?"""
+    return not lemon and tier in (Tier.GREEN, Tier.YELLOW) and (env.nvlink_full or not env.nvlink)
+
+
+def widen(
+    obs: Observations,
+    priced: Priced,
+    envelopes: Mapping[str, Envelope],
+    memories: Mapping[str, NodeMemory],
+    params: Params,
+    now: float,
+) -> GangLoans:
+    gp = params.gangs
+    before = _lent_before(memories)
+    if not gp.enabled:
+        return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
+    classes = frozenset(gp.classes)
+    max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
+    need, premium_pool = 0, False
+    for j in obs.jobs:
+        if j.state == "PENDING" and j.workload is not None and j.workload.value in classes and j.gpus > 0:
+            n = math.ceil(j.gpus / max_node) if max_node > 0 else 1
+            if n > need:
+                need = n
+                premium_pool = j.workload.value in params.settle.premium_needing_classes
+    if not need:
+        return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))
+    idle = idle_gpus(obs)  # in-service nodes only
+    supply = 0
+    candidates: list[tuple[bool, float, str]] = []
+    for name, free in idle.items():
+        env = envelopes.get(name)
+        pn = priced.nodes.get(name)
+        if env is None or pn is None or (premium_pool and not env.premium) or not _own_features(pn):
+            continue
+        if not trains(pn.tier, env, pn.lemon):
+            continue
+        if pn.tier is Tier.GREEN:
+            if free == obs.slurm[name].gpu_count:
+                supply += 1
+        else:
+            candidates.append((name not in before, pn.risk, name))
+    short = need - supply
+    lent = frozenset(n for *_, n in sorted(candidates)[: max(0, short)])
+    pool = "premium" if premium_pool else "all"
+    reason = (
+        f"a pending training job needs {need} node(s), {supply} green {pool} node(s) idle; "
+        f"{len(lent)} yellow lent"
+    )
+    why = reason if short > 0 else f"no shortfall: {reason}"
+    return GangLoans(lent, need, supply, reason, _changed(before, lent, now, why))
+
+
+def _own_features(pn: PricedNode) -> bool:
+    """Priced from fresh data into a plain tier (not UNKNOWN/held, not a lifecycle stage's features)."""
+    return pn.managed and pn.keep_fy is None and pn.feature_tier is None
+
+
+def _lent_before(memories: Mapping[str, NodeMemory]) -> frozenset[str]:
+    return frozenset(n for n, m in memories.items() if m.tier is Tier.YELLOW and OK_TRAIN in m.fy_features)
+
+
+def _changed(before: frozenset[str], after: frozenset[str], now: float, why: str) -> tuple[LogEvent, ...]:
+    lend = [
+        LogEvent(now, n, "gang_lend", f"{OK_TRAIN} lent to yellow node: {why}")
+        for n in sorted(after - before)
+    ]
+    back = [LogEvent(now, n, "gang_return", f"{OK_TRAIN} returned: {why}") for n in sorted(before - after)]
+    return (*lend, *back)

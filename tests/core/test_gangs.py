@@ -1,0 +1,163 @@
+"""Gang widening (core/gangs.py): a training job that idle green nodes cannot hold borrows yellow ones."""
+
+from __future__ import annotations
+
+from core.builders import H100, L40S, Fleet, Runner
+from slurm_fleetyield.core import gangs, route
+from slurm_fleetyield.core import signals as s
+from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.price import Priced, PricedNode
+from slurm_fleetyield.core.state import NodeMemory
+
+P, D, B = WorkloadClass.PRETRAIN, WorkloadClass.DECODE, WorkloadClass.BATCH
+TRAIN = "fy_ok_train"
+
+
+def fleet(green: int = 2, yellow: int = 2, l40s: int = 1) -> Fleet:
+    """``green`` healthy H100 nodes g*, ``yellow`` H100 nodes y* with a pending row remap (yellow tier), and
+    healthy L40S nodes l*."""
+    f = Fleet(0)
+    for i in range(green):
+        f.add(f"g{i}", H100, gpu_type="h100")
+    for i in range(yellow):
+        f.add(f"y{i}", H100, gpu_type="h100")
+        f.set(f"y{i}", 0, s.REMAP_PENDING, 1)
+    for i in range(l40s):
+        f.add(f"l{i}", L40S, gpu_type="l40s")
+    return f
+
+
+def pend(f: Fleet, job: int, gpus: int, wl: WorkloadClass = P) -> None:
+    f.jobs.append(JobView(job, "PENDING", (), True, wl, gpus))
+
+
+def trains(r: Runner) -> set[str]:
+    assert r.last is not None
+    return {n for n, d in r.last.nodes.items() if TRAIN in d.fy_features}
+
+
+def test_yellow_nodes_get_no_train_feature_while_no_training_job_waits():
+    f = fleet()
+    pend(f, 1, 8, D)  # decode and batch do not need fy_ok_train
+    pend(f, 2, 4, B)
+    r = Runner(f)
+    r.ticks(3)
+    assert r.last is not None and r.last.nodes["y0"].tier is Tier.YELLOW
+    assert trains(r) == {"g0", "g1", "l0"}  # green H100s, and the L40S (no NVLink board)
+
+
+def test_a_waiting_gang_borrows_yellow_nodes_for_its_shortfall_only():
+    f = fleet(green=2, yellow=3)
+    pend(f, 1, 24)  # 3 whole nodes; 2 idle green premium nodes: short by 1
+    r = Runner(f)
+    r.tick()
+    lent = trains(r) - {"g0", "g1", "l0"}
+    assert lent == {"y0"}  # equal risk: by name
+    assert r.last is not None
+    d = r.last.nodes["y0"]
+    assert d.tier is Tier.YELLOW and d.weight == r.last.nodes["y1"].weight  # keeps its yellow weight
+    assert "gang widening" in d.reason and "needs 3 node(s), 2 green premium node(s) idle" in d.reason
+    assert [e.node for e in r.last.events if e.kind == "gang_lend"] == ["y0"]
+    assert any(u.nodes == ("y0",) and TRAIN in u.features for u in r.last.plan.of_kind("update"))
+
+
+def test_busy_green_nodes_are_no_supply_and_the_largest_job_sets_the_need():
+    f = fleet(green=2, yellow=3)
+    f.jobs.append(JobView(9, "RUNNING", ("g1",), True, D, 2))
+    f.slurm_update("g1", states=frozenset({"MIXED"}))
+    pend(f, 1, 8)
+    pend(f, 2, 32)  # 4 nodes; one green idle: short by 3
+    r = Runner(f)
+    r.tick()
+    assert trains(r) - {"g0", "g1", "l0"} == {"y0", "y1", "y2"}
+
+
+def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
+    f = fleet(green=2, yellow=3)
+    pend(f, 1, 24)
+    r = Runner(f)
+    r.tick()
+    assert trains(r) & {"y0", "y1", "y2"} == {"y0"}
+    f.nodes["y0"].gpus[1].fields[s.REMAP_PENDING] = 1  # y0 now riskier than y1 and y2, still yellow
+    r.tick()
+    assert r.last is not None and r.last.nodes["y0"].risk > r.last.nodes["y1"].risk
+    assert r.last.nodes["y0"].tier is Tier.YELLOW
+    assert trains(r) & {"y0", "y1", "y2"} == {"y0"}  # lent last tick: it keeps the loan
+    f.jobs.clear()  # the job started elsewhere, or was cancelled
+    r.tick()
+    assert trains(r) & {"y0", "y1", "y2"} == set()
+    assert [e.node for e in r.last.events if e.kind == "gang_return"] == ["y0"]
+    assert TRAIN not in r.last.nodes["y0"].fy_features
+
+
+def test_disabled_lends_nothing():
+    f = fleet(green=0, yellow=2)
+    pend(f, 1, 16)
+    r = Runner(f, Params(gangs={"enabled": False}))
+    r.ticks(2)
+    assert trains(r) == {"l0"}
+
+
+def _node(name: str, tier: Tier, risk: float, **kw: object) -> PricedNode:
+    return PricedNode(name, tier, 10, "r", (), True, risk=risk, **kw)  # type: ignore[arg-type]
+
+
+def _obs(names: list[str], jobs: tuple[JobView, ...]) -> Observations:
+    slurm = {n: SlurmNode(n, frozenset({"IDLE"}), "", (), (), 1, "h100", 8) for n in names}
+    return Observations(0.0, slurm, {}, (), jobs)
+
+
+def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_lowest_risk():
+    prem = Envelope(premium=True, nvlink=True, nvlink_full=True, hbm_full=True)
+    nodes = {
+        "a-red": _node("a-red", Tier.RED, 0.9),
+        "b-lemon": _node("b-lemon", Tier.YELLOW, 0.06, lemon=True),
+        "c-probation": _node("c-probation", Tier.PROBATION, 0.06),
+        "d-nonpremium": _node("d-nonpremium", Tier.YELLOW, 0.06),
+        "e-nvlink": _node("e-nvlink", Tier.YELLOW, 0.06),
+        "f-dark": _node("f-dark", Tier.UNKNOWN, float("nan"), keep_fy=("fy_tier_yellow",)),
+        "g-risky": _node("g-risky", Tier.YELLOW, 0.2),
+        "h-safe": _node("h-safe", Tier.YELLOW, 0.07),
+        "i-safer": _node("i-safer", Tier.YELLOW, 0.06),
+    }
+    envs = dict.fromkeys(nodes, prem)
+    envs["d-nonpremium"] = Envelope(premium=False, nvlink=True, nvlink_full=True, hbm_full=True)
+    envs["e-nvlink"] = Envelope(premium=True, nvlink=True, nvlink_full=False, hbm_full=True)
+    obs = _obs(list(nodes), (JobView(1, "PENDING", (), True, P, 16),))
+    got = gangs.widen(obs, Priced(nodes), envs, {}, Params(), 0.0)
+    assert got.need_nodes == 2 and got.green_idle_nodes == 0
+    assert got.lent == {"i-safer", "h-safe"}
+    assert gangs.widen(obs, Priced(nodes), envs, {}, Params(gangs={"enabled": False}), 0.0).lent == set()
+    # a non-premium-needing class borrows from every node, premium or not
+    wide = Params(settle={"premium_needing_classes": ("finetune",)})
+    assert "d-nonpremium" in gangs.widen(obs, Priced(nodes), envs, {}, wide, 0.0).lent
+    # the node lent last tick (remembered yellow with fy_ok_train) keeps its loan before a safer one
+    before = {"g-risky": NodeMemory(Tier.YELLOW, 0.0, "r", fy_features=("fy_ok_batch", TRAIN))}
+    sticky = gangs.widen(obs, Priced(nodes), envs, before, Params(), 0.0)
+    assert sticky.lent == {"g-risky", "i-safer"} and not [e for e in sticky.events if e.node == "g-risky"]
+
+
+def test_route_memo_follows_the_loan():
+    f = fleet(green=0, yellow=1, l40s=0)
+    r = Runner(f)
+    r.tick()
+    assert r.last is not None and r.last.sensed is not None
+    obs = f.observe(r.now)
+    from slurm_fleetyield.core import price, profile
+    from slurm_fleetyield.core.quarantine import Drains
+
+    envs = profile.profile(r.last.sensed, obs, r.state, r.params.profile)
+    priced = price.price(obs, r.last.sensed, r.last.risks, envs, Drains(), r.state, r.params, r.now)
+    memo = r.state.memo
+    plain, _ = route.route(obs, priced, envs, memo=memo)
+    lent, updates = route.route(obs, priced, envs, memo=memo, train_lent=frozenset({"y0"}), train_reason="x")
+    assert TRAIN not in plain["y0"].fy_features and TRAIN in lent["y0"].fy_features
+    assert "(gang widening: x)" in lent["y0"].reason and updates
+    again, _ = route.route(obs, priced, envs, memo=memo)
+    assert again["y0"] == plain["y0"]
+    for tier in Tier:  # only a yellow node can be lent the feature
+        has = TRAIN in route.fy_features(
+            tier, Envelope(premium=True, nvlink=True, nvlink_full=True), False, False, True
+        )
+        assert has is (tier in (Tier.GREEN, Tier.YELLOW))
