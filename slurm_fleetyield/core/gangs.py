@@ -14,14 +14,16 @@ verdict: a training job checkpoints, and a gang that waits does no work at all.
 
 Rule, per tick:
 1. demand: the PENDING jobs of a ``gangs.classes`` class (pretrain: the class job_submit gives
-   ``fy_ok_train``), each in whole nodes (GPUs / the largest node's GPU count, rounded up); the largest sets
-   the need. Its pool is the premium nodes when the class is premium-needing (the nodes it is kept for), all
-   nodes otherwise;
-2. supply: in-service pool nodes that carry ``fy_ok_train`` on their own (green, full NVLink or none, not a
-   lemon) with every GPU idle: what the job could start on now;
-3. if the supply is short of the need, that many yellow pool nodes (same envelope rule, in service, not in a
-   lifecycle stage, not lemons) carry ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop
-   between equal candidates), then the lowest risk, then by name;
+   ``fy_ok_train``), each cut into per-node pieces (whole nodes of the largest node's GPU count, and the
+   rest). A job's pool is the premium nodes when its class is premium-needing (the nodes it is kept for),
+   all nodes otherwise;
+2. supply: the idle GPUs of in-service pool nodes that carry ``fy_ok_train`` on their own (green, full NVLink
+   or none, not a lemon). Each job's pieces are fitted into them (best fit, as premium widening fits decode):
+   the pieces that fit nowhere are its shortfall, in nodes; the largest shortfall over the waiting jobs
+   counts;
+3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons) carry
+   ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop between equal candidates), then the
+   lowest risk, then by name;
 4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that
    started on a lent node keeps running (Slurm does not stop jobs when features change).
 A lent node keeps its yellow weight (lower than green's: work lands on yellow before green), so a job that
@@ -34,13 +36,12 @@ Stateless: the lent set of the last tick is read from the node memories (a yello
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurm_fleetyield.core.model import Envelope, LogEvent, Observations, Tier
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.premium import idle_gpus
+from slurm_fleetyield.core.premium import _chunks, _fit, idle_gpus
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import NodeMemory
 
@@ -50,8 +51,8 @@ OK_TRAIN = "fy_ok_train"
 @dataclass(frozen=True, slots=True)
 class GangLoans:
     lent: frozenset[str] = frozenset()
-    need_nodes: int = 0  # whole nodes of the largest pending job of a gang class
-    green_idle_nodes: int = 0  # of its pool: trainable on their own, every GPU idle
+    need_nodes: int = 0  # per-node pieces of the waiting job with the largest shortfall
+    fitting_nodes: int = 0  # of those, the pieces that fit on idle GPUs of green trainable nodes
     reason: str = ""
     events: tuple[LogEvent, ...] = ()
 
@@ -79,40 +80,43 @@ def widen(
     if not gp.enabled:
         return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
     classes = frozenset(gp.classes)
-    max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
-    need, premium_pool = 0, False
-    for j in obs.jobs:
-        if j.state == "PENDING" and j.workload is not None and j.workload.value in classes and j.gpus > 0:
-            n = math.ceil(j.gpus / max_node) if max_node > 0 else 1
-            if n > need:
-                need = n
-                premium_pool = j.workload.value in params.settle.premium_needing_classes
-    if not need:
+    waiting = [
+        j
+        for j in obs.jobs
+        if j.state == "PENDING" and j.workload is not None and j.workload.value in classes and j.gpus > 0
+    ]
+    if not waiting:
         return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))
+    max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     idle = idle_gpus(obs)  # in-service nodes only
-    supply = 0
-    candidates: list[tuple[bool, float, str]] = []
+    green: dict[bool, list[int]] = {True: [], False: []}  # free GPUs of green trainable nodes, by pool
+    yellow: dict[bool, list[tuple[bool, float, str]]] = {True: [], False: []}
     for name, free in idle.items():
         env = envelopes.get(name)
         pn = priced.nodes.get(name)
-        if env is None or pn is None or (premium_pool and not env.premium) or not _own_features(pn):
+        if env is None or pn is None or not _own_features(pn) or not trains(pn.tier, env, pn.lemon):
             continue
-        if not trains(pn.tier, env, pn.lemon):
-            continue
-        if pn.tier is Tier.GREEN:
-            if free == obs.slurm[name].gpu_count:
-                supply += 1
-        else:
-            candidates.append((name not in before, pn.risk, name))
-    short = need - supply
-    lent = frozenset(n for *_, n in sorted(candidates)[: max(0, short)])
-    pool = "premium" if premium_pool else "all"
+        pools = (True, False) if env.premium else (False,)  # premium pool: premium nodes; the other: all
+        for pool in pools:
+            if pn.tier is Tier.GREEN:
+                green[pool].append(free)
+            else:
+                yellow[pool].append((name not in before, pn.risk, name))
+    short, need, fits, premium_pool = 0, 0, 0, False
+    for j in sorted(waiting, key=lambda j: j.job_id):
+        pool = j.workload is not None and j.workload.value in params.settle.premium_needing_classes
+        chunks = sorted(_chunks(j, max_node), reverse=True)
+        unfit = len(_fit(chunks, green[pool]))
+        if unfit > short:
+            short, need, fits, premium_pool = unfit, len(chunks), len(chunks) - unfit, pool
+    lent = frozenset(n for *_, n in sorted(yellow[premium_pool])[:short])
+    where = "premium green" if premium_pool else "green"
     reason = (
-        f"a pending training job needs {need} node(s), {supply} green {pool} node(s) idle; "
+        f"a pending training job needs {need} node(s), {fits} fit on idle {where} GPUs; "
         f"{len(lent)} yellow lent"
     )
-    why = reason if short > 0 else f"no shortfall: {reason}"
-    return GangLoans(lent, need, supply, reason, _changed(before, lent, now, why))
+    why = reason if short else "no shortfall: every pending training job fits on idle green GPUs"
+    return GangLoans(lent, need, fits, reason, _changed(before, lent, now, why))
 
 
 def _own_features(pn: PricedNode) -> bool:

@@ -57,7 +57,8 @@ def test_a_waiting_gang_borrows_yellow_nodes_for_its_shortfall_only():
     assert r.last is not None
     d = r.last.nodes["y0"]
     assert d.tier is Tier.YELLOW and d.weight == r.last.nodes["y1"].weight  # keeps its yellow weight
-    assert "gang widening" in d.reason and "needs 3 node(s), 2 green premium node(s) idle" in d.reason
+    why = "(gang widening: a pending training job needs 3 node(s), 2 fit on idle premium green GPUs; 1 yellow"
+    assert why in d.reason
     assert [e.node for e in r.last.events if e.kind == "gang_lend"] == ["y0"]
     assert any(u.nodes == ("y0",) and TRAIN in u.features for u in r.last.plan.of_kind("update"))
 
@@ -71,6 +72,19 @@ def test_busy_green_nodes_are_no_supply_and_the_largest_job_sets_the_need():
     r = Runner(f)
     r.tick()
     assert trains(r) - {"g0", "g1", "l0"} == {"y0", "y1", "y2"}
+
+
+def test_a_small_training_job_that_fits_on_a_partly_busy_green_node_borrows_nothing():
+    f = fleet(green=1, yellow=2)
+    f.jobs.append(JobView(9, "RUNNING", ("g0",), True, D, 2))
+    f.slurm_update("g0", states=frozenset({"MIXED"}))
+    pend(f, 1, 4)  # fits on g0's 6 free GPUs
+    r = Runner(f)
+    r.tick()
+    assert trains(r) & {"y0", "y1"} == set()
+    pend(f, 2, 8)  # a whole node: g0 cannot hold it
+    r.tick()
+    assert trains(r) & {"y0", "y1"} == {"y0"}
 
 
 def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
@@ -126,7 +140,7 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
     envs["e-nvlink"] = Envelope(premium=True, nvlink=True, nvlink_full=False, hbm_full=True)
     obs = _obs(list(nodes), (JobView(1, "PENDING", (), True, P, 16),))
     got = gangs.widen(obs, Priced(nodes), envs, {}, Params(), 0.0)
-    assert got.need_nodes == 2 and got.green_idle_nodes == 0
+    assert got.need_nodes == 2 and got.fitting_nodes == 0
     assert got.lent == {"i-safer", "h-safe"}
     assert gangs.widen(obs, Priced(nodes), envs, {}, Params(gangs={"enabled": False}), 0.0).lent == set()
     # a non-premium-needing class borrows from every node, premium or not
