@@ -438,13 +438,7 @@ class GangParams(BaseModel):
     @field_validator("classes")
     @classmethod
     def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from slurm_fleetyield.core.model import WorkloadClass
-
-        known = {c.value for c in WorkloadClass}
-        for c in v:
-            if c not in known:
-                raise ValueError(f"unknown workload class {c!r} in gangs.classes; known: {sorted(known)}")
-        return v
+        return _workload_classes(v, "gangs.classes")
 
 
 class GateParams(BaseModel):
@@ -521,15 +515,7 @@ class SettleParams(BaseModel):
     @field_validator("premium_needing_classes")
     @classmethod
     def _classes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from slurm_fleetyield.core.model import WorkloadClass
-
-        known = {c.value for c in WorkloadClass}
-        for c in v:
-            if c not in known:
-                raise ValueError(
-                    f"unknown workload class {c!r} in premium_needing_classes; known: {sorted(known)}"
-                )
-        return v
+        return _workload_classes(v, "premium_needing_classes")
 
 
 class LearnParams(BaseModel):
@@ -572,6 +558,17 @@ class LearnParams(BaseModel):
                 f"max_multiplier={self.max_multiplier!r} required"
             )
         return self
+
+
+def _workload_classes(v: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``v`` if every name is a ``WorkloadClass`` value, else a clear error naming ``where``."""
+    from slurm_fleetyield.core.model import WorkloadClass
+
+    known = {c.value for c in WorkloadClass}
+    for c in v:
+        if c not in known:
+            raise ValueError(f"unknown workload class {c!r} in {where}; known: {sorted(known)}")
+    return v
 
 
 class Params(BaseModel):

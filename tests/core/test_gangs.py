@@ -175,3 +175,12 @@ def test_route_memo_follows_the_loan():
             tier, Envelope(premium=True, nvlink=True, nvlink_full=True), False, False, True
         )
         assert has is (tier in (Tier.GREEN, Tier.YELLOW))
+
+
+def test_an_unknown_class_is_a_clear_config_error():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"unknown workload class 'training' in gangs\.classes"):
+        Params(gangs={"classes": ("training",)})
+    assert Params(gangs={"classes": ("pretrain", "finetune")}).gangs.classes == ("pretrain", "finetune")
