@@ -14,9 +14,10 @@ verdict: a training job checkpoints, and a gang that waits does no work at all.
 
 Rule, per tick:
 1. demand: the PENDING jobs of a ``gangs.classes`` class (pretrain: the class job_submit gives
-   ``fy_ok_train``), each cut into per-node pieces (whole nodes of the largest node's GPU count, and the
+   ``fy_ok_train``) and, with ``gangs.unclassified``, jobs without a class (job_submit's class ``default``,
+   also ``fy_ok_train``), each cut into per-node pieces (whole nodes of the largest node's GPU count, and the
    rest). A job's pool is the premium nodes when its class is premium-needing (the nodes it is kept for),
-   all nodes otherwise;
+   all nodes otherwise (an unclassified job: all nodes);
 2. supply: the idle GPUs of in-service pool nodes that carry ``fy_ok_train`` on their own (green, full NVLink
    or none, not a lemon). Each job's pieces are fitted into them (best fit, as premium widening fits decode):
    the pieces that fit nowhere are its shortfall, in nodes; the largest shortfall over the waiting jobs
@@ -80,10 +81,13 @@ def widen(
     if not gp.enabled:
         return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
     classes = frozenset(gp.classes)
+    unclassified = gp.unclassified
     waiting = [
         j
         for j in obs.jobs
-        if j.state == "PENDING" and j.workload is not None and j.workload.value in classes and j.gpus > 0
+        if j.state == "PENDING"
+        and j.gpus > 0
+        and (j.workload.value in classes if j.workload is not None else unclassified)
     ]
     if not waiting:
         return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))

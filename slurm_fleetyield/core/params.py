@@ -431,8 +431,12 @@ class GangParams(BaseModel):
     classes: tuple[str, ...] = Field(
         ("pretrain",),
         description="Workload classes whose jobs need fy_ok_train (job_submit.lua: pretrain) and may borrow "
-        "yellow nodes. Jobs without a class also get fy_ok_train but are not counted: they borrow only what "
-        "a classed job's shortfall lends.",
+        "yellow nodes.",
+    )
+    unclassified: bool = Field(
+        True,
+        description="Count pending jobs without a workload class too: job_submit.lua gives them class "
+        "default and fy_ok_train, like pretrain. Their pool is every node (no class is premium-needing).",
     )
 
     @field_validator("classes")

@@ -105,6 +105,17 @@ def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
     assert TRAIN not in r.last.nodes["y0"].fy_features
 
 
+def test_a_job_without_a_class_counts_unless_switched_off():
+    f = fleet(green=0, yellow=1, l40s=0)
+    f.jobs.append(JobView(1, "PENDING", (), True, None, 8))  # job_submit: class default -> fy_ok_train
+    r = Runner(f)
+    r.tick()
+    assert trains(r) == {"y0"}
+    r = Runner(f, Params(gangs={"unclassified": False}))
+    r.tick()
+    assert trains(r) == set()
+
+
 def test_disabled_lends_nothing():
     f = fleet(green=0, yellow=2)
     pend(f, 1, 16)

@@ -184,6 +184,34 @@ def test_hbm_degradation_makes_node_yellow_batch_lands_there_pretrain_does_not(w
     assert placed[pretrain] == other, placed
 
 
+# --- 2b. Gang widening: a pretrain job the busy green H100 cannot hold borrows the yellow one ------------
+
+
+def test_gang_widening_lends_yellow_to_a_pretrain_job_that_green_cannot_hold(world: Any) -> None:
+    x, other = H100
+    world.agent(x, "fault", "degrade", "--gpu", "1", "--mode", "ecc", "--rate", "2", "--threshold", "1000")
+    wait_tier(world, x, "yellow", timeout=60)
+    world.agent(x, "fault", "clear", "--all")
+    world.wait_ticks(2)
+    assert "fy_ok_train" not in features(world.node_info(), x)  # no training job waits: green only
+    # The green H100 is partly busy: 6 of its 8 GPUs are free, so an 8-GPU pretrain job cannot start there.
+    busy = sbatch(world, "--comment=fy:batch", "-w", other, "--gres=gpu:2", seconds=300)
+    assert wait_ran(world, [busy])[busy] == other
+    pretrain = sbatch(world, "--comment=fy:pretrain", "--constraint=h100", "--gres=gpu:8", seconds=3)
+    assert job_fields(world, pretrain)["Features"] == "h100&fy_ok_train"
+    assert wait_ran(world, [pretrain])[pretrain] == x  # the controller lent x fy_ok_train; Slurm placed it
+    row = world.rows()[x]
+    assert row["tier"] == "yellow", row
+    # the job ran for 3 s; with no training job waiting the loan ends at the next tick
+    world.poll(
+        lambda: "fy_ok_train" not in features(world.node_info(), x),
+        timeout=60,
+        what=f"{x} to lose the lent fy_ok_train",
+    )
+    kinds = {e["kind"] for e in world.api(f"/v1/events?node={x}&limit=200")}
+    assert {"gang_lend", "gang_return"} <= kinds, kinds
+
+
 # --- 3. Decode never lands on a premium node while a non-premium one fits ------------------------------
 
 
