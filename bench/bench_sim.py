@@ -31,6 +31,7 @@ STAGES = (
     (loop.rehab, "rehabilitate"),
     (loop.price, "price"),
     (loop.premium, "widen"),
+    (loop.gangs, "widen"),
     (loop.route, "route"),
     (loop.gate, "propose"),
     (loop.memory, "remember"),

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import Envelope, LogEvent, Observations, Tier
+from slurm_fleetyield.core.model import Envelope, LogEvent, Observations, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import _chunks, _fit, idle_gpus
 from slurm_fleetyield.core.price import Priced, PricedNode
@@ -80,15 +80,11 @@ def widen(
     before = _lent_before(memories)
     if not gp.enabled:
         return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
-    classes = frozenset(gp.classes)
-    unclassified = gp.unclassified
-    waiting = [
-        j
-        for j in obs.jobs
-        if j.state == "PENDING"
-        and j.gpus > 0
-        and (j.workload.value in classes if j.workload is not None else unclassified)
-    ]
+    # members, not .value: reading an Enum property per job is slow
+    wanted: set[WorkloadClass | None] = {WorkloadClass(c) for c in gp.classes}
+    if gp.unclassified:
+        wanted.add(None)
+    waiting = [j for j in obs.jobs if j.workload in wanted and j.state == "PENDING" and j.gpus > 0]
     if not waiting:
         return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
@@ -106,13 +102,23 @@ def widen(
                 green[pool].append(free)
             else:
                 yellow[pool].append((name not in before, pn.risk, name))
+    # The job with the largest shortfall, the lowest job id among equals (Slurm's age order). A queue holds
+    # many jobs of the same size: each (GPUs, pool) is fitted once.
+    fitted: dict[tuple[int, bool], tuple[int, int]] = {}
+    premium_classes = {WorkloadClass(c) for c in params.settle.premium_needing_classes}
+    best: tuple[int, int, int, bool] | None = None  # (shortfall, job id, pieces, premium pool)
+    for j in waiting:
+        pool = j.workload in premium_classes
+        got = fitted.get((j.gpus, pool))
+        if got is None:
+            chunks = sorted(_chunks(j, max_node), reverse=True)
+            got = fitted[(j.gpus, pool)] = (len(_fit(chunks, green[pool])), len(chunks))
+        unfit = got[0]
+        if unfit and (best is None or unfit > best[0] or (unfit == best[0] and j.job_id < best[1])):
+            best = (unfit, j.job_id, got[1], pool)
     short, need, fits, premium_pool = 0, 0, 0, False
-    for j in sorted(waiting, key=lambda j: j.job_id):
-        pool = j.workload is not None and j.workload.value in params.settle.premium_needing_classes
-        chunks = sorted(_chunks(j, max_node), reverse=True)
-        unfit = len(_fit(chunks, green[pool]))
-        if unfit > short:
-            short, need, fits, premium_pool = unfit, len(chunks), len(chunks) - unfit, pool
+    if best is not None:
+        short, need, fits, premium_pool = best[0], best[2], best[2] - best[0], best[3]
     lent = frozenset(n for *_, n in sorted(yellow[premium_pool])[:short])
     where = "premium green" if premium_pool else "green"
     reason = (
