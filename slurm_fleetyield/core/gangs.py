@@ -80,21 +80,26 @@ def widen(
     before = _lent_before(memories)
     if not gp.enabled:
         return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
-    # members, not .value: reading an Enum property per job is slow
-    wanted: set[WorkloadClass | None] = {WorkloadClass(c) for c in gp.classes}
+    # A tuple of members, not a set and not .value: hashing an Enum member and reading its .value are
+    # Python-level calls, a tuple compares by identity (and str ==) in C. Pending first: most jobs run.
+    wanted: tuple[WorkloadClass | None, ...] = tuple(WorkloadClass(c) for c in gp.classes)
     if gp.unclassified:
-        wanted.add(None)
-    waiting = [j for j in obs.jobs if j.workload in wanted and j.state == "PENDING" and j.gpus > 0]
+        wanted = (*wanted, None)
+    waiting = [j for j in obs.jobs if j.state == "PENDING" and j.workload in wanted and j.gpus > 0]
     if not waiting:
         return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     idle = idle_gpus(obs)  # in-service nodes only
     green: dict[bool, list[int]] = {True: [], False: []}  # free GPUs of green trainable nodes, by pool
     yellow: dict[bool, list[tuple[bool, float, str]]] = {True: [], False: []}
+    pnodes = priced.nodes
+    GREEN, YELLOW = Tier.GREEN, Tier.YELLOW
     for name, free in idle.items():
+        pn = pnodes.get(name)
+        if pn is None or (pn.tier is GREEN and not free) or (pn.tier is not GREEN and pn.tier is not YELLOW):
+            continue  # a full green node holds no piece (most of a busy fleet); other tiers are never lent
         env = envelopes.get(name)
-        pn = priced.nodes.get(name)
-        if env is None or pn is None or not _own_features(pn) or not trains(pn.tier, env, pn.lemon):
+        if env is None or not _own_features(pn) or not trains(pn.tier, env, pn.lemon):
             continue
         pools = (True, False) if env.premium else (False,)  # premium pool: premium nodes; the other: all
         for pool in pools:
@@ -105,7 +110,7 @@ def widen(
     # The job with the largest shortfall, the lowest job id among equals (Slurm's age order). A queue holds
     # many jobs of the same size: each (GPUs, pool) is fitted once.
     fitted: dict[tuple[int, bool], tuple[int, int]] = {}
-    premium_classes = {WorkloadClass(c) for c in params.settle.premium_needing_classes}
+    premium_classes = tuple(WorkloadClass(c) for c in params.settle.premium_needing_classes)
     best: tuple[int, int, int, bool] | None = None  # (shortfall, job id, pieces, premium pool)
     for j in waiting:
         pool = j.workload in premium_classes
