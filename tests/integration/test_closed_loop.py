@@ -157,15 +157,21 @@ def test_nvlink_crc_growth_strips_nvlink_features_and_jobs_avoid_the_node(world:
 # --- 2. HBM degradation: X yellow; checkpointable work lands there, non-checkpointable does not --------
 
 
-def test_hbm_degradation_makes_node_yellow_batch_lands_there_pretrain_does_not(world: Any) -> None:
-    x, other = H100
-    # Correctable ECC errors at 2/s remap a row every 5 s.  Stop the growth as soon as the controller
-    # sees yellow: the rate and the remapped rows then stay in the trend window (yellow for minutes),
-    # where letting it run on would reach 3 remapped rows in the window and red (risk model steps).
+def make_yellow(world: Any, x: str) -> None:
+    """HBM degradation on ``x`` until the controller prices it yellow, then stop it there.
+
+    Correctable ECC errors at 2/s remap a row every 5 s.  Stop the growth as soon as the controller sees
+    yellow: the rate and the remapped rows then stay in the trend window (yellow for minutes), where
+    letting it run on would reach 3 remapped rows in the window and red (risk model steps)."""
     world.agent(x, "fault", "degrade", "--gpu", "1", "--mode", "ecc", "--rate", "2", "--threshold", "1000")
     wait_tier(world, x, "yellow", timeout=60)
     world.agent(x, "fault", "clear", "--all")
     world.wait_ticks(2)
+
+
+def test_hbm_degradation_makes_node_yellow_batch_lands_there_pretrain_does_not(world: Any) -> None:
+    x, other = H100
+    make_yellow(world, x)
     row = world.rows()[x]
     assert row["tier"] == "yellow", row
     assert 0.05 <= row["risk"] < 0.5, row
@@ -189,10 +195,7 @@ def test_hbm_degradation_makes_node_yellow_batch_lands_there_pretrain_does_not(w
 
 def test_gang_widening_lends_yellow_to_a_pretrain_job_that_green_cannot_hold(world: Any) -> None:
     x, other = H100
-    world.agent(x, "fault", "degrade", "--gpu", "1", "--mode", "ecc", "--rate", "2", "--threshold", "1000")
-    wait_tier(world, x, "yellow", timeout=60)
-    world.agent(x, "fault", "clear", "--all")
-    world.wait_ticks(2)
+    make_yellow(world, x)
     assert "fy_ok_train" not in features(world.node_info(), x)  # no training job waits: green only
     # The green H100 is partly busy: 6 of its 8 GPUs are free, so an 8-GPU pretrain job cannot start there.
     busy = sbatch(world, "--comment=fy:batch", "-w", other, "--gres=gpu:2", seconds=300)
