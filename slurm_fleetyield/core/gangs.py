@@ -44,6 +44,7 @@ from slurm_fleetyield.core.model import Envelope, LogEvent, Observations, Tier, 
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import _chunks, _fit, idle_gpus
 from slurm_fleetyield.core.price import Priced, PricedNode
+from slurm_fleetyield.core.route import trainable
 from slurm_fleetyield.core.state import NodeMemory
 
 OK_TRAIN = "fy_ok_train"
@@ -61,11 +62,6 @@ class GangLoans:
     def loan(self) -> tuple[frozenset[str], str]:
         """(lent nodes, why): route's arguments."""
         return self.lent, self.reason
-
-
-def trains(tier: Tier, env: Envelope, lemon: bool) -> bool:
-    """Would a node in ``tier`` carry ``fy_ok_train`` if its tier were green (the envelope rule)?"""
-    return not lemon and tier in (Tier.GREEN, Tier.YELLOW) and (env.nvlink_full or not env.nvlink)
 
 
 def widen(
@@ -99,11 +95,11 @@ def widen(
         if pn is None or (pn.tier is GREEN and not free) or (pn.tier is not GREEN and pn.tier is not YELLOW):
             continue  # a full green node holds no piece (most of a busy fleet); other tiers are never lent
         env = envelopes.get(name)
-        if env is None or not _own_features(pn) or not trains(pn.tier, env, pn.lemon):
+        if env is None or not _own_features(pn) or not trainable(env, pn.lemon):
             continue
         pools = (True, False) if env.premium else (False,)  # premium pool: premium nodes; the other: all
         for pool in pools:
-            if pn.tier is Tier.GREEN:
+            if pn.tier is GREEN:
                 green[pool].append(free)
             else:
                 yellow[pool].append((name not in before, pn.risk, name))

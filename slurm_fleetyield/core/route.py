@@ -51,6 +51,12 @@ _TRAIN = f"{FY_PREFIX}ok_train"
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
+def trainable(env: Envelope, lemon: bool) -> bool:
+    """The envelope half of ``fy_ok_train``: NVLink intact (or a board without NVLink), not a lemon. A
+    green node with it carries the feature; a yellow one may be lent it (core/gangs.py)."""
+    return not lemon and (env.nvlink_full or not env.nvlink)
+
+
 def fy_features(
     tier: Tier, env: Envelope, lemon: bool = False, lent: bool = False, train_lent: bool = False
 ) -> tuple[str, ...]:
@@ -67,13 +73,13 @@ def fy_features(
     if lemon:
         f.append(f"{FY_PREFIX}lemon")
     if tier is Tier.GREEN and not lemon:
-        if env.nvlink_full or not env.nvlink:
+        if trainable(env, lemon):
             f.append(f"{FY_PREFIX}ok_train")
         if env.hbm_full:
             f.append(f"{FY_PREFIX}ok_finetune")
             if not env.premium or lent:
                 f.append(f"{FY_PREFIX}ok_decode")
-    if train_lent and tier is Tier.YELLOW and not lemon and (env.nvlink_full or not env.nvlink):
+    if train_lent and tier is Tier.YELLOW and trainable(env, lemon):
         f.append(f"{FY_PREFIX}ok_train")
     if tier is Tier.CANARY:
         f.append(f"{FY_PREFIX}canary")
