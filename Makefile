@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster ab
+.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -50,3 +50,12 @@ AB_OUT ?= docs/ab
 ab: $(STAMP)
 	$(VENV)/bin/fleetyield chaos ab --seeds $(SEEDS) --duration $(AB_DURATION) --out $(AB_OUT)
 	$(VENV)/bin/fleetyield chaos report $(AB_OUT)/ab.json --readme README.md
+
+# The same timelines (same jobs, same faults) with a share of the faults announced by a visible ECC precursor
+# (AB_PRECURSOR_SHARE; simulated like the faults), into README's second A/B block from docs/ab-precursor.
+AB_PRECURSOR_SHARE ?= 0.5
+AB_PRECURSOR_OUT ?= docs/ab-precursor
+ab-precursor: $(STAMP)
+	$(VENV)/bin/fleetyield chaos ab --seeds $(SEEDS) --duration $(AB_DURATION) \
+		--precursor-share $(AB_PRECURSOR_SHARE) --out $(AB_PRECURSOR_OUT)
+	$(VENV)/bin/fleetyield chaos report $(AB_PRECURSOR_OUT)/ab.json --readme README.md

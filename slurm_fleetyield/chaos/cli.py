@@ -24,13 +24,18 @@ from slurm_fleetyield.chaos.runner import docker_exec
 from slurm_fleetyield.chaos.timeline import Timeline, TimelineParams, generate
 
 
-def _params(duration: float, jobs: int, faults: int, implants: int) -> TimelineParams:
-    if duration <= 0 or jobs < 0 or faults < 0 or implants < 0:
+def _params(
+    duration: float, jobs: int, faults: int, implants: int, precursors: float = 0.0
+) -> TimelineParams:
+    if duration <= 0 or jobs < 0 or faults < 0 or implants < 0 or not 0.0 <= precursors <= 1.0:
         raise click.BadParameter(
-            f"--duration must be > 0 and counts >= 0 (got duration={duration}, jobs={jobs}, "
-            f"faults={faults}, implants={implants})"
+            f"--duration must be > 0, counts >= 0 and --precursor-share within [0, 1] (got "
+            f"duration={duration}, jobs={jobs}, faults={faults}, implants={implants}, "
+            f"precursor-share={precursors})"
         )
-    return TimelineParams.for_duration(duration, jobs=jobs, faults=faults, implants=implants)
+    return TimelineParams.for_duration(
+        duration, jobs=jobs, faults=faults, implants=implants, precursor_share=precursors
+    )
 
 
 def _run_restoring(tl: Timeline, arm: str, out_dir: str) -> dict:  # type: ignore[type-arg]
@@ -54,6 +59,13 @@ def _opts(f):  # type: ignore[no-untyped-def]
             click.option("--jobs", default=24, show_default=True),
             click.option("--faults", default=3, show_default=True, help="GPU faults injected (simulated)."),
             click.option("--implants", default=0, show_default=True),
+            click.option(
+                "--precursor-share",
+                "precursors",
+                default=0.0,
+                show_default=True,
+                help="Share of the faults preceded by a visible ECC precursor (simulated; 0: all sudden).",
+            ),
             click.option("--out", "out_dir", default="chaos-out", show_default=True, type=click.Path()),
         ]
     ):
@@ -69,9 +81,13 @@ def chaos() -> None:
 @chaos.command("timeline")
 @click.argument("seed", type=int)
 @_opts
-def timeline_cmd(seed: int, duration: float, jobs: int, faults: int, implants: int, out_dir: str) -> None:
+def timeline_cmd(
+    seed: int, duration: float, jobs: int, faults: int, implants: int, precursors: float, out_dir: str
+) -> None:
     """Print the timeline a seed gives (nothing is executed)."""
-    click.echo(json.dumps(generate(seed, _params(duration, jobs, faults, implants)).to_dict(), indent=1))
+    click.echo(
+        json.dumps(generate(seed, _params(duration, jobs, faults, implants, precursors)).to_dict(), indent=1)
+    )
 
 
 @chaos.command("run")
@@ -79,10 +95,17 @@ def timeline_cmd(seed: int, duration: float, jobs: int, faults: int, implants: i
 @click.option("--arm", type=click.Choice(ab_mod.ARMS), default="fleetyield", show_default=True)
 @_opts
 def run_cmd(
-    seed: int, arm: str, duration: float, jobs: int, faults: int, implants: int, out_dir: str
+    seed: int,
+    arm: str,
+    duration: float,
+    jobs: int,
+    faults: int,
+    implants: int,
+    precursors: float,
+    out_dir: str,
 ) -> None:
     """Run one timeline on the cluster in one arm; log to OUT/chaos-<arm>-s<seed>.jsonl."""
-    tl = generate(seed, _params(duration, jobs, faults, implants))
+    tl = generate(seed, _params(duration, jobs, faults, implants, precursors))
     res = _run_restoring(tl, arm, out_dir)
     click.echo(json.dumps(res["totals"], sort_keys=True, indent=1))
 
@@ -117,6 +140,7 @@ def ab_cmd(
     jobs: int,
     faults: int,
     implants: int,
+    precursors: float,
     out_dir: str,
 ) -> None:
     """Bare Slurm vs Slurm + FleetYield on the same timelines; writes OUT/ab.json and the logs."""
@@ -126,7 +150,7 @@ def ab_cmd(
         raise click.BadParameter(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     if not ss:
         raise click.BadParameter("--seeds names no seed")
-    tp = _params(duration, jobs, faults, implants)
+    tp = _params(duration, jobs, faults, implants, precursors)
     argv = sys.argv[1:]
     command = shlex.join(["fleetyield", *argv]) if argv[:2] == ["chaos", "ab"] else ""
     try:

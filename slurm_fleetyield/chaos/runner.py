@@ -51,6 +51,9 @@ def command(e: Event, run_tag: str) -> tuple[str, ...]:
     if e.kind == "fault":
         return ("docker", "exec", e.node, "fleetyield-agent", "fault", "inject", "--state-dir",
                 AGENT_STATE_DIR, "--gpu", str(e.gpu), "--xid", str(e.xid))  # fmt: skip
+    if e.kind == "precursor":  # remap threshold left at the agent's default: rows remap, none pends
+        return ("docker", "exec", e.node, "fleetyield-agent", "fault", "degrade", "--state-dir",
+                AGENT_STATE_DIR, "--gpu", str(e.gpu), "--mode", "ecc", "--rate", f"{e.rate:g}")  # fmt: skip
     if e.kind == "implant":
         return ("docker", "exec", e.node, "fleetyield-agent", "attest", "implant", "--state-dir",
                 AGENT_STATE_DIR, "--module", IMPLANT_MODULE)  # fmt: skip

@@ -6,6 +6,11 @@ Input: ``TimelineParams`` (duration, nodes, job mix, fault and implant counts) a
   ``work_s`` seconds of "training", checkpointing every ``ckpt_s`` (0: never), requeueable or not;
 - ``fault``: ``fleetyield-agent fault inject --gpu G --xid X`` on a node (a SIMULATED GPU fault: the agent's
   fake backend raises it; real placements and job outcomes follow from it);
+- ``precursor``: ``fleetyield-agent fault degrade --gpu G --mode ecc --rate R`` on the GPU a later ``fault``
+  kills (SIMULATED: correctable ECC errors that remap HBM rows, the visible signal some fatal faults give
+  first). A ``precursor_share`` of the faults get one, ``precursor_lead_s`` before the fault (the simulator's
+  precursor observability, live); drawn from their own random stream, so the jobs, faults and implants of a
+  seed are the same whatever the share;
 - ``implant``: ``fleetyield-agent attest implant`` on a node (skipped when the agent lacks the command).
 Nothing here does I/O: the runner turns events into commands.
 
@@ -13,7 +18,8 @@ Time scale: the defaults describe a ``REFERENCE_S`` (1,800 s) run with jobs of 1
 ``TimelineParams.for_duration(D)`` keeps that shape and shrinks (or stretches) it by ``D / REFERENCE_S``:
 job work and checkpoint intervals are scaled by the same factor (checkpoint intervals rounded to whole
 seconds, at least 1 s, because the job script counts whole seconds), arrivals stay in the first 60% of the run
-and faults in ``fault_window`` (both shares of ``duration_s``), so the job mix, the load on the cluster and
+and faults in ``fault_window`` (both shares of ``duration_s``); precursor leads scale like the work and
+their error rate inversely, so the job mix, the load on the cluster and
 where faults land relative to the work are the same at any scale. What does not scale: Slurm's own
 latencies, the controller's 2 s loop and its rehabilitation ladder (~40 s in the docker cluster), so a short
 run gives those fixed costs a larger share. ``make ab`` uses ``D = 240`` (work 16-80 s).
@@ -48,6 +54,19 @@ class TimelineParams:
     faults: int = 3
     implants: int = 0
     fault_window: tuple[float, float] = (0.2, 0.8)  # faults land in this share of the run (jobs are running)
+    precursor_share: float = 0.0  # share of faults preceded by a visible ECC precursor (0: all sudden)
+    precursor_lead_s: tuple[float, float] = (180.0, 450.0)  # uniform range of the precursor's lead time
+    precursor_rate: float = 0.15  # correctable ECC errors per second of the precursor (10 remap one row)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.precursor_share <= 1.0:
+            raise ValueError(f"precursor_share must be within [0, 1], got {self.precursor_share!r}")
+        lo, hi = self.precursor_lead_s
+        if not 0.0 < lo <= hi or not self.precursor_rate > 0:
+            raise ValueError(
+                f"precursor_lead_s must be 0 < lo <= hi and precursor_rate > 0, got "
+                f"{self.precursor_lead_s!r}, {self.precursor_rate!r}"
+            )
 
     @staticmethod
     def for_duration(duration_s: float, **kw: Any) -> TimelineParams:
@@ -60,6 +79,11 @@ class TimelineParams:
             "duration_s": float(duration_s),
             "work_s": (round(base.work_s[0] * f, 1), round(base.work_s[1] * f, 1)),
             "ckpt_s": {k: float(max(1, round(v * f))) if v > 0 else 0.0 for k, v in base.ckpt_s.items()},
+            "precursor_lead_s": (
+                round(base.precursor_lead_s[0] * f, 1),
+                round(base.precursor_lead_s[1] * f, 1),
+            ),
+            "precursor_rate": round(base.precursor_rate / f, 4),
         }
         return TimelineParams(**(scaled | kw))
 
@@ -72,8 +96,9 @@ class TimelineParams:
     def from_dict(d: dict[str, Any]) -> TimelineParams:
         d = dict(d)
         d["nodes"] = tuple(d["nodes"])
-        for k in ("class_weights", "work_s", "fault_window"):
-            d[k] = tuple(d[k])
+        for k in ("class_weights", "work_s", "fault_window", "precursor_lead_s"):
+            if k in d:  # logs written before precursors existed lack the precursor fields
+                d[k] = tuple(d[k])
         d["gpus"] = {k: tuple(v) for k, v in d["gpus"].items()}
         return TimelineParams(**d)
 
@@ -81,7 +106,7 @@ class TimelineParams:
 @dataclass(frozen=True, slots=True)
 class Event:
     at_s: float
-    kind: str  # submit | fault | implant
+    kind: str  # submit | fault | precursor | implant
     ref: str  # stable id within the timeline (j03, f01, i00)
     node: str = ""
     workload: str = ""
@@ -91,6 +116,7 @@ class Event:
     requeue: bool = True
     gpu: int | None = None
     xid: int | None = None
+    rate: float = 0.0  # precursor: correctable ECC errors per second
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,9 +149,11 @@ class Timeline:
 
 
 def generate(seed: int, tp: TimelineParams | None = None) -> Timeline:
-    """Jobs arrive uniformly over the first 60% of the run; faults and implants in ``fault_window``."""
+    """Jobs arrive uniformly over the first 60% of the run; faults and implants in ``fault_window``; a
+    precursor, when a fault draws one, ``precursor_lead_s`` before it (not before the run starts)."""
     tp = tp or TimelineParams()
     rng = random.Random(f"chaos-{seed}")
+    early = random.Random(f"chaos-{seed}-precursor")  # its own stream: the other events do not move
     events: list[Event] = []
     for i in range(tp.jobs):
         cls = rng.choices(CLASSES, tp.class_weights)[0]
@@ -139,10 +167,16 @@ def generate(seed: int, tp: TimelineParams | None = None) -> Timeline:
     for i in range(tp.faults):
         at = round(rng.uniform(lo, hi), 1)
         node = rng.choice(tp.nodes)
+        gpu = rng.randrange(tp.gpus_per_node)
         events.append(
-            Event(at, "fault", f"f{i:02d}", node, gpu=rng.randrange(tp.gpus_per_node),
-                  xid=rng.choices(FAULT_XIDS, FAULT_WEIGHTS)[0])
-        )  # fmt: skip
+            Event(at, "fault", f"f{i:02d}", node, gpu=gpu, xid=rng.choices(FAULT_XIDS, FAULT_WEIGHTS)[0])
+        )
+        if early.random() < tp.precursor_share:
+            lead = early.uniform(*tp.precursor_lead_s)
+            events.append(
+                Event(round(max(0.0, at - lead), 1), "precursor", f"p{i:02d}", node, gpu=gpu,
+                      rate=tp.precursor_rate)
+            )  # fmt: skip
     for i in range(tp.implants):
         events.append(Event(round(rng.uniform(lo, hi), 1), "implant", f"i{i:02d}", rng.choice(tp.nodes)))
     events.sort(key=lambda e: (e.at_s, e.ref))

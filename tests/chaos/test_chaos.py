@@ -130,6 +130,47 @@ def test_commands_carry_class_requeue_and_fault():
     assert command(f, "t")[:5] == ("docker", "exec", f.node, "fleetyield-agent", "fault")
 
 
+def test_precursors_precede_their_fault_on_its_gpu_and_move_nothing_else():
+    tp = TimelineParams.for_duration(240, jobs=10, faults=6)
+    plain = generate(4, tp)
+    assert not any(e.kind == "precursor" for e in plain.events)
+    every = generate(4, TimelineParams.for_duration(240, jobs=10, faults=6, precursor_share=1.0))
+    half = generate(4, TimelineParams.for_duration(240, jobs=10, faults=6, precursor_share=0.5))
+    for tl in (every, half):  # the jobs and faults of the seed stay where they were
+        assert tuple(e for e in tl.events if e.kind != "precursor") == plain.events
+        assert [e.at_s for e in tl.events] == sorted(e.at_s for e in tl.events)
+    faults = {e.ref[1:]: e for e in plain.events if e.kind == "fault"}
+    pre = [e for e in every.events if e.kind == "precursor"]
+    assert len(pre) == len(faults) == 6
+    lo, hi = every.params.precursor_lead_s
+    assert (lo, hi) == (24.0, 60.0) and every.params.precursor_rate == 1.125  # the 1,800 s shape, scaled
+    for p in pre:
+        f = faults[p.ref[1:]]
+        assert (p.node, p.gpu) == (f.node, f.gpu) and p.rate == 1.125
+        assert p.at_s == 0.0 or lo - 0.1 <= f.at_s - p.at_s <= hi + 0.1, (p, f)
+    assert 0 < sum(e.kind == "precursor" for e in half.events) < 6
+    argv = command(pre[0], "t")
+    assert argv[3:6] == ("fleetyield-agent", "fault", "degrade") and argv[2] == pre[0].node
+    assert argv[argv.index("--gpu") + 1] == str(pre[0].gpu) and argv[argv.index("--mode") + 1] == "ecc"
+    assert argv[argv.index("--rate") + 1] == "1.125"
+    # A log written before precursors existed still reads (its params lack the precursor fields).
+    old = plain.to_dict()
+    for k in ("precursor_share", "precursor_lead_s", "precursor_rate"):
+        del old["params"][k]
+    for e in old["events"]:
+        del e["rate"]
+    back = Timeline.from_dict(old)
+    assert back.events == plain.events and back.params.precursor_share == 0.0
+    for bad in ({"precursor_share": 1.5}, {"precursor_share": -0.1}, {"precursor_lead_s": (0.0, 5.0)},
+                {"precursor_lead_s": (9.0, 5.0)}, {"precursor_rate": 0.0}):  # fmt: skip
+        try:
+            TimelineParams(**bad)  # type: ignore[arg-type]
+        except ValueError as exc:
+            assert "precursor" in str(exc)
+            continue
+        raise AssertionError(f"{bad} accepted")
+
+
 def _job(tmp: Path, job: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {
         "PATH": os.environ["PATH"],

@@ -13,6 +13,7 @@ from slurm_fleetyield.chaos.timeline import TimelineParams
 
 ROOT = Path(__file__).parents[2]
 AB_JSON = ROOT / "docs" / "ab" / "ab.json"
+AB_PRECURSOR_JSON = ROOT / "docs" / "ab-precursor" / "ab.json"
 
 
 def _summary() -> dict:
@@ -59,6 +60,23 @@ def test_splice_replaces_only_the_block_and_is_idempotent():
         raise AssertionError("a README with a half block was accepted")
 
 
+def test_a_precursor_run_has_its_own_block_and_both_stay_in_readme():
+    sudden = _summary()
+    early = _summary()
+    early["params"] = TimelineParams.for_duration(240, precursor_share=0.5).to_dict()
+    md_s, md_p = report.render(sudden), report.render(early)
+    assert md_s.startswith(report.BEGIN) and "every fault sudden" in md_s and "make ab`" in md_s
+    assert md_p.startswith(report.PRECURSOR_BEGIN) and md_p.rstrip().endswith(report.PRECURSOR_END)
+    assert "probability 0.5" in md_p and "24.0-60.0 s" in md_p and "make ab-precursor" in md_p
+    readme = "# T\n\n## Status\nok\n\n## Benchmarks\nb\n"
+    both = report.splice(report.splice(readme, md_s), md_p)
+    assert report.extract(both) == md_s and report.extract(both, precursor=True) == md_p
+    assert both.index(report.END) < both.index(report.PRECURSOR_BEGIN) < both.index("## Benchmarks")
+    assert report.splice(report.splice(both, md_p), md_s) == both  # each replaces only its own block
+    alone = report.splice(readme, md_p)  # no sudden-fault block yet: under the heading
+    assert report.extract(alone, precursor=True) == md_p and report.extract(alone) is None
+
+
 def test_report_cli_writes_readme_and_refuses_bad_input(tmp_path: Path):
     (tmp_path / "ab.json").write_text(json.dumps(_summary()))
     (tmp_path / "README.md").write_text("# T\n")
@@ -83,3 +101,8 @@ def test_readme_block_is_what_the_committed_ab_json_renders():
         assert block is None, "README has an A/B block but docs/ab/ab.json is missing"
         return
     assert block == report.render(json.loads(AB_JSON.read_text()))
+    early = report.extract((ROOT / "README.md").read_text(), precursor=True)
+    if not AB_PRECURSOR_JSON.exists():
+        assert early is None, "README has a precursor A/B block but docs/ab-precursor/ab.json is missing"
+        return
+    assert early == report.render(json.loads(AB_PRECURSOR_JSON.read_text()))
