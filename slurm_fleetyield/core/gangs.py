@@ -1,7 +1,8 @@
 """Gang widening: training work that cannot start on green nodes borrows yellow ones.
 
-Input: the Slurm view (nodes and jobs), priced nodes, envelopes, the previous state's node memories (which
-yellow nodes carried ``fy_ok_train`` last tick), ``Params`` (``gangs``; ``settle.premium_needing_classes``).
+Input: the Slurm view (nodes and jobs), priced nodes, envelopes, the risks (what made a node yellow), the
+previous state's node memories (which yellow nodes carried ``fy_ok_train`` last tick), ``Params``
+(``gangs``; ``settle.premium_needing_classes``).
 Output: ``GangLoans``: the yellow nodes that carry ``fy_ok_train`` this tick, the figures behind it, the
 reason route appends to theirs, and log events when the lent set changes.
 
@@ -22,7 +23,10 @@ Rule, per tick:
    or none, not a lemon). Each job's pieces are fitted into them (best fit, as premium widening fits decode):
    the pieces that fit nowhere are its shortfall, in nodes; the largest shortfall over the waiting jobs
    counts;
-3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons) carry
+3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons, and,
+   unless ``gangs.lend_degrading``, yellow only through their fatal history: a node whose risk has a live
+   telemetry signal -- rising ECC or remapped rows, NVLink errors, heat, risk-only XIDs -- is degrading now,
+   the precursor some fatal faults give, and a gang on it is the job most likely to die) carry
    ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop between equal candidates), then the
    lowest risk, then by name;
 4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that
@@ -40,14 +44,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import Envelope, LogEvent, Observations, Tier, WorkloadClass
+from slurm_fleetyield.core.model import Envelope, LogEvent, NodeRisk, Observations, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import _chunks, _fit, idle_gpus
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.route import trainable
+from slurm_fleetyield.core.signals import SIGNALS
 from slurm_fleetyield.core.state import NodeMemory
 
 OK_TRAIN = "fy_ok_train"
+HISTORY_SIGNALS = frozenset(s.name for s in SIGNALS if s.kind in ("gpu_history", "node_history"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ def widen(
     obs: Observations,
     priced: Priced,
     envelopes: Mapping[str, Envelope],
+    risks: Mapping[str, NodeRisk],
     memories: Mapping[str, NodeMemory],
     params: Params,
     now: float,
@@ -96,6 +103,8 @@ def widen(
             continue  # a full green node holds no piece (most of a busy fleet); other tiers are never lent
         env = envelopes.get(name)
         if env is None or not _own_features(pn) or not trainable(env, pn.lemon):
+            continue
+        if pn.tier is YELLOW and not gp.lend_degrading and degrading(risks.get(name)):
             continue
         pools = (True, False) if env.premium else (False,)  # premium pool: premium nodes; the other: all
         for pool in pools:
@@ -128,6 +137,13 @@ def widen(
     )
     why = reason if short else "no shortfall: every pending training job fits on idle green GPUs"
     return GangLoans(lent, need, fits, reason, _changed(before, lent, now, why))
+
+
+def degrading(nr: NodeRisk | None) -> bool:
+    """A live telemetry signal (anything but the fatal-history ones) moved a GPU's risk; unknown: True."""
+    if nr is None:
+        return True
+    return any(c.signal not in HISTORY_SIGNALS for g in nr.gpus for c in g.contributions)
 
 
 def _own_features(pn: PricedNode) -> bool:

@@ -98,7 +98,7 @@ def tick(
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
-    gw = gangs.widen(obs, priced, envelopes, state.nodes, params, now)
+    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now)
     decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)

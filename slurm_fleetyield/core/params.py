@@ -438,6 +438,12 @@ class GangParams(BaseModel):
         description="Count pending jobs without a workload class too: job_submit.lua gives them class "
         "default and fy_ok_train, like pretrain. Their pool is every node (no class is premium-needing).",
     )
+    lend_degrading: bool = Field(
+        False,
+        description="Lend yellow nodes whose risk comes from live telemetry too (ECC, row remaps, NVLink, "
+        "temperature, XIDs: a GPU degrading now, the precursor some fatal faults give). Off: only yellow "
+        "nodes whose risk is their fatal history (repaired, decaying) are lent to a training gang.",
+    )
 
     @field_validator("classes")
     @classmethod

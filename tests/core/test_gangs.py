@@ -5,18 +5,31 @@ from __future__ import annotations
 from core.builders import H100, L40S, Fleet, Runner
 from slurm_fleetyield.core import gangs, route
 from slurm_fleetyield.core import signals as s
-from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
+from slurm_fleetyield.core.model import (
+    Contribution,
+    Envelope,
+    GpuRisk,
+    Health,
+    JobView,
+    NodeRisk,
+    Observations,
+    SlurmNode,
+    Tier,
+    WorkloadClass,
+)
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import NodeMemory
 
 P, D, B = WorkloadClass.PRETRAIN, WorkloadClass.DECODE, WorkloadClass.BATCH
 TRAIN = "fy_ok_train"
+# fleet()'s yellow nodes are yellow through a live signal (a pending row remap): lent only with this switch
+LEND = Params(gangs={"lend_degrading": True})
 
 
 def fleet(green: int = 2, yellow: int = 2, l40s: int = 1) -> Fleet:
-    """``green`` healthy H100 nodes g*, ``yellow`` H100 nodes y* with a pending row remap (yellow tier), and
-    healthy L40S nodes l*."""
+    """``green`` healthy H100 nodes g*, ``yellow`` H100 nodes y* with a pending row remap (yellow tier,
+    through a live signal: lent only with ``LEND``), and healthy L40S nodes l*."""
     f = Fleet(0)
     for i in range(green):
         f.add(f"g{i}", H100, gpu_type="h100")
@@ -41,7 +54,7 @@ def test_yellow_nodes_get_no_train_feature_while_no_training_job_waits():
     f = fleet()
     pend(f, 1, 8, D)  # decode and batch do not need fy_ok_train
     pend(f, 2, 4, B)
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.ticks(3)
     assert r.last is not None and r.last.nodes["y0"].tier is Tier.YELLOW
     assert trains(r) == {"g0", "g1", "l0"}  # green H100s, and the L40S (no NVLink board)
@@ -50,7 +63,7 @@ def test_yellow_nodes_get_no_train_feature_while_no_training_job_waits():
 def test_a_waiting_gang_borrows_yellow_nodes_for_its_shortfall_only():
     f = fleet(green=2, yellow=3)
     pend(f, 1, 24)  # 3 whole nodes; 2 idle green premium nodes: short by 1
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.tick()
     lent = trains(r) - {"g0", "g1", "l0"}
     assert lent == {"y0"}  # equal risk: by name
@@ -69,7 +82,7 @@ def test_busy_green_nodes_are_no_supply_and_the_largest_job_sets_the_need():
     f.slurm_update("g1", states=frozenset({"MIXED"}))
     pend(f, 1, 8)
     pend(f, 2, 32)  # 4 nodes; one green idle: short by 3
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.tick()
     assert trains(r) - {"g0", "g1", "l0"} == {"y0", "y1", "y2"}
 
@@ -79,7 +92,7 @@ def test_a_small_training_job_that_fits_on_a_partly_busy_green_node_borrows_noth
     f.jobs.append(JobView(9, "RUNNING", ("g0",), True, D, 2))
     f.slurm_update("g0", states=frozenset({"MIXED"}))
     pend(f, 1, 4)  # fits on g0's 6 free GPUs
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.tick()
     assert trains(r) & {"y0", "y1"} == set()
     pend(f, 2, 8)  # a whole node: g0 cannot hold it
@@ -90,7 +103,7 @@ def test_a_small_training_job_that_fits_on_a_partly_busy_green_node_borrows_noth
 def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
     f = fleet(green=2, yellow=3)
     pend(f, 1, 24)
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.tick()
     assert trains(r) & {"y0", "y1", "y2"} == {"y0"}
     f.nodes["y0"].gpus[1].fields[s.REMAP_PENDING] = 1  # y0 now riskier than y1 and y2, still yellow
@@ -108,10 +121,10 @@ def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
 def test_a_job_without_a_class_counts_unless_switched_off():
     f = fleet(green=0, yellow=1, l40s=0)
     f.jobs.append(JobView(1, "PENDING", (), True, None, 8))  # job_submit: class default -> fy_ok_train
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.tick()
     assert trains(r) == {"y0"}
-    r = Runner(f, Params(gangs={"unclassified": False}))
+    r = Runner(f, Params(gangs={"unclassified": False, "lend_degrading": True}))
     r.tick()
     assert trains(r) == set()
 
@@ -126,6 +139,12 @@ def test_disabled_lends_nothing():
 
 def _node(name: str, tier: Tier, risk: float, **kw: object) -> PricedNode:
     return PricedNode(name, tier, 10, "r", (), True, risk=risk, **kw)  # type: ignore[arg-type]
+
+
+def _risk(name: str, signal: str = "gpu_repeat_offender") -> NodeRisk:
+    """A yellow node's risk: moved by one signal (the default: its fatal history, i.e. repaired)."""
+    g = GpuRisk(name, 0, f"{name}-0", "H100", Health.WARN, 0.06, (Contribution(signal, 1.0, 2.5),))
+    return NodeRisk(name, Health.WARN, 0.06, (g,))
 
 
 def _obs(names: list[str], jobs: tuple[JobView, ...]) -> Observations:
@@ -145,27 +164,36 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
         "g-risky": _node("g-risky", Tier.YELLOW, 0.2),
         "h-safe": _node("h-safe", Tier.YELLOW, 0.07),
         "i-safer": _node("i-safer", Tier.YELLOW, 0.06),
+        "j-degrading": _node("j-degrading", Tier.YELLOW, 0.05),
     }
+    risks = {n: _risk(n) for n in nodes}
+    risks["j-degrading"] = _risk("j-degrading", "remap_pending")  # a live signal: degrading now
     envs = dict.fromkeys(nodes, prem)
     envs["d-nonpremium"] = Envelope(premium=False, nvlink=True, nvlink_full=True, hbm_full=True)
     envs["e-nvlink"] = Envelope(premium=True, nvlink=True, nvlink_full=False, hbm_full=True)
     obs = _obs(list(nodes), (JobView(1, "PENDING", (), True, P, 16),))
-    got = gangs.widen(obs, Priced(nodes), envs, {}, Params(), 0.0)
+    got = gangs.widen(obs, Priced(nodes), envs, risks, {}, Params(), 0.0)
     assert got.need_nodes == 2 and got.fitting_nodes == 0
-    assert got.lent == {"i-safer", "h-safe"}
-    assert gangs.widen(obs, Priced(nodes), envs, {}, Params(gangs={"enabled": False}), 0.0).lent == set()
+    assert got.lent == {"i-safer", "h-safe"}  # not j-degrading, the lowest risk: a live signal moved it
+    lend = gangs.widen(obs, Priced(nodes), envs, risks, {}, LEND, 0.0)
+    assert lend.lent == {"j-degrading", "i-safer"}
+    no_risk = {n: r for n, r in risks.items() if n != "i-safer"}  # no risk known: treated as degrading
+    assert gangs.widen(obs, Priced(nodes), envs, no_risk, {}, Params(), 0.0).lent == {"h-safe", "g-risky"}
+    assert (
+        gangs.widen(obs, Priced(nodes), envs, risks, {}, Params(gangs={"enabled": False}), 0.0).lent == set()
+    )
     # a non-premium-needing class borrows from every node, premium or not
     wide = Params(settle={"premium_needing_classes": ("finetune",)})
-    assert "d-nonpremium" in gangs.widen(obs, Priced(nodes), envs, {}, wide, 0.0).lent
+    assert "d-nonpremium" in gangs.widen(obs, Priced(nodes), envs, risks, {}, wide, 0.0).lent
     # the node lent last tick (remembered yellow with fy_ok_train) keeps its loan before a safer one
     before = {"g-risky": NodeMemory(Tier.YELLOW, 0.0, "r", fy_features=("fy_ok_batch", TRAIN))}
-    sticky = gangs.widen(obs, Priced(nodes), envs, before, Params(), 0.0)
+    sticky = gangs.widen(obs, Priced(nodes), envs, risks, before, Params(), 0.0)
     assert sticky.lent == {"g-risky", "i-safer"} and not [e for e in sticky.events if e.node == "g-risky"]
 
 
 def test_route_memo_follows_the_loan():
     f = fleet(green=0, yellow=1, l40s=0)
-    r = Runner(f)
+    r = Runner(f, LEND)
     r.tick()
     assert r.last is not None and r.last.sensed is not None
     obs = f.observe(r.now)
@@ -195,3 +223,30 @@ def test_an_unknown_class_is_a_clear_config_error():
     with pytest.raises(ValidationError, match=r"unknown workload class 'training' in gangs\.classes"):
         Params(gangs={"classes": ("training",)})
     assert Params(gangs={"classes": ("pretrain", "finetune")}).gangs.classes == ("pretrain", "finetune")
+
+
+def test_a_repaired_yellow_node_is_lent_a_degrading_one_is_not():
+    """Both yellow; r0 through its fatal history only (one fault 5 days ago, repaired: the decaying
+    repeat-offender signal), d0 through a live signal (a pending row remap: degrading now)."""
+    from dataclasses import replace
+
+    f = Fleet(0)
+    for n in ("r0", "d0"):
+        f.add(n, H100, gpu_type="h100")
+    f.set("d0", 0, s.REMAP_PENDING, 1)
+    pend(f, 1, 16)  # two whole nodes, no green one
+    r = Runner(f)
+    r.tick()
+    uuid = f.nodes["r0"].gpus[0].uuid
+    repaired = NodeMemory(Tier.GREEN, r.now, "r", fatal_history=((r.now - 5 * 86_400.0, uuid),))
+    r.state = replace(r.state, nodes={**r.state.nodes, "r0": repaired})
+    r.tick()
+    assert r.last is not None
+    assert {n: r.last.nodes[n].tier for n in ("r0", "d0")} == {"r0": Tier.YELLOW, "d0": Tier.YELLOW}
+    moved = {c.signal for g in r.last.risks["r0"].gpus for c in g.contributions}
+    assert moved == {"gpu_repeat_offender", "node_repeat_offender"} == gangs.HISTORY_SIGNALS
+    assert trains(r) == {"r0"}
+    assert "1 yellow lent" in r.last.nodes["r0"].reason
+    f.nodes["d0"].gpus[0].fields[s.REMAP_PENDING] = 0  # the remap completed: nothing live any more
+    r.tick()
+    assert r.last.nodes["d0"].tier is Tier.GREEN and trains(r) == {"r0", "d0"}

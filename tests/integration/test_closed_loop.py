@@ -193,9 +193,20 @@ def test_hbm_degradation_makes_node_yellow_batch_lands_there_pretrain_does_not(w
 # --- 2b. Gang widening: a pretrain job the busy green H100 cannot hold borrows the yellow one ------------
 
 
-def test_gang_widening_lends_yellow_to_a_pretrain_job_that_green_cannot_hold(world: Any) -> None:
+def test_gang_widening_lends_a_repaired_yellow_node_to_a_pretrain_job_that_green_cannot_hold(
+    world: Any,
+) -> None:
     x, other = H100
-    make_yellow(world, x)
+    # x fails (XID 79) and comes back through the rehabilitation ladder: yellow through its fatal history.
+    world.agent(x, "fault", "inject", "--gpu", "3", "--xid", "79")
+    world.poll(lambda: "DRAIN" in world.node_info()[x]["State"], timeout=30, what=f"{x} quarantined")
+
+    def back_yellow() -> bool:
+        return "DRAIN" not in world.node_info()[x]["State"] and world.rows()[x]["tier"] == "yellow"
+
+    world.poll(back_yellow, timeout=240, interval=1, what=f"{x} back in service, yellow")
+    risk = world.api(f"/v1/nodes/{x}/explain")["text"]
+    assert "repeat_offender" in risk, risk
     assert "fy_ok_train" not in features(world.node_info(), x)  # no training job waits: green only
     # The green H100 is partly busy: 6 of its 8 GPUs are free, so an 8-GPU pretrain job cannot start there.
     busy = sbatch(world, "--comment=fy:batch", "-w", other, "--gres=gpu:2", seconds=300)
@@ -213,6 +224,24 @@ def test_gang_widening_lends_yellow_to_a_pretrain_job_that_green_cannot_hold(wor
     )
     kinds = {e["kind"] for e in world.api(f"/v1/events?node={x}&limit=200")}
     assert {"gang_lend", "gang_return"} <= kinds, kinds
+
+
+def test_gang_widening_never_lends_a_degrading_yellow_node(world: Any) -> None:
+    x, other = H100
+    make_yellow(world, x)  # yellow through live HBM telemetry (remapped rows): degrading, not repaired
+    busy = sbatch(world, "--comment=fy:batch", "-w", other, "--gres=gpu:2", seconds=300)
+    assert wait_ran(world, [busy])[busy] == other
+    pretrain = sbatch(world, "--comment=fy:pretrain", "--constraint=h100", "--gres=gpu:8", seconds=3)
+    # For several ticks the job waits: neither H100 can take it, and x is not lent fy_ok_train.
+    for _ in range(4):
+        world.wait_ticks(1)
+        assert "fy_ok_train" not in features(world.node_info(), x)
+        assert job_fields(world, pretrain)["JobState"] == "PENDING"
+    assert world.rows()[x]["tier"] == "yellow"
+    kinds = {e["kind"] for e in world.api(f"/v1/events?node={x}&limit=200")}
+    assert "gang_lend" not in kinds, kinds
+    world.exec("slurmctld", "scancel", busy)  # the green H100 frees up: the job runs there
+    assert wait_ran(world, [pretrain])[pretrain] == other
 
 
 # --- 3. Decode never lands on a premium node while a non-premium one fits ------------------------------
