@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from slurm_fleetyield.core.model import Envelope, LogEvent, NodeRisk, Observations, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.premium import _chunks, _fit, idle_gpus
+from slurm_fleetyield.core.premium import best_fit, idle_gpus, node_pieces
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.route import trainable
 from slurm_fleetyield.core.signals import SIGNALS
@@ -121,8 +121,8 @@ def widen(
         pool = j.workload in premium_classes
         got = fitted.get((j.gpus, pool))
         if got is None:
-            chunks = sorted(_chunks(j, max_node), reverse=True)
-            got = fitted[(j.gpus, pool)] = (len(_fit(chunks, green[pool])), len(chunks))
+            chunks = sorted(node_pieces(j, max_node), reverse=True)
+            got = fitted[(j.gpus, pool)] = (len(best_fit(chunks, green[pool])), len(chunks))
         unfit = got[0]
         if unfit and (best is None or unfit > best[0] or (unfit == best[0] and j.job_id < best[1])):
             best = (unfit, j.job_id, got[1], pool)

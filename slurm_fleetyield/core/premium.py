@@ -181,8 +181,8 @@ def widen(
         else 0
     )
     cap = max(0, len(eligible) - reserve)
-    chunks = sorted((c for j in pending_decode for c in _chunks(j, max_node)), reverse=True)
-    unfit = _fit(chunks, base)
+    chunks = sorted((c for j in pending_decode for c in node_pieces(j, max_node)), reverse=True)
+    unfit = best_fit(chunks, base)
     waiting = bool(unfit)
     since = (mem.waiting_since if mem.waiting_since is not None else now) if waiting else None
     last = now if waiting else mem.last_waiting
@@ -218,11 +218,11 @@ def widen(
             lent.append(n)
     keep = list(lent)
     if waiting and since is not None and now - since >= pp.lend_after_s:
-        unfit = _fit(unfit, [idle.get(n, 0) for n in keep])
+        unfit = best_fit(unfit, [idle.get(n, 0) for n in keep])
         for n in sorted((n for n in lendable if n not in keep), key=lambda n: (-idle.get(n, 0), n)):
             if not unfit or len(set(lent) | held) >= cap:
                 break
-            left = _fit(unfit, [idle.get(n, 0)])
+            left = best_fit(unfit, [idle.get(n, 0)])
             if len(left) < len(unfit):
                 lent.append(n)
                 unfit = left
@@ -288,7 +288,7 @@ def _claims(
             continue
         if j.gpus > total:
             continue  # cannot start on these GPUs now, whoever uses them
-        pick = _place(_chunks(j, max_node), free, lent)
+        pick = _place(node_pieces(j, max_node), free, lent)
         if pick is None:
             continue
         startable += 1
@@ -324,7 +324,7 @@ def _out(s: SlurmNode) -> bool:
     return bool(s.states & _OUT) or not s.states
 
 
-def _chunks(j: JobView, max_node: int) -> list[int]:
+def node_pieces(j: JobView, max_node: int) -> list[int]:
     """Per-node pieces of a pending job (its nodes are not chosen yet): whole nodes of ``max_node`` GPUs."""
     if max_node <= 0 or j.gpus <= max_node:
         return [j.gpus]
@@ -332,7 +332,7 @@ def _chunks(j: JobView, max_node: int) -> list[int]:
     return [max_node] * full + ([rest] if rest else [])
 
 
-def _fit(chunks: list[int], free: list[int]) -> list[int]:
+def best_fit(chunks: list[int], free: list[int]) -> list[int]:
     """Best fit of ``chunks`` (largest first) into per-node ``free`` GPUs; returns the chunks that fit
     nowhere. A histogram of free counts keeps this O(chunks x GPUs per node)."""
     if not chunks:

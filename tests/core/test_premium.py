@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from core.builders import H100, L40S, Fleet, Runner
 from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.premium import _fit, _out, decode_eligible, widen
+from slurm_fleetyield.core.premium import _out, best_fit, decode_eligible, widen
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 
@@ -190,9 +190,9 @@ def test_state_round_trip_and_old_states_load():
 
 
 def test_best_fit():
-    assert _fit([8, 4, 4], [8, 4]) == [4]
-    assert _fit([2, 2, 2], [3, 3]) == [2]
-    assert _fit([1], []) == [1]
+    assert best_fit([8, 4, 4], [8, 4]) == [4]
+    assert best_fit([2, 2, 2], [3, 3]) == [2]
+    assert best_fit([1], []) == [1]
 
 
 # ---- invariants of core.premium.widen on random fleets, queues and memories (hypothesis) -----------------
