@@ -24,9 +24,10 @@ Rule, per tick:
    the pieces that fit nowhere are its shortfall, in nodes; the largest shortfall over the waiting jobs
    counts;
 3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons, and,
-   unless ``gangs.lend_degrading``, yellow only through their fatal history: a node whose risk has a live
-   telemetry signal -- rising ECC or remapped rows, NVLink errors, heat, risk-only XIDs -- is degrading now,
-   the precursor some fatal faults give, and a gang on it is the job most likely to die) carry
+   unless ``gangs.lend_degrading``, not degrading now: a node whose risk was moved by a counter that grew
+   within the trend windows -- ECC errors, remapped rows, NVLink or PCIe errors, throttling, risk-only XIDs
+   -- shows the precursor some fatal faults give, and a gang on it is the job most likely to die; yellow
+   through fatal history (repaired) or a stable level such as rows remapped long ago is lendable) carry
    ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop between equal candidates), then the
    lowest risk, then by name;
 4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that
@@ -53,7 +54,8 @@ from slurm_fleetyield.core.signals import SIGNALS
 from slurm_fleetyield.core.state import NodeMemory
 
 OK_TRAIN = "fy_ok_train"
-HISTORY_SIGNALS = frozenset(s.name for s in SIGNALS if s.kind in ("gpu_history", "node_history"))
+# Signals of counters that grew within the trend windows (core/sense.py): a GPU degrading now.
+MOVING_SIGNALS = frozenset(s.name for s in SIGNALS if s.kind in ("rate", "growth", "xid"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +142,11 @@ def widen(
 
 
 def degrading(nr: NodeRisk | None) -> bool:
-    """A live telemetry signal (anything but the fatal-history ones) moved a GPU's risk; unknown: True."""
+    """A counter that grew within the trend windows (ECC errors, remapped rows, NVLink/PCIe errors,
+    throttling time, risk-only XIDs) moved a GPU's risk; no risk known: True (nothing is lent blind)."""
     if nr is None:
         return True
-    return any(c.signal not in HISTORY_SIGNALS for g in nr.gpus for c in g.contributions)
+    return any(c.signal in MOVING_SIGNALS for g in nr.gpus for c in g.contributions)
 
 
 def _own_features(pn: PricedNode) -> bool:

@@ -440,9 +440,10 @@ class GangParams(BaseModel):
     )
     lend_degrading: bool = Field(
         False,
-        description="Lend yellow nodes whose risk comes from live telemetry too (ECC, row remaps, NVLink, "
-        "temperature, XIDs: a GPU degrading now, the precursor some fatal faults give). Off: only yellow "
-        "nodes whose risk is their fatal history (repaired, decaying) are lent to a training gang.",
+        description="Lend yellow nodes that are degrading now too: a counter grew within the trend "
+        "windows (ECC errors, remapped rows, NVLink/PCIe errors, throttling, risk-only XIDs: the precursor "
+        "some fatal faults give). Off: only yellow nodes without such growth (repaired ones, yellow through "
+        "their fatal history, or a stable level) are lent to a training gang.",
     )
 
     @field_validator("classes")

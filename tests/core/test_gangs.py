@@ -23,13 +23,12 @@ from slurm_fleetyield.core.state import NodeMemory
 
 P, D, B = WorkloadClass.PRETRAIN, WorkloadClass.DECODE, WorkloadClass.BATCH
 TRAIN = "fy_ok_train"
-# fleet()'s yellow nodes are yellow through a live signal (a pending row remap): lent only with this switch
-LEND = Params(gangs={"lend_degrading": True})
+LEND = Params(gangs={"lend_degrading": True})  # degrading yellow nodes lent too
 
 
 def fleet(green: int = 2, yellow: int = 2, l40s: int = 1) -> Fleet:
-    """``green`` healthy H100 nodes g*, ``yellow`` H100 nodes y* with a pending row remap (yellow tier,
-    through a live signal: lent only with ``LEND``), and healthy L40S nodes l*."""
+    """``green`` healthy H100 nodes g*, ``yellow`` H100 nodes y* with a pending row remap (yellow tier; a
+    level, not a counter growing now: lendable), and healthy L40S nodes l*."""
     f = Fleet(0)
     for i in range(green):
         f.add(f"g{i}", H100, gpu_type="h100")
@@ -54,7 +53,7 @@ def test_yellow_nodes_get_no_train_feature_while_no_training_job_waits():
     f = fleet()
     pend(f, 1, 8, D)  # decode and batch do not need fy_ok_train
     pend(f, 2, 4, B)
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.ticks(3)
     assert r.last is not None and r.last.nodes["y0"].tier is Tier.YELLOW
     assert trains(r) == {"g0", "g1", "l0"}  # green H100s, and the L40S (no NVLink board)
@@ -63,7 +62,7 @@ def test_yellow_nodes_get_no_train_feature_while_no_training_job_waits():
 def test_a_waiting_gang_borrows_yellow_nodes_for_its_shortfall_only():
     f = fleet(green=2, yellow=3)
     pend(f, 1, 24)  # 3 whole nodes; 2 idle green premium nodes: short by 1
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.tick()
     lent = trains(r) - {"g0", "g1", "l0"}
     assert lent == {"y0"}  # equal risk: by name
@@ -82,7 +81,7 @@ def test_busy_green_nodes_are_no_supply_and_the_largest_job_sets_the_need():
     f.slurm_update("g1", states=frozenset({"MIXED"}))
     pend(f, 1, 8)
     pend(f, 2, 32)  # 4 nodes; one green idle: short by 3
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.tick()
     assert trains(r) - {"g0", "g1", "l0"} == {"y0", "y1", "y2"}
 
@@ -92,7 +91,7 @@ def test_a_small_training_job_that_fits_on_a_partly_busy_green_node_borrows_noth
     f.jobs.append(JobView(9, "RUNNING", ("g0",), True, D, 2))
     f.slurm_update("g0", states=frozenset({"MIXED"}))
     pend(f, 1, 4)  # fits on g0's 6 free GPUs
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.tick()
     assert trains(r) & {"y0", "y1"} == set()
     pend(f, 2, 8)  # a whole node: g0 cannot hold it
@@ -103,7 +102,7 @@ def test_a_small_training_job_that_fits_on_a_partly_busy_green_node_borrows_noth
 def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
     f = fleet(green=2, yellow=3)
     pend(f, 1, 24)
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.tick()
     assert trains(r) & {"y0", "y1", "y2"} == {"y0"}
     f.nodes["y0"].gpus[1].fields[s.REMAP_PENDING] = 1  # y0 now riskier than y1 and y2, still yellow
@@ -121,10 +120,10 @@ def test_the_loan_is_sticky_and_ends_when_no_training_job_waits():
 def test_a_job_without_a_class_counts_unless_switched_off():
     f = fleet(green=0, yellow=1, l40s=0)
     f.jobs.append(JobView(1, "PENDING", (), True, None, 8))  # job_submit: class default -> fy_ok_train
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.tick()
     assert trains(r) == {"y0"}
-    r = Runner(f, Params(gangs={"unclassified": False, "lend_degrading": True}))
+    r = Runner(f, Params(gangs={"unclassified": False}))
     r.tick()
     assert trains(r) == set()
 
@@ -167,14 +166,15 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
         "j-degrading": _node("j-degrading", Tier.YELLOW, 0.05),
     }
     risks = {n: _risk(n) for n in nodes}
-    risks["j-degrading"] = _risk("j-degrading", "remap_pending")  # a live signal: degrading now
+    risks["j-degrading"] = _risk("j-degrading", "remap_growth")  # rows remapped within the window: degrading
+    risks["i-safer"] = _risk("i-safer", "remap_pending")  # a level (rows pending a reset): lendable
     envs = dict.fromkeys(nodes, prem)
     envs["d-nonpremium"] = Envelope(premium=False, nvlink=True, nvlink_full=True, hbm_full=True)
     envs["e-nvlink"] = Envelope(premium=True, nvlink=True, nvlink_full=False, hbm_full=True)
     obs = _obs(list(nodes), (JobView(1, "PENDING", (), True, P, 16),))
     got = gangs.widen(obs, Priced(nodes), envs, risks, {}, Params(), 0.0)
     assert got.need_nodes == 2 and got.fitting_nodes == 0
-    assert got.lent == {"i-safer", "h-safe"}  # not j-degrading, the lowest risk: a live signal moved it
+    assert got.lent == {"i-safer", "h-safe"}  # not j-degrading, the lowest risk: rows remapped just now
     lend = gangs.widen(obs, Priced(nodes), envs, risks, {}, LEND, 0.0)
     assert lend.lent == {"j-degrading", "i-safer"}
     no_risk = {n: r for n, r in risks.items() if n != "i-safer"}  # no risk known: treated as degrading
@@ -193,7 +193,7 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
 
 def test_route_memo_follows_the_loan():
     f = fleet(green=0, yellow=1, l40s=0)
-    r = Runner(f, LEND)
+    r = Runner(f)
     r.tick()
     assert r.last is not None and r.last.sensed is not None
     obs = f.observe(r.now)
@@ -227,26 +227,28 @@ def test_an_unknown_class_is_a_clear_config_error():
 
 def test_a_repaired_yellow_node_is_lent_a_degrading_one_is_not():
     """Both yellow; r0 through its fatal history only (one fault 5 days ago, repaired: the decaying
-    repeat-offender signal), d0 through a live signal (a pending row remap: degrading now)."""
+    repeat-offender signal), d0 because its correctable remapped rows grow (degrading now)."""
     from dataclasses import replace
 
     f = Fleet(0)
     for n in ("r0", "d0"):
         f.add(n, H100, gpu_type="h100")
-    f.set("d0", 0, s.REMAP_PENDING, 1)
     pend(f, 1, 16)  # two whole nodes, no green one
     r = Runner(f)
     r.tick()
     uuid = f.nodes["r0"].gpus[0].uuid
     repaired = NodeMemory(Tier.GREEN, r.now, "r", fatal_history=((r.now - 5 * 86_400.0, uuid),))
     r.state = replace(r.state, nodes={**r.state.nodes, "r0": repaired})
+    f.set("d0", 0, s.ROWS_CORR, 3)  # three rows remapped since the last sample
     r.tick()
     assert r.last is not None
     assert {n: r.last.nodes[n].tier for n in ("r0", "d0")} == {"r0": Tier.YELLOW, "d0": Tier.YELLOW}
     moved = {c.signal for g in r.last.risks["r0"].gpus for c in g.contributions}
-    assert moved == {"gpu_repeat_offender", "node_repeat_offender"} == gangs.HISTORY_SIGNALS
+    assert moved == {"gpu_repeat_offender", "node_repeat_offender"}
+    assert "remap_growth" in {c.signal for g in r.last.risks["d0"].gpus for c in g.contributions}
     assert trains(r) == {"r0"}
     assert "1 yellow lent" in r.last.nodes["r0"].reason
-    f.nodes["d0"].gpus[0].fields[s.REMAP_PENDING] = 0  # the remap completed: nothing live any more
-    r.tick()
-    assert r.last.nodes["d0"].tier is Tier.GREEN and trains(r) == {"r0", "d0"}
+    lend = Runner(f, LEND)
+    lend.state, lend.now, lend.last = r.state, r.now, r.last
+    lend.tick()
+    assert trains(lend) == {"r0", "d0"}
