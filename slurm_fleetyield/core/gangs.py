@@ -23,13 +23,15 @@ Rule, per tick:
    or none, not a lemon). Each job's pieces are fitted into them (best fit, as premium widening fits decode):
    the pieces that fit nowhere are its shortfall, in nodes; the largest shortfall over the waiting jobs
    counts;
-3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons, and,
-   unless ``gangs.lend_degrading``, not degrading now: a node whose risk was moved by a counter that grew
-   within the trend windows -- ECC errors, remapped rows, NVLink or PCIe errors, throttling, risk-only XIDs
-   -- shows the precursor some fatal faults give, and a gang on it is the job most likely to die; yellow
-   through fatal history (repaired) or a stable level such as rows remapped long ago is lendable) carry
+3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons) carry
    ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop between equal candidates), then the
-   lowest risk, then by name;
+   lowest risk, then by name. With ``gangs.lend_degrading = false`` a node degrading now is not lent: one
+   whose risk a counter moved that grew within the trend windows (ECC errors, remapped rows, NVLink or PCIe
+   errors, throttling, risk-only XIDs: the precursor some fatal faults give); a node yellow through its
+   fatal history (repaired) or a stable level (rows remapped long ago) stays lendable. The default lends
+   degrading nodes too: simulated, sparing them gained nothing in the default world and lost 1-4 points in
+   the Titan worlds (a checkpointing gang that may die loses less than one that waits; docs/results.md,
+   "Degrading nodes");
 4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that
    started on a lent node keeps running (Slurm does not stop jobs when features change).
 A lent node keeps its yellow weight (lower than green's: work lands on yellow before green), so a job that

@@ -439,11 +439,13 @@ class GangParams(BaseModel):
         "default and fy_ok_train, like pretrain. Their pool is every node (no class is premium-needing).",
     )
     lend_degrading: bool = Field(
-        False,
+        True,
         description="Lend yellow nodes that are degrading now too: a counter grew within the trend "
         "windows (ECC errors, remapped rows, NVLink/PCIe errors, throttling, risk-only XIDs: the precursor "
-        "some fatal faults give). Off: only yellow nodes without such growth (repaired ones, yellow through "
-        "their fatal history, or a stable level) are lent to a training gang.",
+        "some fatal faults give). false: only yellow nodes without such growth (repaired ones, yellow "
+        "through their fatal history, or a stable level) are lent to a training gang. Simulated, false "
+        "gains nothing (high-fault fleet +0.09 points) and loses 1-4 points where repaired GPUs fail again "
+        "(Titan worlds; docs/results.md, 'Degrading nodes'), so the default lends.",
     )
 
     @field_validator("classes")

@@ -23,7 +23,7 @@ from slurm_fleetyield.core.state import NodeMemory
 
 P, D, B = WorkloadClass.PRETRAIN, WorkloadClass.DECODE, WorkloadClass.BATCH
 TRAIN = "fy_ok_train"
-LEND = Params(gangs={"lend_degrading": True})  # degrading yellow nodes lent too
+SPARE = Params(gangs={"lend_degrading": False})  # degrading yellow nodes are not lent
 
 
 def fleet(green: int = 2, yellow: int = 2, l40s: int = 1) -> Fleet:
@@ -174,11 +174,11 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
     obs = _obs(list(nodes), (JobView(1, "PENDING", (), True, P, 16),))
     got = gangs.widen(obs, Priced(nodes), envs, risks, {}, Params(), 0.0)
     assert got.need_nodes == 2 and got.fitting_nodes == 0
-    assert got.lent == {"i-safer", "h-safe"}  # not j-degrading, the lowest risk: rows remapped just now
-    lend = gangs.widen(obs, Priced(nodes), envs, risks, {}, LEND, 0.0)
-    assert lend.lent == {"j-degrading", "i-safer"}
+    assert got.lent == {"j-degrading", "i-safer"}  # the two lowest risks (the default lends degrading ones)
+    spare = gangs.widen(obs, Priced(nodes), envs, risks, {}, SPARE, 0.0)
+    assert spare.lent == {"i-safer", "h-safe"}  # not j-degrading: rows remapped just now
     no_risk = {n: r for n, r in risks.items() if n != "i-safer"}  # no risk known: treated as degrading
-    assert gangs.widen(obs, Priced(nodes), envs, no_risk, {}, Params(), 0.0).lent == {"h-safe", "g-risky"}
+    assert gangs.widen(obs, Priced(nodes), envs, no_risk, {}, SPARE, 0.0).lent == {"h-safe", "g-risky"}
     assert (
         gangs.widen(obs, Priced(nodes), envs, risks, {}, Params(gangs={"enabled": False}), 0.0).lent == set()
     )
@@ -188,7 +188,7 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
     # the node lent last tick (remembered yellow with fy_ok_train) keeps its loan before a safer one
     before = {"g-risky": NodeMemory(Tier.YELLOW, 0.0, "r", fy_features=("fy_ok_batch", TRAIN))}
     sticky = gangs.widen(obs, Priced(nodes), envs, risks, before, Params(), 0.0)
-    assert sticky.lent == {"g-risky", "i-safer"} and not [e for e in sticky.events if e.node == "g-risky"]
+    assert sticky.lent == {"g-risky", "j-degrading"} and not [e for e in sticky.events if e.node == "g-risky"]
 
 
 def test_route_memo_follows_the_loan():
@@ -225,16 +225,17 @@ def test_an_unknown_class_is_a_clear_config_error():
     assert Params(gangs={"classes": ("pretrain", "finetune")}).gangs.classes == ("pretrain", "finetune")
 
 
-def test_a_repaired_yellow_node_is_lent_a_degrading_one_is_not():
+def test_with_lend_degrading_off_a_repaired_yellow_node_is_lent_a_degrading_one_is_not():
     """Both yellow; r0 through its fatal history only (one fault 5 days ago, repaired: the decaying
-    repeat-offender signal), d0 because its correctable remapped rows grow (degrading now)."""
+    repeat-offender signal), d0 because its correctable remapped rows grow (degrading now). The default
+    lends both."""
     from dataclasses import replace
 
     f = Fleet(0)
     for n in ("r0", "d0"):
         f.add(n, H100, gpu_type="h100")
     pend(f, 1, 16)  # two whole nodes, no green one
-    r = Runner(f)
+    r = Runner(f, SPARE)
     r.tick()
     uuid = f.nodes["r0"].gpus[0].uuid
     repaired = NodeMemory(Tier.GREEN, r.now, "r", fatal_history=((r.now - 5 * 86_400.0, uuid),))
@@ -248,7 +249,7 @@ def test_a_repaired_yellow_node_is_lent_a_degrading_one_is_not():
     assert "remap_growth" in {c.signal for g in r.last.risks["d0"].gpus for c in g.contributions}
     assert trains(r) == {"r0"}
     assert "1 yellow lent" in r.last.nodes["r0"].reason
-    lend = Runner(f, LEND)
+    lend = Runner(f)
     lend.state, lend.now, lend.last = r.state, r.now, r.last
     lend.tick()
     assert trains(lend) == {"r0", "d0"}

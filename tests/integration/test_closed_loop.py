@@ -226,24 +226,6 @@ def test_gang_widening_lends_a_repaired_yellow_node_to_a_pretrain_job_that_green
     assert {"gang_lend", "gang_return"} <= kinds, kinds
 
 
-def test_gang_widening_never_lends_a_degrading_yellow_node(world: Any) -> None:
-    x, other = H100
-    make_yellow(world, x)  # yellow through live HBM telemetry (remapped rows): degrading, not repaired
-    busy = sbatch(world, "--comment=fy:batch", "-w", other, "--gres=gpu:2", seconds=300)
-    assert wait_ran(world, [busy])[busy] == other
-    pretrain = sbatch(world, "--comment=fy:pretrain", "--constraint=h100", "--gres=gpu:8", seconds=3)
-    # For several ticks the job waits: neither H100 can take it, and x is not lent fy_ok_train.
-    for _ in range(4):
-        world.wait_ticks(1)
-        assert "fy_ok_train" not in features(world.node_info(), x)
-        assert job_fields(world, pretrain)["JobState"] == "PENDING"
-    assert world.rows()[x]["tier"] == "yellow"
-    kinds = {e["kind"] for e in world.api(f"/v1/events?node={x}&limit=200")}
-    assert "gang_lend" not in kinds, kinds
-    world.exec("slurmctld", "scancel", busy)  # the green H100 frees up: the job runs there
-    assert wait_ran(world, [pretrain])[pretrain] == other
-
-
 # --- 3. Decode never lands on a premium node while a non-premium one fits ------------------------------
 
 
