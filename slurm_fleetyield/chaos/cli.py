@@ -10,6 +10,7 @@ renders its Markdown table (``--readme``: into README.md). ``--duration D`` scal
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -48,6 +49,13 @@ def _run_restoring(tl: Timeline, arm: str, out_dir: str) -> dict:  # type: ignor
 
 
 def _opts(f):  # type: ignore[no-untyped-def]
+    """The timeline options (and ``--out``); the command receives them as ``tp`` (``TimelineParams``, checked
+    by ``_params``) and ``out_dir``."""
+
+    @functools.wraps(f)
+    def with_params(*args, duration, jobs, faults, implants, precursors, **kw):  # type: ignore[no-untyped-def]
+        return f(*args, tp=_params(duration, jobs, faults, implants, precursors), **kw)
+
     for o in reversed(
         [
             click.option(
@@ -69,8 +77,8 @@ def _opts(f):  # type: ignore[no-untyped-def]
             click.option("--out", "out_dir", default="chaos-out", show_default=True, type=click.Path()),
         ]
     ):
-        f = o(f)
-    return f
+        with_params = o(with_params)
+    return with_params
 
 
 @click.group("chaos")
@@ -81,32 +89,18 @@ def chaos() -> None:
 @chaos.command("timeline")
 @click.argument("seed", type=int)
 @_opts
-def timeline_cmd(
-    seed: int, duration: float, jobs: int, faults: int, implants: int, precursors: float, out_dir: str
-) -> None:
+def timeline_cmd(seed: int, tp: TimelineParams, out_dir: str) -> None:
     """Print the timeline a seed gives (nothing is executed)."""
-    click.echo(
-        json.dumps(generate(seed, _params(duration, jobs, faults, implants, precursors)).to_dict(), indent=1)
-    )
+    click.echo(json.dumps(generate(seed, tp).to_dict(), indent=1))
 
 
 @chaos.command("run")
 @click.option("--seed", type=int, required=True)
 @click.option("--arm", type=click.Choice(ab_mod.ARMS), default="fleetyield", show_default=True)
 @_opts
-def run_cmd(
-    seed: int,
-    arm: str,
-    duration: float,
-    jobs: int,
-    faults: int,
-    implants: int,
-    precursors: float,
-    out_dir: str,
-) -> None:
+def run_cmd(seed: int, arm: str, tp: TimelineParams, out_dir: str) -> None:
     """Run one timeline on the cluster in one arm; log to OUT/chaos-<arm>-s<seed>.jsonl."""
-    tl = generate(seed, _params(duration, jobs, faults, implants, precursors))
-    res = _run_restoring(tl, arm, out_dir)
+    res = _run_restoring(generate(seed, tp), arm, out_dir)
     click.echo(json.dumps(res["totals"], sort_keys=True, indent=1))
 
 
@@ -133,16 +127,7 @@ def replay_cmd(log_path: str, out_dir: str) -> None:
     help="Max wait for a run's jobs after its last event, then they are cancelled [default: --duration].",
 )
 @_opts
-def ab_cmd(
-    seeds: str,
-    drain_timeout: float | None,
-    duration: float,
-    jobs: int,
-    faults: int,
-    implants: int,
-    precursors: float,
-    out_dir: str,
-) -> None:
+def ab_cmd(seeds: str, drain_timeout: float | None, tp: TimelineParams, out_dir: str) -> None:
     """Bare Slurm vs Slurm + FleetYield on the same timelines; writes OUT/ab.json and the logs."""
     try:
         ss = [int(s) for s in seeds.split(",") if s.strip()]
@@ -150,7 +135,6 @@ def ab_cmd(
         raise click.BadParameter(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     if not ss:
         raise click.BadParameter("--seeds names no seed")
-    tp = _params(duration, jobs, faults, implants, precursors)
     argv = sys.argv[1:]
     command = shlex.join(["fleetyield", *argv]) if argv[:2] == ["chaos", "ab"] else ""
     try:

@@ -381,3 +381,20 @@ def test_classes_from_the_chaos_log_when_sacct_has_no_comment():
     assert {e.workload for e in without} == {None}
     assert [e.workload for e in from_log] == [e.workload for e in with_comment]
     assert [e.premium_misuse_gpu_s for e in from_log] == [e.premium_misuse_gpu_s for e in with_comment]
+
+
+def test_timeline_cli_builds_the_params_and_refuses_bad_ones():
+    from click.testing import CliRunner
+
+    from slurm_fleetyield.chaos.cli import chaos
+
+    r = CliRunner().invoke(
+        chaos, ["timeline", "3", "--duration", "240", "--faults", "4", "--precursor-share", "1"]
+    )
+    assert r.exit_code == 0, r.output
+    tl = Timeline.from_dict(json.loads(r.output))
+    assert tl == generate(3, TimelineParams.for_duration(240, faults=4, precursor_share=1.0))
+    assert sum(e.kind == "precursor" for e in tl.events) == 4
+    for bad in (["--precursor-share", "1.5"], ["--jobs", "-1"], ["--duration", "0"]):
+        r = CliRunner().invoke(chaos, ["timeline", "3", *bad])
+        assert r.exit_code != 0 and "Invalid value" in r.output, (bad, r.output)
