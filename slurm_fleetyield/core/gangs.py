@@ -29,7 +29,7 @@ Rule, per tick:
    whose risk a counter moved that grew within the trend windows (ECC errors, remapped rows, NVLink or PCIe
    errors, throttling, risk-only XIDs: the precursor some fatal faults give); a node yellow through its
    fatal history (repaired) or a stable level (rows remapped long ago) stays lendable. The default lends
-   degrading nodes too: simulated, sparing them gained nothing in the default world and lost 1-4 points in
+   degrading nodes too: simulated, sparing them gained nothing in the default world and lost 1-5 points in
    the Titan worlds (a checkpointing gang that may die loses less than one that waits; docs/results.md,
    "Degrading nodes");
 4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that

@@ -444,7 +444,7 @@ class GangParams(BaseModel):
         "windows (ECC errors, remapped rows, NVLink/PCIe errors, throttling, risk-only XIDs: the precursor "
         "some fatal faults give). false: only yellow nodes without such growth (repaired ones, yellow "
         "through their fatal history, or a stable level) are lent to a training gang. Simulated, false "
-        "gains nothing (high-fault fleet +0.09 points) and loses 1-4 points where repaired GPUs fail again "
+        "gains nothing (high-fault fleet +0.09 points) and loses 1-5 points where repaired GPUs fail again "
         "(Titan worlds; docs/results.md, 'Degrading nodes'), so the default lends.",
     )
 
