@@ -23,16 +23,19 @@ Rule, per tick:
    or none, not a lemon). Each job's pieces are fitted into them (best fit, as premium widening fits decode):
    the pieces that fit nowhere are its shortfall, in nodes; the largest shortfall over the waiting jobs
    counts;
-3. yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons) carry
-   ``fy_ok_train`` too, one for each piece that did not fit, each holding its piece on its idle GPUs (a full
-   or too busy yellow node is passed over): nodes lent last tick first (a loan does not hop between equal
-   candidates), then the lowest risk, then by name. With ``gangs.lend_degrading = false`` a node degrading now
-   is not lent: one whose risk a counter moved that grew within the trend windows (ECC errors, remapped rows,
-   NVLink or PCIe errors, throttling, risk-only XIDs: the precursor some fatal faults give); a node yellow
-   through its fatal history (repaired) or a stable level (rows remapped long ago) stays lendable. The default
-   lends degrading nodes too: simulated, sparing them gained nothing in the default world and lost 1-5 points
-   in the Titan worlds (a checkpointing gang that may die loses less than one that waits; docs/results.md,
+3. that many yellow pool nodes (same envelope rule, in service, not in a lifecycle stage, not lemons) carry
+   ``fy_ok_train`` too: nodes lent last tick first (a loan does not hop between equal candidates), then the
+   lowest risk, then by name. With ``gangs.lend_degrading = false`` a node degrading now is not lent: one
+   whose risk a counter moved that grew within the trend windows (ECC errors, remapped rows, NVLink or PCIe
+   errors, throttling, risk-only XIDs: the precursor some fatal faults give); a node yellow through its
+   fatal history (repaired) or a stable level (rows remapped long ago) stays lendable. The default lends
+   degrading nodes too: simulated, sparing them gained nothing in the default world and lost 1-5 points in
+   the Titan worlds (a checkpointing gang that may die loses less than one that waits; docs/results.md,
    "Degrading nodes");
+   A lent node need not be idle: the loan goes to the lowest-risk yellow nodes, and the gang starts when
+   they free up. Passing over busy ones for idle, riskier ones was tried (8898c74, reverted): simulated,
+   +0.55 points on openb 32x30 but -0.24 in the high-fault fleet and -4.4 / -7.8 in its Titan worlds,
+   where the idle yellow node is often the one just back from repair (docs/results.md, "Gang widening");
 4. nothing is lent while no such job waits; a loan ends at the first tick without a shortfall. A job that
    started on a lent node keeps running (Slurm does not stop jobs when features change).
 A lent node keeps its yellow weight (lower than green's: work lands on yellow before green), so a job that
@@ -99,7 +102,7 @@ def widen(
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     idle = idle_gpus(obs)  # in-service nodes only
     green: dict[bool, list[int]] = {True: [], False: []}  # free GPUs of green trainable nodes, by pool
-    yellow: dict[bool, list[tuple[bool, float, str, int]]] = {True: [], False: []}
+    yellow: dict[bool, list[tuple[bool, float, str]]] = {True: [], False: []}
     pnodes = priced.nodes
     GREEN, YELLOW = Tier.GREEN, Tier.YELLOW
     for name, free in idle.items():
@@ -116,25 +119,25 @@ def widen(
             if pn.tier is GREEN:
                 green[pool].append(free)
             else:
-                yellow[pool].append((name not in before, pn.risk, name, free))
+                yellow[pool].append((name not in before, pn.risk, name))
     # The job with the largest shortfall, the lowest job id among equals (Slurm's age order). A queue holds
     # many jobs of the same size: each (GPUs, pool) is fitted once.
-    fitted: dict[tuple[int, bool], tuple[list[int], int]] = {}
+    fitted: dict[tuple[int, bool], tuple[int, int]] = {}
     premium_classes = tuple(WorkloadClass(c) for c in params.settle.premium_needing_classes)
-    best: tuple[int, int, int, bool, list[int]] | None = None  # (shortfall, job id, pieces, pool, unfit)
+    best: tuple[int, int, int, bool] | None = None  # (shortfall, job id, pieces, premium pool)
     for j in waiting:
         pool = j.workload in premium_classes
         got = fitted.get((j.gpus, pool))
         if got is None:
             chunks = sorted(node_pieces(j, max_node), reverse=True)
-            got = fitted[(j.gpus, pool)] = (best_fit(chunks, green[pool]), len(chunks))
-        unfit = len(got[0])
+            got = fitted[(j.gpus, pool)] = (len(best_fit(chunks, green[pool])), len(chunks))
+        unfit = got[0]
         if unfit and (best is None or unfit > best[0] or (unfit == best[0] and j.job_id < best[1])):
-            best = (unfit, j.job_id, got[1], pool, got[0])
-    short, need, fits, premium_pool, pieces = 0, 0, 0, False, []
+            best = (unfit, j.job_id, got[1], pool)
+    short, need, fits, premium_pool = 0, 0, 0, False
     if best is not None:
-        short, need, fits, premium_pool, pieces = best[0], best[2], best[2] - best[0], best[3], best[4]
-    lent = _lend(pieces, sorted(yellow[premium_pool]))
+        short, need, fits, premium_pool = best[0], best[2], best[2] - best[0], best[3]
+    lent = frozenset(n for *_, n in sorted(yellow[premium_pool])[:short])
     where = "premium green" if premium_pool else "green"
     reason = (
         f"a pending training job needs {need} node(s), {fits} fit on idle {where} GPUs; "
@@ -142,22 +145,6 @@ def widen(
     )
     why = reason if short else "no shortfall: every pending training job fits on idle green GPUs"
     return GangLoans(lent, need, fits, reason, _changed(before, lent, now, why))
-
-
-def _lend(pieces: list[int], candidates: list[tuple[bool, float, str, int]]) -> frozenset[str]:
-    """The yellow nodes that hold the unfit ``pieces`` (largest first), one piece per node, taking the
-    ``candidates`` in order (lent last tick, lowest risk, name): a candidate without idle GPUs for any piece
-    left is passed over (a full node lent would hold nothing while an idle one waits)."""
-    left = sorted(pieces, reverse=True)
-    out = []
-    for *_, name, free in candidates:
-        if not left:
-            break
-        k = next((i for i, p in enumerate(left) if p <= free), None)  # the largest piece it holds
-        if k is not None:
-            del left[k]
-            out.append(name)
-    return frozenset(out)
 
 
 def degrading(nr: NodeRisk | None) -> bool:

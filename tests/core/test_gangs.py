@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from core.builders import H100, L40S, Fleet, Runner
 from slurm_fleetyield.core import gangs, route
 from slurm_fleetyield.core import signals as s
@@ -231,6 +229,7 @@ def test_with_lend_degrading_off_a_repaired_yellow_node_is_lent_a_degrading_one_
     """Both yellow; r0 through its fatal history only (one fault 5 days ago, repaired: the decaying
     repeat-offender signal), d0 because its correctable remapped rows grow (degrading now). The default
     lends both."""
+    from dataclasses import replace
 
     f = Fleet(0)
     for n in ("r0", "d0"):
@@ -256,21 +255,18 @@ def test_with_lend_degrading_off_a_repaired_yellow_node_is_lent_a_degrading_one_
     assert trains(lend) == {"r0", "d0"}
 
 
-def test_a_full_yellow_node_is_passed_over_for_one_that_holds_the_piece():
-    """y0 (lowest risk, lent last tick) is full of batch work, y1 has 4 idle GPUs, y2 is idle: an 8-GPU
-    pretrain job that no green node holds borrows y2 (it holds the piece), not y0 and not y1; a 4-GPU job
-    borrows y1 (the lowest risk that holds it)."""
+def test_the_lowest_risk_yellow_node_is_lent_even_while_busy():
+    """Deliberate (8898c74 tried the opposite and was reverted, docs/results.md "Gang widening"): the loan
+    goes to the lowest-risk yellow node, busy or not, and the gang starts when it frees up, rather than on
+    an idle, riskier one (in a fleet where repaired GPUs fail again, often the one just back from repair)."""
+    from dataclasses import replace
+
     prem = Envelope(premium=True, nvlink=True, nvlink_full=True, hbm_full=True)
-    nodes = {n: _node(n, Tier.YELLOW, r) for n, r in (("y0", 0.05), ("y1", 0.06), ("y2", 0.07))}
-    risks = {n: _risk(n) for n in nodes}
+    nodes = {n: _node(n, Tier.YELLOW, r) for n, r in (("y0", 0.05), ("y1", 0.07))}
     envs = dict.fromkeys(nodes, prem)
-    running = (JobView(7, "RUNNING", ("y0",), True, B, 8), JobView(8, "RUNNING", ("y1",), True, B, 4))
+    running = (JobView(7, "RUNNING", ("y0",), True, B, 8),)
     obs = _obs(list(nodes), (JobView(1, "PENDING", (), True, P, 8), *running))
-    states = {"y0": frozenset({"ALLOCATED"}), "y1": frozenset({"MIXED"}), "y2": frozenset({"IDLE"})}
+    states = {"y0": frozenset({"ALLOCATED"}), "y1": frozenset({"IDLE"})}
     obs = Observations(0.0, {n: replace(s, states=states[n]) for n, s in obs.slurm.items()}, {}, (), obs.jobs)
-    before = {"y0": NodeMemory(Tier.YELLOW, 0.0, "r", fy_features=("fy_ok_batch", TRAIN))}
-    got = gangs.widen(obs, Priced(nodes), envs, risks, before, Params(), 0.0)
-    assert got.lent == {"y2"} and got.need_nodes == 1 and got.fitting_nodes == 0
-    assert [e.node for e in got.events if e.kind == "gang_return"] == ["y0"]
-    small = Observations(0.0, obs.slurm, {}, (), (JobView(2, "PENDING", (), True, P, 4), *running))
-    assert gangs.widen(small, Priced(nodes), envs, risks, {}, Params(), 0.0).lent == {"y1"}
+    got = gangs.widen(obs, Priced(nodes), envs, {n: _risk(n) for n in nodes}, {}, Params(), 0.0)
+    assert got.lent == {"y0"} and got.need_nodes == 1
