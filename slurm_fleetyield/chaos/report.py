@@ -22,6 +22,11 @@ PRECURSOR_BEGIN = (
     "do not edit) -->"
 )
 PRECURSOR_END = "<!-- chaos-ab-precursor:end -->"
+# Per kind of run (precursor faults or not): its README markers, the make target and the output directory.
+_BLOCKS = {
+    False: (BEGIN, END, "make ab", "docs/ab"),
+    True: (PRECURSOR_BEGIN, PRECURSOR_END, "make ab-precursor", "docs/ab-precursor"),
+}
 ARMS = ("bare", "fleetyield")
 COLUMNS = (
     ("net_goodput_gpu_s", "net goodput GPU-s"),
@@ -45,17 +50,19 @@ def _pct(a: float, b: float) -> str:
     return f"{(b - a) / abs(a) * 100:+.1f}%"
 
 
-def _precursor_share(summary: Mapping[str, Any]) -> float:
-    return float(summary.get("params", {}).get("precursor_share", 0.0) or 0.0)
+def _share(p: Mapping[str, Any]) -> float:
+    """The precursor share of a run's timeline parameters (0 in summaries written before precursors)."""
+    return float(p.get("precursor_share", 0.0) or 0.0)
 
 
 def markers(summary: Mapping[str, Any]) -> tuple[str, str]:
     """The (begin, end) markers of the README block this summary renders into."""
-    return (PRECURSOR_BEGIN, PRECURSOR_END) if _precursor_share(summary) > 0 else (BEGIN, END)
+    begin, end, _, _ = _BLOCKS[_share(summary.get("params", {})) > 0]
+    return begin, end
 
 
 def _precursor_text(p: Mapping[str, Any]) -> str:
-    share = float(p.get("precursor_share", 0.0) or 0.0)
+    share = _share(p)
     if share <= 0:
         return "; every fault sudden (no precursor)"
     lead = p.get("precursor_lead_s", ["?", "?"])
@@ -72,8 +79,7 @@ def render(summary: Mapping[str, Any]) -> str:
     seeds: list[int] = list(summary["seeds"])
     arms: Mapping[str, Mapping[str, Mapping[str, float]]] = summary["arms"]
     p: Mapping[str, Any] = summary.get("params", {})
-    begin, end = markers(summary)
-    make = "make ab-precursor" if _precursor_share(summary) > 0 else "make ab"
+    begin, end, make, out = _BLOCKS[_share(p) > 0]
     v: Mapping[str, str] = summary.get("versions", {})
     head = ["seed"] + [f"{label}: {a}" for _, label in COLUMNS for a in ARMS]
     rows = [head, ["---"] * len(head)]
@@ -104,8 +110,7 @@ def render(summary: Mapping[str, Any]) -> str:
         f"commit `{v.get('git_describe', '?')}` (`{v.get('git_commit', '?')[:12]}`), "
         f"Slurm `{v.get('slurm', '?')}`.",
         f"Command: `{summary.get('command', '?')}` (what `{make}` runs), then "
-        f"`fleetyield chaos report {'docs/ab-precursor' if make != 'make ab' else 'docs/ab'}/ab.json "
-        "--readme README.md` (this block).",
+        f"`fleetyield chaos report {out}/ab.json --readme README.md` (this block).",
         "",
         "**Measured** (real): Slurm's placements, requeues, job states, start/end times and exit codes "
         "on the docker cluster (`sacct`), the controller's real drains/labels in the FleetYield arm, the "
@@ -136,15 +141,10 @@ HEADING = "## A/B on the docker Slurm cluster"
 ANCHOR = "\n## Benchmarks\n"  # where a README without the block gets it (under HEADING), else at the end
 
 
-def _block_markers(block: str) -> tuple[str, str]:
-    first = block.split("\n", 1)[0]
-    return (PRECURSOR_BEGIN, PRECURSOR_END) if first == PRECURSOR_BEGIN else (BEGIN, END)
-
-
 def splice(readme: str, block: str) -> str:
     """README with the block between its markers replaced; a README without it gets it under ``HEADING``
     (after the other A/B block, if there is one), before the Benchmarks section (or at the end)."""
-    begin, end = _block_markers(block)
+    begin, end, _, _ = _BLOCKS[block.startswith(PRECURSOR_BEGIN)]
     if begin in readme:
         head, _, rest = readme.partition(begin)
         _, sep, tail = rest.partition(end)
@@ -163,7 +163,7 @@ def splice(readme: str, block: str) -> str:
 
 def extract(readme: str, precursor: bool = False) -> str | None:
     """The block as it stands in README (markers included), or None; ``precursor``: the precursor run's."""
-    begin, end = (PRECURSOR_BEGIN, PRECURSOR_END) if precursor else (BEGIN, END)
+    begin, end, _, _ = _BLOCKS[precursor]
     if begin not in readme:
         return None
     _, _, rest = readme.partition(begin)
