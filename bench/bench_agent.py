@@ -48,7 +48,9 @@ def _wait_ready(port: int, deadline_s: float = 15.0) -> float:
 @click.option("--scrapes", default=500, show_default=True)
 @click.option("--gpus", default=8, show_default=True)
 @click.option("--model", default="h100", show_default=True)
-def main(scrapes: int, gpus: int, model: str) -> None:
+@click.option("--backend", type=click.Choice(["fake", "nvml"]), default="fake", show_default=True,
+              help="nvml: this machine's GPUs (needs the NVIDIA driver); --gpus/--model then unused.")
+def main(scrapes: int, gpus: int, model: str, backend: str) -> None:
     """Run the benchmark and print the table."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,20 +60,18 @@ def main(scrapes: int, gpus: int, model: str) -> None:
             "from node_agent.cli import main; main()",
             "serve",
             "--backend",
-            "fake",
+            backend,
             "--listen",
             "127.0.0.1",
             "--port",
             str(port),
             "--state-dir",
             str(Path(tmp) / "state"),
-            "--gpus",
-            str(gpus),
-            "--model",
-            model,
             "--hostname",
             "bench-node",
         ]
+        if backend == "fake":
+            cmd += ["--gpus", str(gpus), "--model", model]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         try:
             startup_s = _wait_ready(port)
@@ -100,7 +100,8 @@ def main(scrapes: int, gpus: int, model: str) -> None:
         ("startup to ready (s)", f"{startup_s:.2f}", "-", "-"),
         ("exposition size (bytes)", str(size), "-", "-"),
     ]
-    click.echo(f"fake {model} x{gpus}, {scrapes} scrapes over one keep-alive connection on 127.0.0.1")
+    what = f"fake {model} x{gpus}" if backend == "fake" else "nvml (this machine's GPUs)"
+    click.echo(f"{what}, {scrapes} scrapes over one keep-alive connection on 127.0.0.1")
     click.echo(f"| {'metric':<24} | {'measured':>9} | {'goal':>5} | {'ratio':>5} |")
     click.echo(f"|{'-' * 26}|{'-' * 11}|{'-' * 7}|{'-' * 7}|")
     for name, measured, goal, ratio in rows:

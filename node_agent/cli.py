@@ -57,6 +57,14 @@ def _serve_options(f: Any) -> Any:
         ),
         click.option("--hpc-job-mapping-dir", type=click.Path(file_okay=False, path_type=Path), default=None),
         click.option("--xid-count-window-ms", type=int, default=None),
+        click.option(
+            "--nvml-slow-interval",
+            "nvml_slow_interval_s",
+            type=float,
+            default=None,
+            help="nvml backend: seconds between reads of the counters that cost ms per read (energy, "
+            "power/thermal violation, PCIe replays); 0 reads them on every scrape (default 10).",
+        ),
         click.option("--push-url", default=None, help="Controller URL events are POSTed to."),
         click.option("--push-secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None),
         click.option(

@@ -33,6 +33,7 @@ class AgentConfig(BaseModel):
     lowercase_hostname: bool = False
     hpc_job_mapping_dir: Path | None = None
     xid_count_window_ms: int = Field(default=300000, ge=1)
+    nvml_slow_interval_s: float = Field(default=10.0, ge=0, le=300)
     push_url: str | None = None
     push_secret_file: Path | None = None
     scenario: Path | None = None

@@ -50,7 +50,7 @@ def make_backend(cfg: AgentConfig, clock: Callable[[], float]) -> Backend:
             seed=cfg.seed,  # type: ignore[call-arg]
             clock=clock,
         )
-    return cls(cfg.node_name())  # type: ignore[call-arg]
+    return cls(cfg.node_name(), slow_interval_s=cfg.nvml_slow_interval_s)  # type: ignore[call-arg]
 
 
 def _attestor_factory(cfg: AttestConfig, secret: bytes | None) -> Callable[[Agent], Any]:
@@ -82,6 +82,10 @@ def make_registry(agent: Agent, cfg: AgentConfig, host_metrics: bool = True) -> 
 class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
+    # Headers and body are two writes: with Nagle on, a body under one segment waits for the client's
+    # delayed ACK of the headers, 40 ms on Linux, on every keep-alive scrape (Prometheus keeps them alive).
+    # Seen on a real 1-GPU H200 node (10 KB exposition: 52 ms p50 per scrape); TCP_NODELAY removes it.
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

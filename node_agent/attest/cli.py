@@ -64,10 +64,11 @@ def _agent(state_dir: Path, backend: str | None) -> _OfflineAgent:
 def _attestor(state_dir: Path, config_file: Path | None, backend: str | None) -> Any:
     from node_agent.attest.config import load_attest_config
     from node_agent.attest.service import Attestor
+    from node_agent.backends.base import BackendError
 
     try:
         return Attestor(_agent(state_dir, backend), load_attest_config(config_file))
-    except ValueError as exc:
+    except (ValueError, BackendError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -142,6 +143,27 @@ def implant(state_dir: Path, module: str) -> None:
     if not module.replace("_", "").replace("-", "").isalnum():
         raise click.ClickException(f"module name {module!r} must be alphanumeric with - or _")
     click.echo(json.dumps({"implanted": module, "file": str(implant_module(state_dir, module))}))
+
+
+@attest.command("scrub-gpu")
+@click.option("--pci-bus-id", default=None, help="The GPU by PCI bus id (as NVML and the exposition say).")
+@click.option("--device", "ordinal", type=int, default=0, show_default=True,
+              help="Else the CUDA ordinal among CUDA_VISIBLE_DEVICES (the hand-over sets the GPU's UUID).")
+@click.option("--reserve-mib", type=click.IntRange(0, 1 << 20), default=256, show_default=True,
+              help="Left unallocated (the context's own needs).")
+@click.option("--chunk-mib", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
+def scrub_gpu(pci_bus_id: str | None, ordinal: int, reserve_mib: int, chunk_mib: int) -> None:
+    """Zero a GPU's free memory with the CUDA driver (libcuda) and read samples back: a real
+    ``attest.scrub_command``. Exit 0 scrubbed and read back zero, 1 a sample was not zero, 2 error."""
+    from node_agent.attest.cuda_scrub import ScrubError, scrub
+
+    try:
+        result = scrub(pci_bus_id, ordinal, reserve_mib, chunk_mib)
+    except ScrubError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(result.to_dict(), sort_keys=True))
+    sys.exit(0 if result.ok else 1)
 
 
 @attest.command("handover")

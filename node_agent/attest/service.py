@@ -17,8 +17,9 @@ The hand-over exchange (agent -> controller, stdlib HTTP):
    and write it atomically (mode 0644) to the verdict file the next Prolog reads.
 
 GPU memory scrub. NVML has no "clear framebuffer" call. What a real node can do: (a) run a tiny CUDA job
-per GPU that allocates all free memory and ``cudaMemset``s it (``scrub_command``; tens of ms per 80 GB on
-an H100 at ~2-3 TB/s, plus ~0.3-1 s CUDA context start), or (b) rely on the driver: CUDA zeroes memory
+per GPU that allocates all free memory and ``cudaMemset``s it (``scrub_command``, e.g. this package's
+``fleetyield-agent attest scrub-gpu --pci-bus-id {pci}``, ``cuda_scrub.py``; ``{gpu}``, ``{pci}`` and
+``{uuid}`` are filled in, and the job sees only that GPU), or (b) rely on the driver: CUDA zeroes memory
 before handing it to a new context (clear-on-alloc; not a documented guarantee for every allocation path,
 and MIG/confidential-computing modes scrub on instance teardown). Without ``scrub_command`` the nvml
 backend reports ``method: "driver-clear-on-alloc"``, ``scrubbed: false`` -- said, not assumed. The fake
@@ -113,12 +114,21 @@ class Attestor:
                 "note": "NVML has no memory-scrub call; set attest.scrub_command to run a CUDA memset job",
             }
         failed = {}
+        infos = {i.index: i for i in backend.infos()}
         for gpu in indices:
-            cmd = [part.replace("{gpu}", str(gpu)) for part in self.cfg.scrub_command]
+            info = infos.get(gpu)
+            pci, uuid = (info.pci_bus_id, info.uuid) if info else ("", "")
+            cmd = [
+                part.replace("{gpu}", str(gpu)).replace("{pci}", pci).replace("{uuid}", uuid)
+                for part in self.cfg.scrub_command
+            ]
+            # CUDA numbers devices fastest-first unless told otherwise, NVML by PCI bus: the UUID is the
+            # one name both agree on, so the job sees exactly the GPU being handed over.
+            visible = uuid or str(gpu)
             try:
                 proc = subprocess.run(
                     cmd, capture_output=True, text=True, timeout=SCRUB_TIMEOUT_S, check=False,
-                    env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+                    env={**os.environ, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
                 )  # fmt: skip
                 if proc.returncode != 0:
                     failed[gpu] = f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"

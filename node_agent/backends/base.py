@@ -60,6 +60,10 @@ class Backend(abc.ABC):
     def stop(self) -> None:  # noqa: B027 - optional hook
         pass
 
+    def infos(self) -> list[GpuInfo]:
+        """Identity of every GPU the backend knows (visible or not); empty where it cannot say."""
+        return []
+
     @abc.abstractmethod
     def driver_version(self) -> str: ...
 

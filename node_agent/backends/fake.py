@@ -119,6 +119,9 @@ class FakeBackend(Backend):
             raise BackendError(f"no GPU {index}: this node has GPUs 0..{len(gpus) - 1}")
         return gpus[index]
 
+    def infos(self) -> list[GpuInfo]:
+        return [self.info(g) for g in self._st().gpus]
+
     def info(self, g: st.GpuState) -> GpuInfo:
         return GpuInfo(g.index, g.uuid, g.pci_bus_id, f"nvidia{g.index}", self.model.name)
 

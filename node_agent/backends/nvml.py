@@ -10,6 +10,15 @@ omits blank values. XIDs arrive through an NVML event set (``nvmlEventTypeXidCri
 waited on in a thread; each becomes an ``AgentEvent`` passed to the event callback.
 VBIOS, ECC/MIG/persistence modes and driver version are read once at start (``static``).
 
+Slow counters. Measured on an H200 (driver 580.159.04, bench/bench_nvml_calls.py): one ``sample()`` of
+one GPU took 5.7 ms, 5.3 of them in four reads: total energy (3.9-4.5 ms), the power and thermal
+violation times (0.6-0.9 ms each) and the PCIe replay counter (0.15-0.35 ms); the field-value API reads
+them no faster. With ``slow_interval_s`` > 0 (the agent's default: 10 s) a background thread refreshes
+these four counters every ``slow_interval_s`` and ``sample()`` serves the last values with the live
+ones (dcgm-exporter itself serves what DCGM sampled at its collect interval, 30 s by default). The
+controller turns these counters into rates over minutes, so a value up to 10 s old moves a rate by a
+few percent at most. ``slow_interval_s`` = 0 reads everything on every ``sample()``.
+
 GPU reset: ``nvmlDeviceResetGpuLockedClocks`` only unlocks clocks and is NOT a reset. A
 real reset needs ``nvidia-smi --gpu-reset -i N`` (root, no processes on the GPU, and on
 NVLink systems often all GPUs of the baseboard); ``reset_gpu`` runs exactly that with a
@@ -35,6 +44,12 @@ from node_agent.protocol import AgentEvent
 log = logging.getLogger(__name__)
 RESET_TIMEOUT_S = 120
 XID_LOG_MAX = 1000
+SLOW_FIELDS = (
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_POWER_VIOLATION",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+)
 
 
 def _s(value: Any) -> str:
@@ -44,11 +59,21 @@ def _s(value: Any) -> str:
 class NvmlBackend(Backend):
     name = "nvml"
 
-    def __init__(self, node: str, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        clock: Callable[[], float] = time.time,
+        nvml: Any = None,
+        slow_interval_s: float = 0.0,
+    ) -> None:
         super().__init__()
         self.node = node
         self.clock = clock
         self._nvml = nvml  # injectable for tests; pynvml imported lazily otherwise
+        self.slow_interval_s = slow_interval_s
+        self._slow: dict[int, dict[str, float]] = {}  # GPU index -> last slow counters (refresher thread)
+        self._slow_lock = threading.Lock()
+        self._slow_thread: threading.Thread | None = None
         self._handles: list[Any] = []
         self._infos: list[GpuInfo] = []
         self._driver = ""
@@ -84,7 +109,8 @@ class NvmlBackend(Backend):
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 self._handles.append(h)
                 pci = nv.nvmlDeviceGetPciInfo(h)
-                bus = _s(getattr(pci, "busIdLegacy", b"") or pci.busId)
+                # busId is DCGM's and nvidia-smi's form (00000000:53:00.0); busIdLegacy has a 4-digit domain
+                bus = _s(pci.busId or getattr(pci, "busIdLegacy", b""))
                 try:
                     minor = nv.nvmlDeviceGetMinorNumber(h)
                 except nv.NVMLError:
@@ -98,6 +124,27 @@ class NvmlBackend(Backend):
         except nv.NVMLError as exc:
             raise BackendError(f"NVML failed while enumerating GPUs: {exc}") from None
         self._start_xid_thread()
+        if self.slow_interval_s > 0:
+            self.refresh_slow()  # the first scrape already has them
+            self._slow_thread = threading.Thread(
+                target=self._slow_loop, name="fleetyield-nvml-slow", daemon=True
+            )
+            self._slow_thread.start()
+
+    def refresh_slow(self) -> None:
+        """Read the slow counters of every GPU now (the refresher thread calls this every interval)."""
+        for info, h in zip(self._infos, self._handles, strict=True):
+            values: dict[str, float] = {}
+            self._read_slow(h, values)
+            with self._slow_lock:
+                self._slow[info.index] = values
+
+    def _slow_loop(self) -> None:
+        while not self._stop.wait(self.slow_interval_s):
+            try:
+                self.refresh_slow()
+            except Exception:  # never let the refresher die silently; the next pass tries again
+                log.exception("refreshing the slow NVML counters failed")
 
     def _static(self, h: Any) -> dict[str, str]:
         nv = self._nvml
@@ -177,6 +224,8 @@ class NvmlBackend(Backend):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2)
+        if self._slow_thread is not None:
+            self._slow_thread.join(2)
         nv = self._nvml
         if nv is not None and self._handles:
             try:
@@ -185,6 +234,9 @@ class NvmlBackend(Backend):
                 nv.nvmlShutdown()
             except nv.NVMLError:
                 pass
+
+    def infos(self) -> list[GpuInfo]:
+        return list(self._infos)
 
     def driver_version(self) -> str:
         return self._driver
@@ -199,6 +251,11 @@ class NvmlBackend(Backend):
             values = self._read(h)
             if values is None:  # GPU lost (fell off the bus): gone from the metrics, as in NVML
                 continue
+            if self.slow_interval_s > 0:
+                with self._slow_lock:
+                    values.update(self._slow.get(info.index, {}))
+            else:
+                self._read_slow(h, values)
             with self._xid_lock:
                 values["DCGM_FI_DEV_XID_ERRORS"] = self._last_xid.get(info.index, 0)
                 out.append(
@@ -231,8 +288,6 @@ class NvmlBackend(Backend):
         put("DCGM_FI_DEV_SM_CLOCK", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
         put("DCGM_FI_DEV_MEM_CLOCK", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
         put("DCGM_FI_DEV_POWER_USAGE", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)  # mW -> W
-        put("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))  # mJ
-        put("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lambda: nv.nvmlDeviceGetPcieReplayCounter(h))
         try:
             util = nv.nvmlDeviceGetUtilizationRates(h)
             v["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
@@ -275,16 +330,26 @@ class NvmlBackend(Backend):
         except nv.NVMLError:
             pass
         put("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
-        put(
-            "DCGM_FI_DEV_POWER_VIOLATION",
-            lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_POWER).violationTime // 1000,
-        )  # ns->us
-        put(
-            "DCGM_FI_DEV_THERMAL_VIOLATION",
-            lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_THERMAL).violationTime // 1000,
-        )
         self._field_values(h, v)
         return v
+
+    def _read_slow(self, h: Any, v: dict[str, float]) -> None:
+        """The four counters that cost milliseconds per read (SLOW_FIELDS), added to ``v``."""
+        nv = self._nvml
+        for name, fn in (
+            ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),  # mJ
+            ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)),
+            (  # ns -> us
+                "DCGM_FI_DEV_POWER_VIOLATION",
+                lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_POWER).violationTime // 1000,
+            ),
+            (
+                "DCGM_FI_DEV_THERMAL_VIOLATION",
+                lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_THERMAL).violationTime // 1000,
+            ),
+        ):
+            with contextlib.suppress(nv.NVMLError):
+                v[name] = fn()
 
     def _field_values(self, h: Any, v: dict[str, float]) -> None:
         nv = self._nvml

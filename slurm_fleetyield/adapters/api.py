@@ -256,6 +256,7 @@ def _handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "fleetyield-api"
+        disable_nagle_algorithm = True  # see listener.send: two writes per reply on keep-alive connections
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             gzipped = len(body) > GZIP_MIN_BYTES and "gzip" in self.headers.get("Accept-Encoding", "")

@@ -287,6 +287,7 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "fleetyield-ingest"
+        disable_nagle_algorithm = True  # see listener.send: two writes per reply on keep-alive connections
 
         def _reply(self, status: int, doc: dict) -> None:
             data = json.dumps(doc).encode()

@@ -49,7 +49,10 @@ def send(
     close: bool = False,
 ) -> None:
     """Write one reply: the status, ``headers``, then Content-Length (and ``Connection: close`` with
-    ``close``, which also ends the connection after this reply), then the body."""
+    ``close``, which also ends the connection after this reply), then the body.
+
+    Headers and body leave in two writes: a handler class using this sets ``disable_nagle_algorithm``,
+    or on a keep-alive connection a small body waits ~40 ms for the client's delayed ACK."""
     handler.send_response(status)
     for name, value in headers:
         handler.send_header(name, value)

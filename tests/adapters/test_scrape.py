@@ -154,3 +154,28 @@ def test_injected_fetch_seam():
     assert scraper.sample(["gpu-01"], 0)["gpu-01"].expected_gpus == 2
     assert calls == [("http://gpu-01:9400/metrics", 2.5)]
     scraper.close()
+
+
+def test_real_h200_agent_exposition_matches_dcgm_exporters_layout():
+    """Captured from the nvml backend on a real H200: parsed like a dcgm-exporter scrape, with the same
+    label names in the same order and the same pci_bus_id form, so series join with dcgm-exporter's."""
+    real = (FIXTURES / "agent_nvml_h200_real.txt").read_text()
+    sample = parse_exposition(real, "vm", 10.0, expect_hostname="vm")
+    assert sample.source == "agent" and sample.expected_gpus == 1
+    (g,) = sample.gpus
+    assert (g.index, g.uuid, g.model, g.pci_bus_id) == (
+        0,
+        "GPU-235d247a-6f02-b0d7-2711-5675cff2c3d4",
+        "NVIDIA H200",
+        "00000000:00:06.0",
+    )
+    assert g.fields["DCGM_FI_DEV_FB_TOTAL"] == 143771
+    assert g.fields["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] > 0
+    assert not any("NVLINK" in name for name in g.fields)  # NotSupported here: omitted, not zero
+    assert g.xid_totals == {}
+
+    def label_names(text: str) -> list[str]:
+        line = next(x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_SM_CLOCK{"))
+        return [pair.split("=", 1)[0] for pair in line[line.index("{") + 1 : line.index("}")].split('",')]
+
+    assert label_names(real) == label_names(DCGM)

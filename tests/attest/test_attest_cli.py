@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from attest_rig import NODE, Clock, make_attestor
 from click.testing import CliRunner
 
@@ -87,3 +88,18 @@ def test_unknown_node_enrolment_errors(tmp_path: Path) -> None:
     result = CliRunner().invoke(attest, ["enroll", NODE, "--pubkey", str(bad), "--class", "h100",
                                          "--db", str(tmp_path / "a.db")])  # fmt: skip
     assert result.exit_code != 0 and "unknown key type" in result.output
+
+
+def test_agent_quote_on_nvml_without_a_driver_is_a_clear_error(tmp_path: Path) -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        pass
+    else:  # pragma: no cover - GPU machines
+        pytest.skip("an NVIDIA driver is present")
+    result = CliRunner().invoke(agent_quote, ["--state-dir", str(tmp_path), "--backend", "nvml",
+                                              "--nonce", "cd" * 32])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "Error: no NVIDIA driver / libnvidia-ml found" in result.output

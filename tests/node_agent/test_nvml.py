@@ -41,6 +41,41 @@ def test_start_error_with_injected_nvml() -> None:
         NvmlBackend("n1", nvml=fake).start()
 
 
+def test_start_labels_gpus_with_dcgms_pci_bus_id_form() -> None:
+    """NVML's busId (8-digit domain) is what dcgm-exporter's pci_bus_id label carries; busIdLegacy is not."""
+    handles = ["h0", "h1"]
+
+    def fail(*_a: object) -> None:
+        raise _NVMLError("Not Supported")
+
+    fake = SimpleNamespace(
+        NVMLError=_NVMLError,
+        nvmlInit=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b"580.159.04",
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: handles[i],
+        nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(
+            busId=f"00000000:{53 + handles.index(h)}:00.0".encode(),
+            busIdLegacy=f"0000:{53 + handles.index(h)}:00.0".encode(),
+        ),
+        nvmlDeviceGetMinorNumber=lambda h: handles.index(h),
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetName=lambda h: b"NVIDIA H200",
+        nvmlDeviceGetVbiosVersion=fail,
+        nvmlDeviceGetEccMode=fail,
+        nvmlDeviceGetMigMode=fail,
+        nvmlDeviceGetPersistenceMode=fail,
+        nvmlEventSetCreate=fail,
+    )
+    b = NvmlBackend("n1", nvml=fake)
+    b.start()
+    assert [(i.index, i.pci_bus_id, i.device, i.uuid) for i in b.infos()] == [
+        (0, "00000000:53:00.0", "nvidia0", "GPU-h0"),
+        (1, "00000000:54:00.0", "nvidia1", "GPU-h1"),
+    ]
+    assert b.driver_version() == "580.159.04" and b._thread is None  # no event sets: no XID thread
+
+
 def test_not_supported_fields_are_omitted() -> None:
     def unsupported(*_a: object) -> None:
         raise _NotSupported("Not Supported")
@@ -75,8 +110,11 @@ def test_not_supported_fields_are_omitted() -> None:
         nvmlDeviceGetViolationStatus=lambda h, p: SimpleNamespace(violationTime=5000),
         nvmlDeviceGetFieldValues=unsupported,
     )
-    v = NvmlBackend("n1", nvml=fake)._read(object())
+    b = NvmlBackend("n1", nvml=fake)
+    v = b._read(object())
     assert v is not None
+    assert "DCGM_FI_DEV_POWER_VIOLATION" not in v  # a slow counter: read by _read_slow
+    b._read_slow(object(), v)
     assert v["DCGM_FI_DEV_POWER_USAGE"] == 123.456
     assert v["DCGM_FI_DEV_FB_USED"] == 3
     assert v["DCGM_FI_DEV_POWER_VIOLATION"] == 5
@@ -114,3 +152,89 @@ def test_reset_runs_nvidia_smi_gpu_reset(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(BackendError, match=r"failed \(rc 1\): GPU 00000000:18:00\.0 is in use"):
         NvmlBackend("n1").reset_gpu(3, 1.0, runner=runner)
     assert calls == [(["/usr/bin/nvidia-smi", "--gpu-reset", "-i", "3"], nvml_mod.RESET_TIMEOUT_S)]
+
+
+def _full_fake(energy: list[int]) -> SimpleNamespace:
+    """Enough of pynvml for start() and sample() of one GPU; each energy read returns the next value."""
+
+    def unsupported(*_a: object) -> None:
+        raise _NotSupported("Not Supported")
+
+    def read_energy(_h: object) -> int:
+        energy.append(energy[-1] + 1000)
+        return energy[-1]
+
+    return SimpleNamespace(
+        NVMLError=_NVMLError,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        NVML_MEMORY_ERROR_TYPE_CORRECTED=0,
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
+        NVML_VOLATILE_ECC=0,
+        NVML_AGGREGATE_ECC=1,
+        NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS=0,
+        NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR=1,
+        NVML_PERF_POLICY_POWER=0,
+        NVML_PERF_POLICY_THERMAL=1,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: "580.159.04",
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: "h0",
+        nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=b"00000000:53:00.0"),
+        nvmlDeviceGetMinorNumber=lambda h: 0,
+        nvmlDeviceGetUUID=lambda h: "GPU-h0",
+        nvmlDeviceGetName=lambda h: "NVIDIA H200",
+        nvmlDeviceGetVbiosVersion=unsupported,
+        nvmlDeviceGetEccMode=unsupported,
+        nvmlDeviceGetMigMode=unsupported,
+        nvmlDeviceGetPersistenceMode=unsupported,
+        nvmlEventSetCreate=unsupported,
+        nvmlDeviceGetTemperature=lambda h, t: 40,
+        nvmlDeviceGetClockInfo=lambda h, c: 1980,
+        nvmlDeviceGetPowerUsage=lambda h: 500000,
+        nvmlDeviceGetTotalEnergyConsumption=read_energy,
+        nvmlDeviceGetPcieReplayCounter=lambda h: 7,
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=100, memory=30),
+        nvmlDeviceGetEncoderUtilization=unsupported,
+        nvmlDeviceGetDecoderUtilization=unsupported,
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(free=1 << 30, used=1 << 30, total=2 << 30),
+        nvmlDeviceGetTotalEccErrors=lambda h, e, c: 0,
+        nvmlDeviceGetRetiredPages=unsupported,
+        nvmlDeviceGetRetiredPagesPendingStatus=unsupported,
+        nvmlDeviceGetRemappedRows=lambda h: (0, 0, 0, 0),
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0,
+        nvmlDeviceGetViolationStatus=lambda h, p: SimpleNamespace(violationTime=(p + 1) * 2_000_000),
+        nvmlDeviceGetFieldValues=unsupported,
+    )
+
+
+def test_slow_counters_are_served_from_the_refresher() -> None:
+    energy = [0]
+    b = NvmlBackend("n1", nvml=_full_fake(energy), slow_interval_s=3600)
+    b.start()
+    try:
+        assert energy == [0, 1000]  # start() read them once: the first scrape has them
+        for _ in range(3):
+            (s,) = b.sample(1.0)
+            assert s.values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == 1000
+        assert len(energy) == 2  # scrapes did not read the slow counters again
+        assert s.values["DCGM_FI_DEV_POWER_VIOLATION"] == 2000  # ns -> us
+        assert s.values["DCGM_FI_DEV_THERMAL_VIOLATION"] == 4000
+        assert s.values["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == 7 and s.values["DCGM_FI_DEV_GPU_UTIL"] == 100
+        b.refresh_slow()  # what the thread does every interval
+        assert b.sample(2.0)[0].values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == 2000
+        assert b._slow_thread is not None and b._slow_thread.is_alive()
+    finally:
+        b.stop()
+    assert b._slow_thread is not None and not b._slow_thread.is_alive()
+
+
+def test_interval_zero_reads_every_counter_on_every_sample() -> None:
+    energy = [0]
+    b = NvmlBackend("n1", nvml=_full_fake(energy), slow_interval_s=0)
+    b.start()
+    values = [b.sample(float(t))[0].values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] for t in range(3)]
+    assert values == [1000, 2000, 3000] and b._slow_thread is None
+    b.stop()
