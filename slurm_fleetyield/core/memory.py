@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from slurm_fleetyield.core.model import NodeDecision, Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced
-from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker
+from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker, to_held
 from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState, NodeMemory
@@ -37,7 +37,7 @@ def remember(
     lifecycle, gate, settle and learn parts of the state are set by the loop from their own stages."""
     extra_drains = rehab.drains if rehab is not None else ()
     new_drains = rehab.new_drains if rehab is not None else 0
-    del fatal  # what was acted on is in drains.processed; the rest is reconsidered next tick
+    # what was acted on is in drains.processed; the findings of held nodes are kept and reconsidered next tick
     oldest = now - params.risk.fatal_history_days * 86_400.0
     new_fatal: dict[str, list[tuple[float, str]]] = {}
     for f in drains.processed:
@@ -130,6 +130,7 @@ def remember(
         layout=sensed.layout,
         drain_times=drain_times,
         processed_events=tuple(processed[-qp.max_processed_event_ids :]),
+        held_fatal=to_held(fatal, drains.held, qp.max_processed_event_ids) if drains.held else (),
         last_tick=now,
     )
 

@@ -303,6 +303,12 @@ class QuarantineParams(BaseModel):
     max_processed_event_ids: int = Field(
         10_000, gt=0, description="Bound of the remembered processed fatal event ids (idempotency)."
     )
+    held_evidence_max_age_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Fatal evidence whose drain a safety rule holds is reconsidered every tick for this long "
+        "(seconds since the event); older held evidence is dropped (logged) and needs a human.",
+    )
 
     @model_validator(mode="after")
     def _disjoint(self) -> QuarantineParams:
@@ -403,6 +409,14 @@ class PremiumParams(BaseModel):
         description="A lent node is returned only after decode has not been waiting for this long (premium "
         "demand withdraws at once). Half an hour: features do not flap with a queue that drains and "
         "refills between ticks.",
+    )
+    keep_decode_open: bool = Field(
+        True,
+        description="When no in-service non-premium node can carry fy_ok_decode (none exists, as on an "
+        "all-H100 fleet, or all are yellow/red/drained), lend it to one unclaimed premium node outside the "
+        "reserve. Slurm rejects at submission a job whose constraint no node has (\"Requested node "
+        "configuration is not available\"): decode submitted through job_submit.lua would be refused, never "
+        "pend, and so never trigger lending (live A/B seed 3: four decode jobs refused).",
     )
     claim_grace_s: float = Field(
         300.0,

@@ -41,7 +41,11 @@ Rule, per tick:
    floor(``gang_reserve_max_fraction`` x eligible): a gang as large as the premium fleet would otherwise
    reserve all of it, which is the wall again;
 5. a lent node is returned ``hysteresis_s`` after decode last waited (features do not flap with a queue
-   that drains and refills between ticks), or at once when it stops being eligible or is claimed (2).
+   that drains and refills between ticks), or at once when it stops being eligible or is claimed (2);
+6. decode kept open (``keep_decode_open``): when no in-service non-premium node is decode-eligible (none
+   exists, or all are yellow, red or drained), one unclaimed premium node within the cap is lent even with
+   no decode waiting (the one lent already, else the most idle): Slurm rejects at submission a job whose
+   constraint no node carries, so decode would be refused outright and could never wait and be lent to.
 
 Withdrawing ``fy_ok_decode`` changes only where Slurm places *new* jobs: decode services already running on
 a premium node are not preempted (Slurm preemption is out of scope) and finish naturally. A premium job that
@@ -88,6 +92,7 @@ class Widening:
     decode_waiting_gpus: int = 0  # pending decode GPUs that fit nowhere fy_ok_decode already is
     reserve_nodes: int = 0
     reason: str = ""
+    kept_open: bool = False  # rule 6: one node lent only so that decode stays submittable
 
     @property
     def loan(self) -> tuple[frozenset[str], str]:
@@ -150,7 +155,8 @@ def widen(
     pending_decode = [
         j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.DECODE and j.gpus > 0
     ]
-    if not (pending_decode or pending_premium or mem.lent or mem.waiting_since is not None):
+    homeless = pp.keep_decode_open and not _decode_home(obs, priced, envelopes)
+    if not (pending_decode or pending_premium or mem.lent or mem.waiting_since is not None or homeless):
         if mem.claims:
             mem = replace(mem, claims=())
         if any(j.workload and j.workload in classes and len(j.nodes) > 1 for j in obs.jobs):
@@ -226,11 +232,24 @@ def widen(
             if len(left) < len(unfit):
                 lent.append(n)
                 unfit = left
+    open_loan = False
+    if homeless and not lent:  # rule 6: keep decode submittable
+        for n in sorted(lendable, key=lambda n: (n not in mem.lent, -idle.get(n, 0), n)):
+            if len(held | {n}) <= cap:
+                lent.append(n)
+                open_loan = True
+                break
     premium = (
         f"{startable} of {len(pending_premium)} pending premium-needing job(s) can start on idle premium "
         f"GPUs now ({len(claimed)} node(s) claimed)"
     )
-    if waiting:
+    if open_loan:
+        why = (
+            "no in-service non-premium node can carry fy_ok_decode: one premium node lent so that decode "
+            f"jobs are accepted (Slurm rejects a constraint no node has); {premium}; {reserve} premium "
+            "node(s) kept in reserve"
+        )
+    elif waiting:
         why = (
             f"decode waiting: {fig.decode_waiting_gpus} of {fig.decode_pending_gpus} pending decode GPUs fit "
             f"no fy_ok_decode node; {premium}; {reserve} premium node(s) kept in reserve"
@@ -240,7 +259,7 @@ def widen(
     out = tuple(sorted(lent))
     events = _changed(mem.lent, out, now, why, claimed, premium)
     nxt = PremiumMemory(out, since, last, gang, gang_seen, claims)
-    return replace(fig, lent=frozenset(out), memory=nxt, events=events, reason=why)
+    return replace(fig, lent=frozenset(out), memory=nxt, events=events, reason=why, kept_open=open_loan)
 
 
 def _largest_gang(
@@ -314,6 +333,20 @@ def _place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> 
         left[n] -= c
         used[n] = used.get(n, 0) + c
     return used
+
+
+def _decode_home(obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]) -> bool:
+    """Is some in-service non-premium node decode-eligible (so fy_ok_decode exists without a loan)? Stops at
+    the first one: in a mixed fleet that is one of the first few nodes."""
+    pnodes = priced.nodes
+    for name, s in obs.slurm.items():
+        env = envelopes.get(name)
+        if env is None or env.premium or _out(s):
+            continue
+        pn = pnodes.get(name)
+        if pn is not None and decode_eligible(pn, env):
+            return True
+    return False
 
 
 def _premium(env: Envelope | None) -> bool:

@@ -13,7 +13,10 @@ Safety rules, in the order they are checked:
 - ``drain_rate``: at most ``max_new_drains_per_window`` new drains per ``window_s``.
 Evidence must be fresh: scrape findings only come from fresh, successful samples (sense never derives them
 from stale data); a pushed event is fresh evidence by itself and drains even when the node's scrape is stale.
-Held findings are not marked processed, so they are reconsidered every tick until the cap allows the drain.
+Held findings are not marked processed and are kept in ``ControllerState.held_fatal`` (the shell hands a
+pushed event in once; an XID shows as *new* in one scrape only), so ``find_fatal`` brings them back every
+tick until the cap allows the drain or the node is moot (drained, unknown to Slurm), for at most
+``held_evidence_max_age_s``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from slurm_fleetyield.core.model import OUR_REASON_PREFIX, JobView, LogEvent, Observations, SlurmNode
+from slurm_fleetyield.core.model import (
+    OUR_REASON_PREFIX,
+    FatalEvent,
+    JobView,
+    LogEvent,
+    Observations,
+    SlurmNode,
+)
 from slurm_fleetyield.core.params import QuarantineParams
 from slurm_fleetyield.core.plan import DrainNode, Hold
 from slurm_fleetyield.core.sense import Sensed
@@ -153,7 +163,45 @@ def find_fatal(
             if key not in done:
                 msg = f"{seen} of {expected} visible"
                 out.append(Fatal(name, node.sample_time or 0.0, "gpu_missing", key, "scrape", message=msg))
+    if state.held_fatal:
+        found = {f.key for f in out}
+        for ev in state.held_fatal:
+            if ev.event_id in done or ev.event_id in found or obs.time - ev.time > qp.held_evidence_max_age_s:
+                continue
+            out.append(held_finding(ev))
     return tuple(sorted(out, key=lambda f: (f.time, f.node, f.key)))
+
+
+def held_finding(ev: FatalEvent) -> Fatal:
+    """A finding kept in ``ControllerState.held_fatal``, as ``find_fatal`` found it."""
+    return Fatal(ev.node, ev.time, ev.kind, ev.event_id, ev.source, ev.gpu, ev.uuid, ev.xid, ev.message)
+
+
+def to_held(findings: tuple[Fatal, ...], held: Mapping[str, object], limit: int) -> tuple[FatalEvent, ...]:
+    """The findings of nodes whose drain was held this tick, as remembered in the state (newest ``limit``)."""
+    kept = [
+        FatalEvent(f.key, f.node, f.time, f.kind, f.gpu, f.uuid, f.xid, f.message, f.source)
+        for f in findings
+        if f.node in held
+    ]
+    return tuple(kept[-limit:])
+
+
+def expired_held(state: ControllerState, now: float, qp: QuarantineParams) -> tuple[LogEvent, ...]:
+    """A log line for each held finding dropped this tick for age: its node still needs a human's look."""
+    done = set(state.processed_events)
+    return tuple(
+        LogEvent(
+            now,
+            ev.node,
+            "held_evidence_expired",
+            f"fatal evidence held for over {qp.held_evidence_max_age_s:g}s dropped without a drain: "
+            f"{held_finding(ev).reason}",
+            {"key": ev.event_id},
+        )
+        for ev in state.held_fatal
+        if ev.event_id not in done and now - ev.time > qp.held_evidence_max_age_s
+    )
 
 
 def pushed_marker(f: Fatal) -> str | None:
@@ -208,7 +256,7 @@ def decide(
     drains: list[DrainNode] = []
     holds: dict[str, Hold] = {}
     processed: list[Fatal] = []
-    events: list[LogEvent] = []
+    events: list[LogEvent] = list(expired_held(state, now, qp)) if state.held_fatal else []
     for name, findings in by_node.items():  # already in (time, node) order: oldest evidence first
         first = _most_specific(findings)
         slurm = obs.slurm.get(name)

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from slurm_fleetyield.core.lifecycle import Cause, LifecycleMemory, Stage
-from slurm_fleetyield.core.model import Tier, fast_init
+from slurm_fleetyield.core.model import FatalEvent, Tier, fast_init
 
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -257,6 +257,10 @@ class ControllerState:
     layout: tuple[str, ...] = ()  # channel names of every Counters tuple in ``history``
     drain_times: tuple[float, ...] = ()  # our recent drains, for the per-window rate cap
     processed_events: tuple[str, ...] = ()  # fatal event ids already acted on, oldest first (bounded)
+    # Fatal evidence whose drain a safety rule (cap, rate, unknown Slurm state) held: the shell hands a pushed
+    # event in once and a scrape shows an XID growing in one tick only, so the core keeps it and reconsiders
+    # it every tick until the drain happens, the node becomes moot, or the evidence is too old.
+    held_fatal: tuple[FatalEvent, ...] = ()
     last_tick: float | None = None
     version: int = STATE_VERSION
     lifecycle: Mapping[str, LifecycleMemory] = field(default_factory=dict)  # only non-forgettable memories
@@ -286,6 +290,7 @@ class ControllerState:
             "layout": list(self.layout),
             "drain_times": list(self.drain_times),
             "processed_events": list(self.processed_events),
+            "held_fatal": [_fatal_to_dict(e) for e in self.held_fatal],
             "nodes": {name: _memory_to_dict(m) for name, m in sorted(self.nodes.items())},
             "history": {
                 node: {uuid: _history_to_dict(h) for uuid, h in sorted(gpus.items())}
@@ -334,6 +339,7 @@ class ControllerState:
             layout=tuple(data.get("layout", ())),
             drain_times=tuple(float(t) for t in data.get("drain_times", ())),
             processed_events=tuple(data.get("processed_events", ())),
+            held_fatal=tuple(_fatal_from_dict(d) for d in data.get("held_fatal", ())),
             last_tick=data.get("last_tick"),
             version=STATE_VERSION,
             lifecycle=lifecycle,
@@ -503,3 +509,31 @@ def _learn_from_dict(d: Mapping[str, Any]) -> LearnMemory:
 
 
 EMPTY_MAPPING: Mapping[str, Any] = MappingProxyType({})
+
+
+def _fatal_to_dict(e: FatalEvent) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id,
+        "node": e.node,
+        "time": e.time,
+        "kind": e.kind,
+        "gpu": e.gpu,
+        "uuid": e.uuid,
+        "xid": e.xid,
+        "message": e.message,
+        "source": e.source,
+    }
+
+
+def _fatal_from_dict(d: Mapping[str, Any]) -> FatalEvent:
+    return FatalEvent(
+        str(d["event_id"]),
+        str(d["node"]),
+        float(d["time"]),
+        str(d["kind"]),
+        None if d.get("gpu") is None else int(d["gpu"]),
+        d.get("uuid"),
+        None if d.get("xid") is None else int(d["xid"]),
+        str(d.get("message", "")),
+        str(d.get("source", "push")),
+    )

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from core.builders import H100, L40S, Fleet, Runner
 from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.premium import _out, best_fit, decode_eligible, widen
+from slurm_fleetyield.core.premium import _decode_home, _out, best_fit, decode_eligible, widen
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 
@@ -51,6 +51,32 @@ def test_no_lending_while_decode_fits_on_nonpremium():
     f = fleet()
     pend(f, 1, 4)  # l0 is idle: fits, the next scheduling pass places it
     assert lent(run(f, 10)) == set()
+
+
+def test_all_premium_fleet_keeps_decode_open_on_one_node():
+    """No non-premium node: without a loan no node carries fy_ok_decode and Slurm would refuse every decode
+    submission outright, so one premium node is lent with no decode waiting; never beyond the reserve."""
+    f = fleet(h=4, l=0)
+    r = run(f, 2)
+    assert len(lent(r)) == 1
+    (node,) = lent(r)
+    assert "decode jobs are accepted" in r.last.nodes[node].reason
+    r.ticks(3)
+    assert lent(r) == {node}  # sticky
+    off = Params.model_validate({"premium": {"keep_decode_open": False}})
+    assert lent(run(fleet(h=4, l=0), 2, params=off)) == set()
+    alone = Params.model_validate({"premium": {"reserve_nodes": 4}})
+    assert lent(run(fleet(h=4, l=0), 2, params=alone)) == set()  # the reserve wins
+
+
+def test_decode_home_back_returns_the_open_loan():
+    f = fleet(h=2, l=1)
+    f.drain_by_admin("l0")  # the only non-premium node is out: decode has no home
+    r = run(f, 2)
+    assert len(lent(r)) == 1
+    f.slurm_update("l0", states=frozenset({"IDLE"}), reason="")
+    r.tick()
+    assert lent(r) == set()  # decode never waited: nothing holds the loan once l0 is back
 
 
 def test_stuck_decode_borrows_one_premium_node_after_lend_after_s_and_keeps_a_reserve():
@@ -242,6 +268,7 @@ def _scene(draw: st.DrawFn) -> tuple[Observations, Priced, dict[str, Envelope], 
             "gang_reserve_max_fraction": draw(st.sampled_from((0.0, 0.5, 1.0))),
             "lend_after_s": draw(st.sampled_from((0.0, 300.0, 5000.0))),
             "claim_grace_s": draw(st.sampled_from((0.0, 300.0, 5000.0))),
+            "keep_decode_open": draw(st.booleans()),
         }
     )
     obs = Observations(now, slurm, {}, jobs=tuple(jobs))
@@ -275,8 +302,11 @@ def test_widen_invariants(scene) -> None:  # type: ignore[no-untyped-def]
         assert len(w.lent | held) <= len(eligible) - w.reserve_nodes
     # a new loan needs decode to have waited lend_after_s; a lent node's loan is remembered
     if w.lent - set(mem.lent):
-        assert w.decode_waiting_gpus > 0 and w.memory.waiting_since is not None
-        assert now - w.memory.waiting_since >= pp.lend_after_s
+        if w.kept_open:  # rule 6: one node, only while no non-premium node can carry fy_ok_decode
+            assert pp.keep_decode_open and len(w.lent) == 1 and not _decode_home(obs, priced, envs)
+        else:
+            assert w.decode_waiting_gpus > 0 and w.memory.waiting_since is not None
+            assert now - w.memory.waiting_since >= pp.lend_after_s
     assert w.memory.lent == tuple(sorted(w.lent))
     # claims are remembered only for pending premium-needing jobs, and only lapsed ones are older than grace
     pending = {j.job_id for j in obs.jobs if j.state == "PENDING"}

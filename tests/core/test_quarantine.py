@@ -163,3 +163,44 @@ def test_attestation_failure_drains_through_the_fatal_path_naming_the_records():
     assert d.reason == "fleetyield: attestation failed (/etc/ld.so.preload, kernel/modules)"
     assert res.nodes["gpu004"].tier is Tier.QUARANTINED
     assert r.tick().plan.of_kind("drain") == ()  # the same verdict (event id) is never acted on twice
+
+
+def test_held_evidence_is_kept_when_the_shell_hands_each_event_in_once():
+    """The daemon acknowledges every inbox event after a tick (and the simulator hands each in once): a drain
+    held by the cap must still happen once the cap has room, from the evidence the core kept. (Live A/B seed
+    3: an XID 48 held by the cap was forgotten; its node was priced by risk alone, weight 10, most wanted.)"""
+    f = Fleet(30)  # cap = 3 nodes
+    for i in range(3):
+        f.drain_by_admin(f"gpu{i:03d}", f"fleetyield: XID 79 gpu 0 fell off the bus #{i}")
+    f.push("gpu010", 48, 2, 1_000_000.0)
+    r = Runner(f)
+    first = r.tick()
+    assert first.plan.of_kind("drain") == () and [h.node for h in first.plan.holds] == ["gpu010"]
+    assert [e.node for e in r.state.held_fatal] == ["gpu010"]
+    f.events.clear()  # acknowledged: never handed in again
+    second = r.tick()
+    assert [(h.node, h.rule) for h in second.plan.holds] == [("gpu010", "drain_cap")]
+    assert "drain held" in second.nodes["gpu010"].reason  # not priced by risk as if nothing happened
+    f.slurm_update("gpu000", states=frozenset({"IDLE"}), reason="")  # one of ours is back: room under the cap
+    third = r.tick()
+    (d,) = [d for d in third.plan.of_kind("drain") if d.cause == "fatal"]
+    assert d.node == "gpu010" and d.reason == "fleetyield: XID 48 gpu 2 double-bit ECC error"
+    assert r.state.held_fatal == ()
+    assert r.tick().plan.holds == ()  # processed: never held or drained again
+
+
+def test_held_evidence_expires_with_a_log_line():
+    f = Fleet(30)
+    for i in range(3):
+        f.drain_by_admin(f"gpu{i:03d}", f"fleetyield: XID 79 gpu 0 fell off the bus #{i}")
+    p = Params.model_validate({"quarantine": {"held_evidence_max_age_s": 100.0}})
+    r = Runner(f, p, step=60)
+    f.push("gpu010", 48, 2, r.now)
+    assert r.tick().plan.holds
+    f.events.clear()
+    assert r.tick().plan.holds  # 60 s old: still held
+    late = r.tick()  # 120 s old: dropped, said once
+    assert late.plan.holds == () and r.state.held_fatal == ()
+    (ev,) = [e for e in late.events if e.kind == "held_evidence_expired"]
+    assert ev.node == "gpu010" and "XID 48 gpu 2" in ev.message
+    assert not any(e.kind == "held_evidence_expired" for e in r.tick().events)

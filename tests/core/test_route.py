@@ -1,6 +1,7 @@
 from core.builders import H100, L40S, Fleet, Runner
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.model import Tier
+from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.route import fy_features
 
 
@@ -44,8 +45,12 @@ def test_canary_tier_features():
     assert "fy_canary" in fy and not [x for x in fy if x.startswith("fy_ok_")]
 
 
+# An all-H100 fleet lends one node fy_ok_decode (premium.keep_decode_open): off here, grouping is the point.
+_CLOSED = Params.model_validate({"premium": {"keep_decode_open": False}})
+
+
 def test_grouping_100_identical_nodes_is_one_update():
-    res = Runner(Fleet(100)).tick()
+    res = Runner(Fleet(100), _CLOSED).tick()
     updates = res.plan.of_kind("update")
     assert len(updates) == 1 and len(updates[0].nodes) == 100
 
@@ -54,7 +59,7 @@ def test_distinct_admin_features_make_distinct_groups():
     f = Fleet(0)
     for i in range(10):
         f.add(f"n{i}", admin_features=(f"rack{i % 2}",))
-    assert len(Runner(f).tick().plan.of_kind("update")) == 2
+    assert len(Runner(f, _CLOSED).tick().plan.of_kind("update")) == 2
 
 
 def test_reconfigure_wiping_features_is_repaired_next_tick():

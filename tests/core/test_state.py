@@ -24,6 +24,20 @@ def test_round_trip_is_exact_through_json():
     assert back.nodes["gpu003"].fatal_history == st.nodes["gpu003"].fatal_history
 
 
+def test_held_fatal_evidence_round_trips():
+    f = Fleet(30)
+    for i in range(3):
+        f.drain_by_admin(f"gpu{i:03d}", f"fleetyield: XID 79 gpu 0 fell off the bus #{i}")
+    f.push("gpu010", 48, 2, 1_000_000.0)
+    f.push("gpu011", None, None, 1_000_001.0, kind="alert", message="FleetYieldGpuMissing")
+    r = Runner(f)
+    r.tick()
+    st = r.state
+    assert {e.node for e in st.held_fatal} == {"gpu010", "gpu011"}
+    back = ControllerState.from_dict(json.loads(json.dumps(st.to_dict(), allow_nan=False)))
+    assert back == st and back.held_fatal == st.held_fatal
+
+
 def test_restored_state_gives_same_next_tick():
     f = Fleet(3)
     r = Runner(f, apply=False)

@@ -16,7 +16,7 @@ from core.builders import Fleet, Runner
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.lifecycle import Attempt, Cause, LifecycleMemory, Remediation, Stage
 from slurm_fleetyield.core.loop import tick
-from slurm_fleetyield.core.model import JobOutcome, JobView, Tier, WorkloadClass
+from slurm_fleetyield.core.model import FatalEvent, JobOutcome, JobView, Tier, WorkloadClass
 from slurm_fleetyield.core.state import (
     ControllerState,
     Denial,
@@ -148,6 +148,25 @@ def states(draw):  # type: ignore[no-untyped-def]
         layout=LAYOUT,
         drain_times=tuple(draw(st.lists(finite, max_size=2))),
         processed_events=tuple(draw(st.lists(text, max_size=3))),
+        held_fatal=tuple(
+            draw(
+                st.lists(
+                    st.builds(
+                        FatalEvent,
+                        text,
+                        st.sampled_from(NAMES),
+                        finite,
+                        st.sampled_from(("xid", "gpu_missing", "alert")),
+                        st.none() | st.integers(0, 7),
+                        st.none() | text,
+                        st.none() | st.integers(1, 200),
+                        text,
+                        st.sampled_from(("push", "scrape")),
+                    ),
+                    max_size=2,
+                )
+            )
+        ),
         last_tick=draw(opt_f),
         lifecycle=some(lambda n: lifecycles(n)),
         lifecycle_drained=frozenset(draw(st.lists(st.sampled_from(NAMES), max_size=2))),
