@@ -285,7 +285,10 @@ def run_arm(
         records = ledger.parse_ckpt_logs(ck)
         classes = {str(runner.job_ids[e.ref]): e.workload for e in timeline.events if e.ref in runner.job_ids}
         entries, totals = ledger.ledger(sacct, records, runner.faults, PREMIUM_NODES, classes=classes)
+        # sbatch refused outright (e.g. a constraint no node carries): demand the ledger never sees
+        refused = sum(1 for e in timeline.events if e.kind == "submit" and e.ref not in runner.job_ids)
         totals = dict(totals) | {
+            "refused": float(refused),
             "unfinished": float(len(unfinished)),
             "elapsed_s": round(clock() - started, 1),
         }

@@ -87,12 +87,16 @@ def render(summary: Mapping[str, Any]) -> str:
         rows.append([str(s)] + [_num(arms[a][str(s)].get(k, 0.0)) for k, _ in COLUMNS for a in ARMS])
     rows.append(["**sum**"] + [f"**{_num(_sum(arms[a], seeds, k))}**" for k, _ in COLUMNS for a in ARMS])
     table = "\n".join("| " + " | ".join(r) + " |" for r in rows)
-    labels = ("completed / attempts", "useful GPU-s", "failures (all)", "unfinished", "run s")
+    labels = ["completed / attempts", "useful GPU-s", "failures (all)", "unfinished", "run s"]
+    keys = ["completed", "useful_gpu_s", "failures", "unfinished", "elapsed_s"]
+    if any("refused" in arms[a][str(s)] for a in ARMS for s in seeds):  # older runs did not count it
+        labels.insert(1, "refused by sbatch")
+        keys.insert(1, "refused")
     jobs_head = ["seed"] + [f"{label}: {a}" for label in labels for a in ARMS]
     jrows = [jobs_head, ["---"] * len(jobs_head)]
     for s in seeds:
         r = [str(s)]
-        for k in ("completed", "useful_gpu_s", "failures", "unfinished", "elapsed_s"):
+        for k in keys:
             for a in ARMS:
                 t = arms[a][str(s)]
                 r.append(f"{t.get('completed', 0):.0f} / {t.get('jobs', 0):.0f}" if k == "completed"

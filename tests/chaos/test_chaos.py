@@ -284,6 +284,7 @@ def test_run_arm_on_a_fake_cluster_writes_log_and_result(tmp_path: Path):
     res = ab.run_arm(tl, "bare", fc.exec, tmp_path, lambda: fc.t, fc.sleep, drain_timeout_s=60)
     assert res["type"] == "result" and set(res["job_ids"]) == {e.ref for e in tl.events if e.kind == "submit"}
     assert res["totals"]["completed"] == 3 and res["totals"]["unfinished"] == 0
+    assert res["totals"]["refused"] == 0  # every sbatch returned a job id
     tl2, recs = chaos_log.read(tmp_path / "chaos-bare-s1.jsonl")
     assert tl2 == tl and recs[-1]["type"] == "result"
     assert isinstance(Timeline.from_dict(tl.to_dict()), Timeline)

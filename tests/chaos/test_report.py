@@ -41,6 +41,15 @@ def test_render_side_by_side_sums_and_provenance():
     assert "**Measured**" in md and "**Simulated**" in md
 
 
+def test_refused_submissions_get_a_column_only_when_counted():
+    assert "refused by sbatch" not in report.render(_summary())  # runs before they were counted
+    s = _summary()
+    s["arms"]["fleetyield"]["1"] = s["arms"]["fleetyield"]["1"] | {"refused": 4.0}
+    md = report.render(s)
+    assert "| refused by sbatch: bare | refused by sbatch: fleetyield | useful GPU-s: bare |" in md
+    assert "| 1 | 20 / 26 | 20 / 26 | 0 | 4 |" in md
+
+
 def test_splice_replaces_only_the_block_and_is_idempotent():
     md = report.render(_summary())
     readme = "# T\n\nintro\n"
