@@ -347,6 +347,46 @@ class _RawJob:
     requeue: bool | None
     comment: str
     gpus: int
+    gres_detail: tuple[str, ...] = ()  # squeue --json: one "gpu:h100:2(IDX:0-1)" per allocated node
+
+
+_IDX_RE = re.compile(r"\(IDX:([0-9,\-]*)\)")
+
+
+def gpu_indices(detail: str) -> tuple[int, ...] | None:
+    """``gpu:h100:2(IDX:0-1)`` -> (0, 1); ``gpu:2(IDX:0,3-4)`` -> (0, 3, 4); no IDX part -> None (unknown).
+    Entries for other GRES (``gpu:1(IDX:0),nic:1``) keep only the GPU's indices."""
+    out: list[int] = []
+    found = False
+    for part in split_top_level(detail):
+        if not part.startswith("gpu"):
+            continue
+        m = _IDX_RE.search(part)
+        if m is None:
+            return None
+        found = True
+        for span in filter(None, m.group(1).split(",")):
+            lo, _, hi = span.partition("-")
+            try:
+                a, b = int(lo), int(hi or lo)
+            except ValueError:
+                return None
+            out.extend(range(a, b + 1))
+    return tuple(sorted(set(out))) if found else None
+
+
+def job_gpu_index(nodes: tuple[str, ...], detail: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Pair squeue's per-node ``gres_detail`` (one entry per allocated node, in nodelist order) with the
+    expanded nodes; any doubt (count mismatch, an entry without IDX) leaves the job's indices unknown."""
+    if not detail or len(detail) != len(nodes):
+        return ()
+    out = []
+    for node, d in zip(nodes, detail, strict=True):
+        idx = gpu_indices(d)
+        if idx is None:
+            return ()
+        out.append((node, idx))
+    return tuple(out)
 
 
 def parse_jobs_json(text: str) -> list[_RawJob]:
@@ -358,6 +398,7 @@ def parse_jobs_json(text: str) -> list[_RawJob]:
         if isinstance(state, list):
             state = state[0] if state else ""
         requeue = raw.get("requeue")
+        detail = raw.get("gres_detail") or ()
         jobs.append(
             _RawJob(
                 job_id=_int(raw.get("job_id")),
@@ -366,6 +407,7 @@ def parse_jobs_json(text: str) -> list[_RawJob]:
                 requeue=bool(requeue) if requeue is not None else None,
                 comment=str(raw.get("comment") or ""),
                 gpus=_gpus_from_tres(raw.get("tres_alloc_str") or raw.get("tres_req_str")),
+                gres_detail=tuple(str(d) for d in detail) if isinstance(detail, list) else (),
             )
         )
     return jobs
@@ -671,17 +713,21 @@ class SlurmCli:
                     for j in raw
                 ]
         expanded = self.expand_hostlists(j.nodelist for j in raw)
-        return [
-            JobView(
-                job_id=j.job_id,
-                state=j.state,
-                nodes=expanded.get(j.nodelist, ()),
-                requeue=True if j.requeue is None else j.requeue,
-                workload=workload_from_comment(j.comment),
-                gpus=j.gpus,
+        views = []
+        for j in raw:
+            nodes = expanded.get(j.nodelist, ())
+            views.append(
+                JobView(
+                    job_id=j.job_id,
+                    state=j.state,
+                    nodes=nodes,
+                    requeue=True if j.requeue is None else j.requeue,
+                    workload=workload_from_comment(j.comment),
+                    gpus=j.gpus,
+                    gpu_index=job_gpu_index(nodes, j.gres_detail),
+                )
             )
-            for j in raw
-        ]
+        return views
 
     # -- writes ---------------------------------------------------------------------------------------
 

@@ -164,6 +164,16 @@ class JobView:
     requeue: bool = True  # Slurm's Requeue flag: may this job be requeued?
     workload: WorkloadClass | None = None
     gpus: int = 0
+    # (node, GPU indices the job holds there) from squeue's gres_detail "gpu:h100:2(IDX:0-1)"; a node not
+    # listed: unknown (the text fallback, or no File= in gres.conf), treated as holding every GPU
+    gpu_index: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def holds_gpu(self, node: str, gpus: frozenset[int]) -> bool:
+        """Does the job hold any of ``gpus`` on ``node``? True when its indices there are unknown."""
+        for n, idx in self.gpu_index:
+            if n == node:
+                return not gpus.isdisjoint(idx)
+        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -303,6 +303,14 @@ class QuarantineParams(BaseModel):
     max_processed_event_ids: int = Field(
         10_000, gt=0, description="Bound of the remembered processed fatal event ids (idempotency)."
     )
+    requeue_whole_node: bool = Field(
+        False,
+        description="On a fatal drain, requeue every requeueable running job on the node (repair sooner, "
+        "their work since the last checkpoint lost). Off: only the jobs holding a faulted GPU (squeue's "
+        "GRES IDX; a job whose GPUs are unknown counts as holding them) and, for node-wide evidence (a GPU "
+        "missing without an index, an alert, a failed check or attestation), all of them; jobs on healthy "
+        "GPUs finish under the drain, and remediation waits for the node to be empty.",
+    )
     held_evidence_max_age_s: float = Field(
         86_400.0,
         gt=0,

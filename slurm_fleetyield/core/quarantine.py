@@ -284,7 +284,8 @@ def decide(
                 LogEvent(now, name, "hold", f"drain held by {rule}: {detail}", {**data, "rule": rule})
             )
             continue
-        drains.append(DrainNode(name, first.reason, _requeue(obs.jobs, name), cause="fatal"))
+        gpus = None if qp.requeue_whole_node else faulted_gpus(findings)
+        drains.append(DrainNode(name, first.reason, _requeue(obs.jobs, name, gpus), cause="fatal"))
         processed.extend(findings)
         events.append(LogEvent(now, name, "drain", first.reason, data))
     return Drains(
@@ -317,8 +318,20 @@ def _blocked(
     return "", ""
 
 
-def _requeue(jobs: tuple[JobView, ...], node: str) -> tuple[int, ...]:
-    """Running jobs on the node that allow requeue; the others are left to finish (drain lets them).
+def faulted_gpus(findings: list[Fatal]) -> frozenset[int] | None:
+    """The GPUs this node's evidence names, or None when any of it is node-wide (no GPU index: a GPU missing
+    from the count, an Alertmanager alert, a failed check or attestation)."""
+    gpus = set()
+    for f in findings:
+        if f.kind != "xid" or f.gpu is None:
+            return None
+        gpus.add(f.gpu)
+    return frozenset(gpus)
+
+
+def _requeue(jobs: tuple[JobView, ...], node: str, gpus: frozenset[int] | None = None) -> tuple[int, ...]:
+    """Running jobs on the node that allow requeue -- with ``gpus``, only those holding one of them (or whose
+    GPUs Slurm did not say); the others are left to finish (drain lets them; remediation waits for them).
 
     Not COMPLETING ones: their processes have exited and only Slurm's cleanup (the Epilog) runs; requeueing
     would run finished work again -- e.g. the job whose Epilog hand-over just reported a failed attestation.
@@ -327,6 +340,10 @@ def _requeue(jobs: tuple[JobView, ...], node: str) -> tuple[int, ...]:
         sorted(
             j.job_id
             for j in jobs
-            if j.requeue and j.state in RUNNING_STATES and j.state != "COMPLETING" and node in j.nodes
+            if j.requeue
+            and j.state in RUNNING_STATES
+            and j.state != "COMPLETING"
+            and node in j.nodes
+            and (gpus is None or j.holds_gpu(node, gpus))
         )
     )

@@ -12,6 +12,8 @@ from slurm_fleetyield.adapters.slurm import (
     DryRunSlurm,
     SlurmCli,
     SlurmCommandError,
+    gpu_indices,
+    job_gpu_index,
     parse_gres,
     parse_kv_line,
     parse_nodes_text,
@@ -157,6 +159,45 @@ def test_real_squeue_json_from_the_docker_cluster():
         (2, "COMPLETED", ("gpu-l40s-1",), True, 2),
     ]
     assert runner.calls == [("squeue", "--json")]  # plain names need no hostlist expansion
+
+
+def test_real_squeue_json_gres_indices_from_the_docker_cluster():
+    """Captured during a live A/B: running jobs carry gres_detail ``gpu:l40s:2(IDX:3-4)``; finished and
+    pending ones an empty list (indices unknown)."""
+    runner = Recorder({("squeue", "--json"): ok(fixture("squeue_json_22.05_docker_gres.json"))})
+    jobs = {j.job_id: j for j in SlurmCli(runner=runner, version=(22, 5, 8)).read_jobs()}
+    assert jobs[4].gpu_index == (("gpu-l40s-1", (3, 4)),) and jobs[4].gpus == 2
+    assert jobs[6].gpu_index == (("gpu-l40s-2", (0, 1, 2, 3)),)
+    assert jobs[2].gpu_index == () and jobs[12].gpu_index == ()
+    assert jobs[4].holds_gpu("gpu-l40s-1", frozenset({4}))
+    assert not jobs[4].holds_gpu("gpu-l40s-1", frozenset({2}))
+    assert jobs[2].holds_gpu("gpu-l40s-1", frozenset({2}))  # unknown: assumed to hold it
+
+
+@pytest.mark.parametrize(
+    ("detail", "want"),
+    [
+        ("gpu:h100:2(IDX:0-1)", (0, 1)),
+        ("gpu:2(IDX:0,3-4)", (0, 3, 4)),
+        ("gpu:h100:1(IDX:7),nic:1", (7,)),
+        ("gpu:a100:1(IDX:0),gpu:l40s:1(IDX:5)", (0, 5)),
+        ("gpu:h100:2", None),  # no IDX (gres.conf without File=): unknown
+        ("nic:1", None),
+        ("gpu:1(IDX:x)", None),
+    ],
+)
+def test_gpu_indices(detail, want):
+    assert gpu_indices(detail) == want
+
+
+def test_job_gpu_index_pairs_entries_with_nodes_or_gives_up():
+    two = ("gpu-01", "gpu-02")
+    assert job_gpu_index(two, ("gpu:8(IDX:0-7)", "gpu:4(IDX:0-3)")) == (
+        ("gpu-01", tuple(range(8))),
+        ("gpu-02", (0, 1, 2, 3)),
+    )
+    assert job_gpu_index(two, ("gpu:8(IDX:0-7)",)) == ()  # count mismatch: unknown, not misassigned
+    assert job_gpu_index(two, ("gpu:8(IDX:0-7)", "gpu:4")) == ()
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -20,6 +20,47 @@ def test_xid79_push_drains_with_our_reason_and_requeues_only_requeueable_running
     assert "fy_tier_quarantined" in res.nodes["gpu003"].fy_features
 
 
+def test_a_gpu_xid_requeues_only_the_jobs_holding_that_gpu():
+    """Jobs on the node's healthy GPUs finish under the drain (remediation waits for them); the job on the
+    dead GPU, and one whose GPUs Slurm did not say, are requeued. (Live A/B seeds 3 and 4: requeueing every
+    job on the node wasted the work of jobs that bare Slurm let complete.)"""
+    from slurm_fleetyield.core.model import JobView
+
+    f = Fleet(20)
+    f.jobs += [
+        JobView(31, "RUNNING", ("gpu003",), True, gpus=2, gpu_index=(("gpu003", (2, 3)),)),  # holds GPU 3
+        JobView(32, "RUNNING", ("gpu003",), True, gpus=2, gpu_index=(("gpu003", (0, 1)),)),  # healthy GPUs
+        JobView(33, "RUNNING", ("gpu003",), True, gpus=1),  # indices unknown: assumed on GPU 3
+    ]
+    gang = (("gpu002", tuple(range(8))), ("gpu003", (4, 5, 6, 7)))
+    f.jobs.append(JobView(34, "RUNNING", ("gpu002", "gpu003"), True, gpus=12, gpu_index=gang))
+    f.push("gpu003", 48, 3, 1_000_000.0)
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.node == "gpu003" and d.requeue_jobs == (31, 33)
+
+
+def test_node_wide_evidence_or_the_setting_requeues_every_job():
+    from slurm_fleetyield.core.model import JobView
+
+    def fleet() -> Fleet:
+        f = Fleet(20)
+        f.jobs += [
+            JobView(31, "RUNNING", ("gpu003",), True, gpus=2, gpu_index=(("gpu003", (2, 3)),)),
+            JobView(32, "RUNNING", ("gpu003",), True, gpus=2, gpu_index=(("gpu003", (0, 1)),)),
+        ]
+        return f
+
+    f = fleet()
+    f.nodes["gpu003"].hidden_gpus = {5}  # a GPU missing from the count: no index in the evidence
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.requeue_jobs == (31, 32)
+    f = fleet()
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    whole = Params.model_validate({"quarantine": {"requeue_whole_node": True}})
+    (d,) = Runner(f, whole).tick().plan.of_kind("drain")
+    assert d.requeue_jobs == (31, 32)
+
+
 def test_xid13_push_is_not_a_drain():
     f = Fleet(4)
     f.push("gpu000", 13, 0, 1_000_000.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -154,6 +155,16 @@ class Cluster:
 
     def api_text(self, path: str) -> str:
         return self.ctl("curl", "-fsS", "--max-time", "5", f"{API_URL}{path}")
+
+    def job_gpus(self, job_id: str) -> list[int]:
+        """The GPU indices a running single-node job holds, as Slurm says (``scontrol show job -d``: IDX)."""
+        from slurm_fleetyield.adapters.slurm import gpu_indices
+
+        detail = self.ctl("scontrol", "show", "job", "-d", job_id)
+        m = re.search(r"\bGRES=(\S*IDX:[^)]*\))", detail)
+        idx = gpu_indices(m.group(1)) if m else None
+        assert idx, detail
+        return list(idx)
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """The controller's fleet table from its last committed tick: {node: row}."""

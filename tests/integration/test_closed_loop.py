@@ -240,14 +240,19 @@ def test_decode_jobs_never_land_on_premium_nodes(world: Any) -> None:
         assert "fy_ok_decode" not in features(info, node)
 
 
-# --- 4. XID 79: drained with our reason within the latency goal; its running job is requeued --------
+# --- 4. XID 79: drained with our reason within the latency goal; the job on that GPU is requeued, ------
+# --- a job on another GPU of the node finishes under the drain ------------------------------------------
 
 
 def test_xid79_drains_within_latency_goal_and_requeues_the_running_job(world: Any) -> None:
     job = sbatch(world, "--requeue", seconds=3600)
     x = wait_ran(world, [job])[job]
+    neighbour = sbatch(world, "--requeue", "-w", x, seconds=3600)
+    wait_ran(world, [neighbour])
+    (gpu,) = world.job_gpus(job)
+    assert gpu not in world.job_gpus(neighbour)
 
-    timing = world.inject_and_time_drain(x, gpu=3, xid=79)
+    timing = world.inject_and_time_drain(x, gpu=gpu, xid=79)
     fields = world.node_info()[x]
     assert "DRAIN" in fields["State"], fields
     assert fields["Reason"].startswith("fleetyield: "), fields["Reason"]
@@ -272,6 +277,9 @@ def test_xid79_drains_within_latency_goal_and_requeues_the_running_job(world: An
     assert "REQUEUED" in history.split(), history
     events = world.api(f"/v1/events?node={x}&limit=50")
     assert any(e["kind"] == "applied" and "requeue" in e["message"] and job in e["message"] for e in events)
+    n = job_fields(world, neighbour)  # on a healthy GPU: still running on x, never requeued
+    assert n["JobState"] == "RUNNING" and n.get("NodeList") == x and n.get("Restarts", "0") == "0", n
+    world.ctl("scancel", neighbour)
 
 
 def test_xid79_fault_to_drain_latency_p50(world: Any) -> None:

@@ -326,7 +326,8 @@ def test_ledger_settles_killed_job_as_wasted_since_checkpoint_and_completed_as_u
     )
     assert t_ckpt
     world.poll(lambda: job_state(world, done) == "COMPLETED", timeout=60, what=f"job {done} completed")
-    world.agent(x, "fault", "inject", "--gpu", "2", "--xid", "79")  # drain + requeue: the attempt dies
+    (gpu, *_) = world.job_gpus(killed)
+    world.agent(x, "fault", "inject", "--gpu", str(gpu), "--xid", "79")  # on its GPU: drain + requeue
 
     def attempts(job: str) -> list[tuple[str, float, float]]:
         out = world.ctl("sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State,Start,End", "--noconvert")
