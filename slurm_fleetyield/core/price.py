@@ -10,7 +10,9 @@ Tiers, first matching rule wins:
 2. drained by this tick's plan, or already drained by us: the lifecycle stage's tier (``tier_for``:
    QUARANTINED, RETIRED ...), QUARANTINED when the lifecycle has no episode for it;
 3. fatal evidence whose drain is held by a safety rule: keeps its last known tier and features (a storm of
-   fatal events is more likely a bad exporter or driver than hardware: do not strip the fleet of features);
+   fatal events is more likely a bad exporter or driver than hardware: do not strip the fleet of features)
+   but takes the red weight, so Slurm fills every other node first (live A/B seed 3: a held node priced by
+   risk alone became the most wanted node of the fleet);
 4. in a lifecycle stage (canary, probation ...): the stage's tier, fresh data or not (no stage before
    probation carries an ``fy_ok_*`` feature, so this can never admit normal work);
 5. no fresh data: UNKNOWN, keeping the last known tier's features and weight; nothing destructive;
@@ -22,7 +24,7 @@ A lemon (core/learn.py) keeps its tier; route withholds gang and premium-class f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_fleetyield.core.learn import is_lemon
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage, tier_for
@@ -218,9 +220,10 @@ def _price_node(
         tier = tier_for(stage, Tier.QUARANTINED)
         reason = lc.reason if lc is not None and lc.reason and stage is not Stage.IN_SERVICE else slurm.reason
     elif hold is not None:
-        reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}"
+        reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}; red weight until drained"
         keep_tier = memory.tier if memory else Tier.UNKNOWN
-        return _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p), None, False
+        kept = _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p)
+        return replace(kept, weight=weight_of(Tier.RED, premium, params)), None, False
     elif stage is not Stage.IN_SERVICE:
         tier = tier_for(stage, Tier.QUARANTINED)
         reason = f"{stage.value} (lifecycle): {lc.reason}" if lc is not None else stage.value

@@ -213,8 +213,9 @@ def test_held_evidence_is_kept_when_the_shell_hands_each_event_in_once():
     f = Fleet(30)  # cap = 3 nodes
     for i in range(3):
         f.drain_by_admin(f"gpu{i:03d}", f"fleetyield: XID 79 gpu 0 fell off the bus #{i}")
-    f.push("gpu010", 48, 2, 1_000_000.0)
     r = Runner(f)
+    r.tick()  # gpu010 green, with its features
+    f.push("gpu010", 48, 2, r.now)
     first = r.tick()
     assert first.plan.of_kind("drain") == () and [h.node for h in first.plan.holds] == ["gpu010"]
     assert [e.node for e in r.state.held_fatal] == ["gpu010"]
@@ -222,6 +223,8 @@ def test_held_evidence_is_kept_when_the_shell_hands_each_event_in_once():
     second = r.tick()
     assert [(h.node, h.rule) for h in second.plan.holds] == [("gpu010", "drain_cap")]
     assert "drain held" in second.nodes["gpu010"].reason  # not priced by risk as if nothing happened
+    assert second.nodes["gpu010"].weight == 6_000  # red weight (+1,000 premium): every other node first
+    assert "fy_ok_batch" in second.nodes["gpu010"].fy_features  # features kept: a storm must not strip all
     f.slurm_update("gpu000", states=frozenset({"IDLE"}), reason="")  # one of ours is back: room under the cap
     third = r.tick()
     (d,) = [d for d in third.plan.of_kind("drain") if d.cause == "fatal"]
