@@ -18,6 +18,22 @@ class _NotSupported(_NVMLError):
     pass
 
 
+_CONSTANTS: dict[str, object] = {  # the pynvml constants NvmlBackend._read uses
+    "NVMLError": _NVMLError,
+    "NVML_TEMPERATURE_GPU": 0,
+    "NVML_CLOCK_SM": 1,
+    "NVML_CLOCK_MEM": 2,
+    "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
+    "NVML_VOLATILE_ECC": 0,
+    "NVML_AGGREGATE_ECC": 1,
+    "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": 0,
+    "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": 1,
+    "NVML_PERF_POLICY_POWER": 0,
+    "NVML_PERF_POLICY_THERMAL": 1,
+}
+
+
 def test_start_without_driver_gives_clear_error() -> None:
     b = NvmlBackend("n1")
     try:
@@ -81,18 +97,7 @@ def test_not_supported_fields_are_omitted() -> None:
         raise _NotSupported("Not Supported")
 
     fake = SimpleNamespace(
-        NVMLError=_NVMLError,
-        NVML_TEMPERATURE_GPU=0,
-        NVML_CLOCK_SM=1,
-        NVML_CLOCK_MEM=2,
-        NVML_MEMORY_ERROR_TYPE_CORRECTED=0,
-        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
-        NVML_VOLATILE_ECC=0,
-        NVML_AGGREGATE_ECC=1,
-        NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS=0,
-        NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR=1,
-        NVML_PERF_POLICY_POWER=0,
-        NVML_PERF_POLICY_THERMAL=1,
+        **_CONSTANTS,
         nvmlDeviceGetTemperature=lambda h, t: 61,
         nvmlDeviceGetClockInfo=lambda h, c: 1980 if c == 1 else 2619,
         nvmlDeviceGetPowerUsage=lambda h: 123456,
@@ -165,18 +170,7 @@ def _full_fake(energy: list[int]) -> SimpleNamespace:
         return energy[-1]
 
     return SimpleNamespace(
-        NVMLError=_NVMLError,
-        NVML_TEMPERATURE_GPU=0,
-        NVML_CLOCK_SM=1,
-        NVML_CLOCK_MEM=2,
-        NVML_MEMORY_ERROR_TYPE_CORRECTED=0,
-        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
-        NVML_VOLATILE_ECC=0,
-        NVML_AGGREGATE_ECC=1,
-        NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS=0,
-        NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR=1,
-        NVML_PERF_POLICY_POWER=0,
-        NVML_PERF_POLICY_THERMAL=1,
+        **_CONSTANTS,
         nvmlInit=lambda: None,
         nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=lambda: "580.159.04",
