@@ -319,14 +319,27 @@ def _blocked(
 
 
 def faulted_gpus(findings: list[Fatal]) -> frozenset[int] | None:
-    """The GPUs this node's evidence names, or None when any of it is node-wide (no GPU index: a GPU missing
-    from the count, an Alertmanager alert, a failed check or attestation)."""
-    gpus = set()
+    """The GPUs this node's evidence names, or None when any of it is node-wide (no GPU index: an
+    Alertmanager alert, a failed check or attestation, or GPUs missing from the count that its XIDs do not
+    explain). An XID 79 and its GPU vanishing from the scrape arrive together: a count of missing GPUs no
+    larger than the GPUs the XIDs name is those GPUs (which ones are gone is not in the count)."""
+    gpus = {f.gpu for f in findings if f.kind == "xid" and f.gpu is not None}
     for f in findings:
-        if f.kind != "xid" or f.gpu is None:
-            return None
-        gpus.add(f.gpu)
+        if f.kind == "xid" and f.gpu is not None:
+            continue
+        if f.kind == "gpu_missing" and gpus and _missing_count(f) <= len(gpus):
+            continue
+        return None
     return frozenset(gpus)
+
+
+def _missing_count(f: Fatal) -> int:
+    """GPUs missing per a gpu_missing key (``missing:<node>:<seen>/<expected>``); huge if unreadable."""
+    try:
+        seen, expected = f.key.rsplit(":", 1)[1].split("/")
+        return int(expected) - int(seen)
+    except (IndexError, ValueError):
+        return 1 << 30
 
 
 def _requeue(jobs: tuple[JobView, ...], node: str, gpus: frozenset[int] | None = None) -> tuple[int, ...]:

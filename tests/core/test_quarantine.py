@@ -54,6 +54,16 @@ def test_node_wide_evidence_or_the_setting_requeues_every_job():
     f.nodes["gpu003"].hidden_gpus = {5}  # a GPU missing from the count: no index in the evidence
     (d,) = Runner(f).tick().plan.of_kind("drain")
     assert d.requeue_jobs == (31, 32)
+    f = fleet()  # XID 79 and its GPU gone from the same scrape: the missing GPU is the one the XID names
+    f.nodes["gpu003"].hidden_gpus = {3}
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.requeue_jobs == (31,)
+    f = fleet()  # two GPUs gone, one XID: not explained, node-wide
+    f.nodes["gpu003"].hidden_gpus = {3, 6}
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.requeue_jobs == (31, 32)
     f = fleet()
     f.push("gpu003", 79, 3, 1_000_000.0)
     whole = Params.model_validate({"quarantine": {"requeue_whole_node": True}})
