@@ -320,17 +320,21 @@ def _blocked(
 
 def faulted_gpus(findings: list[Fatal]) -> frozenset[int] | None:
     """The GPUs this node's evidence names, or None when any of it is node-wide (no GPU index: an
-    Alertmanager alert, a failed check or attestation, or GPUs missing from the count that its XIDs do not
-    explain). An XID 79 and its GPU vanishing from the scrape arrive together: a count of missing GPUs no
-    larger than the GPUs the XIDs name is those GPUs (which ones are gone is not in the count)."""
-    gpus = {f.gpu for f in findings if f.kind == "xid" and f.gpu is not None}
+    Alertmanager alert, a failed check or attestation, or GPUs missing from a scrape's count that the
+    indexed evidence does not explain; the agent pushes a missing GPU with its index). An XID 79 and its
+    GPU vanishing from the scrape arrive together: a count of missing GPUs no larger than the GPUs the
+    indexed evidence names is those GPUs (which ones are gone is not in the count)."""
+    gpus = {f.gpu for f in findings if f.kind in _GPU_KINDS and f.gpu is not None}
     for f in findings:
-        if f.kind == "xid" and f.gpu is not None:
-            continue
+        if f.kind in _GPU_KINDS and f.gpu is not None:
+            continue  # an XID, or a GPU the agent itself reports gone (pushed with its index)
         if f.kind == "gpu_missing" and gpus and _missing_count(f) <= len(gpus):
             continue
         return None
     return frozenset(gpus)
+
+
+_GPU_KINDS = frozenset({"xid", "gpu_missing"})
 
 
 def _missing_count(f: Fatal) -> int:

@@ -59,6 +59,11 @@ def test_node_wide_evidence_or_the_setting_requeues_every_job():
     f.push("gpu003", 79, 3, 1_000_000.0)
     (d,) = Runner(f).tick().plan.of_kind("drain")
     assert d.requeue_jobs == (31,)
+    f = fleet()  # what the agent pushes for an XID 79: the XID and the GPU gone, both with its index
+    f.push("gpu003", 79, 3, 1_000_000.0)
+    f.push("gpu003", None, 3, 1_000_000.0, kind="gpu_missing", eid="agent-missing-3")
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.requeue_jobs == (31,)
     f = fleet()  # two GPUs gone, one XID: not explained, node-wide
     f.nodes["gpu003"].hidden_gpus = {3, 6}
     f.push("gpu003", 79, 3, 1_000_000.0)
