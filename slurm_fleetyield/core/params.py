@@ -309,7 +309,9 @@ class QuarantineParams(BaseModel):
         "their work since the last checkpoint lost). Off: only the jobs holding a faulted GPU (squeue's "
         "GRES IDX; a job whose GPUs are unknown counts as holding them) and, for node-wide evidence (a GPU "
         "missing without an index, an alert, a failed check or attestation), all of them; jobs on healthy "
-        "GPUs finish under the drain, and remediation waits for the node to be empty.",
+        "GPUs finish under the drain, and remediation waits for the node to be empty. Slurm's IDX is taken "
+        "to be the NVML index the XID names (AutoDetect=nvml; File=/dev/nvidia[0-7] when device minors "
+        "follow PCI order, the usual case): set true where they differ.",
     )
     held_evidence_max_age_s: float = Field(
         86_400.0,
