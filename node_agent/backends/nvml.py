@@ -44,12 +44,6 @@ from node_agent.protocol import AgentEvent
 log = logging.getLogger(__name__)
 RESET_TIMEOUT_S = 120
 XID_LOG_MAX = 1000
-SLOW_FIELDS = (
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    "DCGM_FI_DEV_POWER_VIOLATION",
-    "DCGM_FI_DEV_THERMAL_VIOLATION",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-)
 
 
 def _s(value: Any) -> str:
@@ -334,7 +328,7 @@ class NvmlBackend(Backend):
         return v
 
     def _read_slow(self, h: Any, v: dict[str, float]) -> None:
-        """The four counters that cost milliseconds per read (SLOW_FIELDS), added to ``v``."""
+        """The four counters that cost milliseconds per read (module docstring), added to ``v``."""
         nv = self._nvml
         for name, fn in (
             ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),  # mJ

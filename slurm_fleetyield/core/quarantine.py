@@ -166,7 +166,7 @@ def find_fatal(
     if state.held_fatal:
         found = {f.key for f in out}
         for ev in state.held_fatal:
-            if ev.event_id in done or ev.event_id in found or obs.time - ev.time > qp.held_evidence_max_age_s:
+            if ev.event_id in done or ev.event_id in found or _too_old(ev, obs.time, qp):
                 continue
             out.append(held_finding(ev))
     return tuple(sorted(out, key=lambda f: (f.time, f.node, f.key)))
@@ -200,8 +200,13 @@ def expired_held(state: ControllerState, now: float, qp: QuarantineParams) -> tu
             {"key": ev.event_id},
         )
         for ev in state.held_fatal
-        if ev.event_id not in done and now - ev.time > qp.held_evidence_max_age_s
+        if ev.event_id not in done and _too_old(ev, now, qp)
     )
+
+
+def _too_old(ev: FatalEvent, now: float, qp: QuarantineParams) -> bool:
+    """Held evidence past ``held_evidence_max_age_s``: ``find_fatal`` drops it, ``decide`` logs it once."""
+    return now - ev.time > qp.held_evidence_max_age_s
 
 
 def pushed_marker(f: Fatal) -> str | None:

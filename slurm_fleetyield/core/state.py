@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -290,7 +290,7 @@ class ControllerState:
             "layout": list(self.layout),
             "drain_times": list(self.drain_times),
             "processed_events": list(self.processed_events),
-            "held_fatal": [_fatal_to_dict(e) for e in self.held_fatal],
+            "held_fatal": [asdict(e) for e in self.held_fatal],  # as the store's inbox keeps events
             "nodes": {name: _memory_to_dict(m) for name, m in sorted(self.nodes.items())},
             "history": {
                 node: {uuid: _history_to_dict(h) for uuid, h in sorted(gpus.items())}
@@ -339,7 +339,7 @@ class ControllerState:
             layout=tuple(data.get("layout", ())),
             drain_times=tuple(float(t) for t in data.get("drain_times", ())),
             processed_events=tuple(data.get("processed_events", ())),
-            held_fatal=tuple(_fatal_from_dict(d) for d in data.get("held_fatal", ())),
+            held_fatal=tuple(FatalEvent(**d) for d in data.get("held_fatal", ())),
             last_tick=data.get("last_tick"),
             version=STATE_VERSION,
             lifecycle=lifecycle,
@@ -510,30 +510,3 @@ def _learn_from_dict(d: Mapping[str, Any]) -> LearnMemory:
 
 EMPTY_MAPPING: Mapping[str, Any] = MappingProxyType({})
 
-
-def _fatal_to_dict(e: FatalEvent) -> dict[str, Any]:
-    return {
-        "event_id": e.event_id,
-        "node": e.node,
-        "time": e.time,
-        "kind": e.kind,
-        "gpu": e.gpu,
-        "uuid": e.uuid,
-        "xid": e.xid,
-        "message": e.message,
-        "source": e.source,
-    }
-
-
-def _fatal_from_dict(d: Mapping[str, Any]) -> FatalEvent:
-    return FatalEvent(
-        str(d["event_id"]),
-        str(d["node"]),
-        float(d["time"]),
-        str(d["kind"]),
-        None if d.get("gpu") is None else int(d["gpu"]),
-        d.get("uuid"),
-        None if d.get("xid") is None else int(d["xid"]),
-        str(d.get("message", "")),
-        str(d.get("source", "push")),
-    )
