@@ -13,7 +13,8 @@ config, Slurm unreachable) says so as a WARN instead of guessing.
 FAIL means FleetYield will not work as configured (bad config, Slurm unreachable, a hook not installed or not
 executable, a secret readable by others, the store not writable, clocks beyond the push listener's skew).
 WARN means it works but something is off (some agents unreachable, clock skew above ``clock_warn_s``, the
-job_submit plugin not enabled yet, no admin keys configured).
+job_submit plugin not enabled yet, no admin keys configured, a node whose NVML GPU index differs from its
+device minor while fatal XIDs requeue only the jobs on the GPU).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import email.utils
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -91,6 +93,9 @@ class Context:
     gpu_nodes: list[str] | None = None
     agent_dates: dict[str, float] = field(default_factory=dict)
     """node -> agent clock minus ours (s), from the Date header of the agent's answer (filled by agents)."""
+    gpu_devices: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """node -> (gpu label = NVML index, device label = nvidiaN) per GPU of the agent's answer (filled by
+    agents; read by gpu_index)."""
 
     def slurm(self) -> SlurmCli:
         cfg = self.config
@@ -253,7 +258,75 @@ def _scrape(ctx: Context, node: str, url: str, timeout_s: float) -> tuple[str, s
             ctx.agent_dates[node] = email.utils.parsedate_to_datetime(date).timestamp() - (sent + got) / 2
     if b"DCGM_FI_" not in body:
         return node, "answers, but not with dcgm-exporter metrics"
+    ctx.gpu_devices[node] = gpu_device_pairs(body.decode("utf-8", errors="replace"))
     return node, None
+
+
+_GPU_TEMP_LINE = re.compile(r"^DCGM_FI_DEV_GPU_TEMP\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def gpu_device_pairs(text: str) -> list[tuple[str, str]]:
+    """(gpu, device) labels of each GPU's DCGM_FI_DEV_GPU_TEMP sample ("" where a label is absent)."""
+    out = []
+    for m in _GPU_TEMP_LINE.finditer(text):
+        labels = dict(_LABEL.findall(m.group(1)))
+        out.append((labels.get("gpu", ""), labels.get("device", "")))
+    return out
+
+
+def check_gpu_index(ctx: Context) -> list[Finding]:
+    """The GPU-scoped requeue (core/quarantine.py) reads Slurm's GRES IDX of a job as the NVML index an XID
+    names. That holds when NVML's order (PCI bus order) is the order of the device files (nvidiaN minors),
+    which Slurm's GRES order follows; a node whose agent reports an NVML index != its device minor breaks
+    it, and a fatal XID there could requeue the wrong job and leave the one on the dead GPU running."""
+    cfg = ctx.config
+    if cfg is not None and cfg.core.quarantine.requeue_whole_node:
+        why = "quarantine.requeue_whole_node = true: a fatal XID requeues every job on its node"
+        return [Finding("gpu_index", "OK", why + " (no GPU index assumption)")]
+    fix = (
+        "set [core.quarantine] requeue_whole_node = true (a fatal XID then requeues every job on the node), "
+        "or make the device minors follow PCI order"
+    )
+    if cfg is not None and cfg.sense.mode == "prometheus":
+        how = (
+            "compare the gpu and device labels of DCGM_FI_DEV_GPU_TEMP in Prometheus: gpu=N must come with "
+            "device=nvidiaN; where not, "
+        )
+        return [
+            Finding("gpu_index", "WARN", "not checked in prometheus mode (no agent is scraped)", how + fix)
+        ]
+    if not ctx.gpu_devices:
+        return [Finding("gpu_index", "WARN", "skipped: no agent answered", "fix the agents check")]
+    wrong: list[str] = []
+    unknown: list[str] = []
+    gpus = 0
+    for node, pairs in sorted(ctx.gpu_devices.items()):
+        gpus += len(pairs)
+        if not pairs or any(not dev for _, dev in pairs):
+            unknown.append(node)
+            continue
+        bad = [f"gpu {g} is /dev/{d}" for g, d in pairs if d != f"nvidia{g}"]
+        if bad:
+            wrong.append(f"{node} ({', '.join(bad[:3])})")
+    if wrong:
+        more = f" and {len(wrong) - AGENTS_SHOWN} more" if len(wrong) > AGENTS_SHOWN else ""
+        detail = (
+            f"NVML index != device minor on {len(wrong)} node(s): {'; '.join(wrong[:AGENTS_SHOWN])}{more}: "
+            "Slurm's GRES IDX may not be the index an XID names"
+        )
+        return [Finding("gpu_index", "WARN", detail, fix)]
+    if unknown:
+        detail = (
+            f"{len(unknown)} node(s) export no device label (nvidiaN): {', '.join(unknown[:AGENTS_SHOWN])}: "
+            "NVML index vs device minor not checked"
+        )
+        return [Finding("gpu_index", "WARN", detail, fix)]
+    detail = (
+        f"{gpus} GPUs on {len(ctx.gpu_devices)} nodes: NVML index = device minor, so Slurm's GRES IDX is "
+        "the index an XID names"
+    )
+    return [Finding("gpu_index", "OK", detail)]
 
 
 def check_agents(ctx: Context) -> list[Finding]:
@@ -545,6 +618,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("hooks", check_hooks),
     ("agents", check_agents),
     ("clocks", check_clocks),
+    ("gpu_index", check_gpu_index),
     ("keys", check_keys),
     ("store", check_store),
     ("controller", check_controller),

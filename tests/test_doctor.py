@@ -22,8 +22,10 @@ from slurm_fleetyield.cli import main
 
 SNIPPET_FILE = Path(__file__).parents[1] / "contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf"
 METRICS = (
-    b'# HELP DCGM_FI_DEV_GPU_TEMP x\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu="0"} 40\n'
+    b"# HELP DCGM_FI_DEV_GPU_TEMP x\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n"
+    b'DCGM_FI_DEV_GPU_TEMP{gpu="0",device="nvidia0"} 40\nDCGM_FI_DEV_GPU_TEMP{gpu="1",device="nvidia1"} 41\n'
 )
+FIXTURE = Path(__file__).parent / "adapters/fixtures/agent_nvml_h200_real.txt"
 
 SHOW_CONFIG = """Configuration data as of 2026-01-12T10:00:00
 AccountingStorageType   = accounting_storage/slurmdbd
@@ -121,6 +123,11 @@ def write_config(tmp: Path, agent_port: int, api_port: int = 1, **extra: str) ->
     keys.chmod(0o644)
     (tmp / "state").mkdir(exist_ok=True)
     lines = [
+        *(
+            [f"[core.quarantine]\nrequeue_whole_node = {extra['whole_node']}"]
+            if "whole_node" in extra
+            else []
+        ),
         "[store]",
         f'path = "{tmp / "state" / "fy.db"}"',
         "[sense]",
@@ -349,3 +356,32 @@ def test_cli_json_and_exit_status(tmp_path, agent):
         main, ["doctor", "--config", str(cfg), "--only", "keys", "--key-dir", str(tmp_path)]
     )
     assert out.exit_code == 1 and "[FAIL] keys" in out.output and "fix: chmod 600" in out.output
+
+
+def test_gpu_index_pairs_parse_the_real_nvml_exposition():
+    assert doctor.gpu_device_pairs(FIXTURE.read_text()) == [("0", "nvidia0")]  # the H200 (stop 15)
+
+
+@pytest.mark.parametrize(
+    ("body", "whole_node", "status", "words"),
+    [
+        (METRICS, None, "OK", "4 GPUs on 2 nodes: NVML index = device minor"),
+        (
+            METRICS.replace(b'device="nvidia1"', b'device="nvidia3"'),
+            None,
+            "WARN",
+            "gpu-01 (gpu 1 is /dev/nvidia3)",
+        ),
+        (METRICS.replace(b'device="nvidia1"', b'device="nvidia3"'), "true", "OK", "requeues every job"),
+        (METRICS.replace(b',device="nvidia0"', b""), None, "WARN", "export no device label"),
+    ],
+)
+def test_gpu_index_vs_device_minor(tmp_path, body, whole_node, status, words):
+    s = Server(body=body)
+    try:
+        extra = {} if whole_node is None else {"whole_node": whole_node}
+        cfg = write_config(tmp_path, s.port, **extra)
+        got = by_check(run(tmp_path, cfg, Slurm(), only=["slurm", "agents", "gpu_index"]), "gpu_index")
+    finally:
+        s.close()
+    assert len(got) == 1 and got[0][0] == status and words in got[0][1], got
