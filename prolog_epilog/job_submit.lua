@@ -46,7 +46,10 @@ KILL SWITCH / BOOTSTRAP
   A constraint on a feature that no node carries makes a job pend forever
   ("Requested node configuration is not available" or worse, silently). So:
   * run the FleetYield controller (which labels nodes with fy_ok_*) BEFORE enabling
-    this plugin; a cluster whose nodes carry no fy_ok_* feature yet must not use it;
+    this plugin; a cluster whose nodes carry no fy_ok_* feature yet must not use it.
+    Once running, the controller keeps every class feature on at least one node
+    (keep_open: a yellow node when no green one qualifies; an event names a class no
+    node can carry);
   * if the file /etc/slurm/fleetyield.disabled exists (path overridable with the
     slurmctld env variable FLEETYIELD_JOB_SUBMIT_DISABLED_FILE), or the slurmctld
     environment sets FLEETYIELD_JOB_SUBMIT=off, the plugin adds nothing (checked on every

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from slurm_fleetyield.core.keep_open import NEEDS
 from slurm_fleetyield.core.loop import TickResult
 from slurm_fleetyield.core.model import Tier
 from slurm_fleetyield.ports import ApplyReport
+
+CLASS_FEATURES = tuple(f for f, _ in NEEDS)  # fy_ok_train, fy_ok_finetune, fy_ok_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +202,23 @@ class ControllerCollector:
         for kind in ("update", "drain", "resume"):
             actions.add_metric([kind], kinds.get(kind, 0))
         yield actions
+        kept = dict(getattr(result.state, "kept_open", ()))
+        opened = GaugeMetricFamily(
+            "fleetyield_class_feature_kept_open",
+            "1 when no other node carries this class feature and a yellow node keeps it open (keep_open).",
+            labels=["feature"],
+        )
+        refused = GaugeMetricFamily(
+            "fleetyield_class_feature_unsubmittable",
+            "1 when no node can carry this class feature: Slurm refuses the class's jobs at submission.",
+            labels=["feature"],
+        )
+        for feature in CLASS_FEATURES:
+            node = kept.get(feature)
+            opened.add_metric([feature], int(bool(node)))
+            refused.add_metric([feature], int(node == ""))
+        yield opened
+        yield refused
         node_risk = GaugeMetricFamily(
             "fleetyield_node_risk",
             "P(fatal GPU failure within the horizon) per node.",

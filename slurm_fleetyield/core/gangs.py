@@ -86,9 +86,12 @@ def widen(
     memories: Mapping[str, NodeMemory],
     params: Params,
     now: float,
+    kept_open: frozenset[str] = frozenset(),
 ) -> GangLoans:
+    """``kept_open``: yellow nodes that carried fy_ok_train last tick only because core/keep_open.py kept
+    it open there (not a gang loan)."""
     gp = params.gangs
-    before = _lent_before(memories)
+    before = _lent_before(memories) - kept_open
     if not gp.enabled:
         return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
     # A tuple of members, not a set and not .value: hashing an Enum member and reading its .value are

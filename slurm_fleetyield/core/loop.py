@@ -7,7 +7,8 @@ this tick (``ledger``) and the risk model's track record (``calibration``). The 
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
-premium widening -> gang widening -> route -> gate (proposals) -> plan -> remember -> settle -> learn.
+premium widening -> gang widening -> route -> keep open (and route again when a class feature is on no
+node) -> gate (proposals) -> plan -> remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
 of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
@@ -25,6 +26,7 @@ from typing import Any
 from slurm_fleetyield.core import (
     gangs,
     gate,
+    keep_open,
     learn,
     memory,
     premium,
@@ -39,6 +41,7 @@ from slurm_fleetyield.core import (
 )
 from slurm_fleetyield.core.model import (
     Calibration,
+    Envelope,
     LedgerEntry,
     LogEvent,
     NodeDecision,
@@ -46,7 +49,7 @@ from slurm_fleetyield.core.model import (
     Observations,
 )
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode, Plan
+from slurm_fleetyield.core.plan import DrainNode, Plan, UpdateNodes
 from slurm_fleetyield.core.signals import channel_layout
 from slurm_fleetyield.core.state import ControllerState, LearnMemory, PremiumMemory, SettleMemory
 
@@ -98,8 +101,9 @@ def tick(
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
-    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now)
-    decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan)
+    kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
+    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept)
+    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
     actions = (*updates, *_merge_drains(drains.drains, rh.drains), *rh.actions, *proposed.actions)
@@ -108,8 +112,31 @@ def tick(
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
     learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw.memory, state.memo)
-    events = _events(sensed, drains, decided, rh, priced, pw, gw, proposed)
+    if new_state.kept_open != ko.memory:
+        new_state = replace(new_state, kept_open=ko.memory)
+    events = _events(sensed, drains, decided, rh, priced, pw, gw, ko, proposed)
     return TickResult(new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calib)
+
+
+def _route(
+    obs: Observations,
+    priced: price.Priced,
+    envelopes: Mapping[str, Envelope],
+    pw: premium.Widening,
+    gw: gangs.GangLoans,
+    state: ControllerState,
+    params: Params,
+    now: float,
+) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
+    """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
+    chosen (the memo makes the second pass cost only the nodes that change)."""
+    decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan)
+    ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
+    if ko.lent:
+        decisions, updates = route.route(
+            obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, ko.lent, ko.reason
+        )
+    return decisions, updates, ko
 
 
 def _events(*stages: Any) -> tuple[LogEvent, ...]:

@@ -311,7 +311,7 @@ class QuarantineParams(BaseModel):
         "missing without an index, an alert, a failed check or attestation), all of them; jobs on healthy "
         "GPUs finish under the drain, and remediation waits for the node to be empty. Slurm's IDX is taken "
         "to be the NVML index the XID names (AutoDetect=nvml; File=/dev/nvidia[0-7] when device minors "
-        "follow PCI order, the usual case): set true where they differ.",
+        "follow PCI order, the usual case): set true where they differ (`fleetyield doctor` checks it).",
     )
     held_evidence_max_age_s: float = Field(
         86_400.0,
@@ -424,8 +424,8 @@ class PremiumParams(BaseModel):
         True,
         description="When no in-service non-premium node can carry fy_ok_decode (none exists, as on an "
         "all-H100 fleet, or all are yellow/red/drained), lend it to one unclaimed premium node outside the "
-        "reserve. Slurm rejects at submission a job whose constraint no node has (\"Requested node "
-        "configuration is not available\"): decode submitted through job_submit.lua would be refused, never "
+        'reserve. Slurm rejects at submission a job whose constraint no node has ("Requested node '
+        'configuration is not available"): decode submitted through job_submit.lua would be refused, never '
         "pend, and so never trigger lending (live A/B seed 3: four decode jobs refused).",
     )
     claim_grace_s: float = Field(
@@ -476,6 +476,21 @@ class GangParams(BaseModel):
     @classmethod
     def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return _workload_classes(v, "gangs.classes")
+
+
+class KeepOpenParams(BaseModel):
+    """Keep open (core/keep_open.py): no class feature job_submit.lua adds is left on no node."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        True,
+        description="When no node carries fy_ok_train, fy_ok_finetune or fy_ok_decode after routing (every "
+        "green node that could is gone), one in-service yellow node with the envelope the feature needs "
+        "carries it too (largest GPU count, then the node kept last tick, then the lowest risk). Slurm "
+        "refuses at submission a job whose constraint no node has, so the class's jobs would be refused, "
+        "never pend, and never trigger gang or premium widening. Off: such jobs are refused.",
+    )
 
 
 class GateParams(BaseModel):
@@ -622,6 +637,9 @@ class Params(BaseModel):
     gate: GateParams = Field(default_factory=GateParams, description="Drain proposals.")
     premium: PremiumParams = Field(default_factory=PremiumParams, description="Premium widening.")
     gangs: GangParams = Field(default_factory=GangParams, description="Gang widening.")
+    keep_open: KeepOpenParams = Field(
+        default_factory=KeepOpenParams, description="Class features never on no node."
+    )
     settle: SettleParams = Field(default_factory=SettleParams, description="Job ledger.")
     learn: LearnParams = Field(default_factory=LearnParams, description="Recalibration and lemons.")
 

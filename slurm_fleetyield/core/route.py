@@ -23,6 +23,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 | fy_ok_decode       | tier green and fy_hbm_full, and fy_nonpremium -- or a premium node lent to waiting |
 |                    | decode by core/premium.py (not one pending premium work can start on now; a       |
 |                    | reserve stays unlent)                                                              |
+| (any fy_ok_ class) | also on one yellow node when no other node carries it (core/keep_open.py): Slurm  |
+|                    | refuses at submission a constraint no node has                                     |
 | fy_canary          | tier canary (only rehabilitation probes)                                           |
 | fy_lemon           | repeated fatal failures (core/learn.py): no fy_ok_train / fy_ok_finetune /          |
 |                    | fy_ok_decode (off gangs and premium-class work); fy_ok_batch kept when healthy     |
@@ -95,10 +97,14 @@ def route(
     memo: dict[str, dict[str, Any]] | None = None,
     train_lent: frozenset[str] = frozenset(),
     train_reason: str = "",
+    opened: Mapping[str, tuple[str, ...]] | None = None,
+    open_reason: str = "",
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
-    ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why."""
+    ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why;
+    ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why."""
+    opened = opened or {}
     decisions: dict[str, NodeDecision] = {}
     seen = memo.setdefault("route", {}) if memo is not None else None
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
@@ -114,6 +120,7 @@ def route(
         env = envelopes.get(name, _NO_ENVELOPE)
         is_lent = name in lent
         gang = name in train_lent
+        extra = opened.get(name, ())
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None
@@ -124,6 +131,7 @@ def route(
             and (not is_lent or hit[4] == lent_reason)
             and hit[7] is gang
             and (not gang or hit[8] == train_reason)
+            and hit[9] == extra
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -144,6 +152,9 @@ def route(
             reason = f"{reason}; fy_ok_decode lent (premium widening: {lent_reason})"
         if gang and _TRAIN in fy:
             reason = f"{reason}; fy_ok_train lent (gang widening: {train_reason})"
+        if extra:
+            fy = tuple(sorted({*fy, *extra}))
+            reason = f"{reason}; {', '.join(extra)} kept open ({open_reason})"
         admin = slurm.admin_features
         features = (*admin, *fy)
         managed = pn.managed and _slurm_known(slurm)
@@ -165,7 +176,18 @@ def route(
         if differs:
             groups.setdefault((features, pn.weight), []).append(name)
         if seen is not None:
-            seen[name] = (slurm, pn, env, is_lent, lent_reason, decisions[name], differs, gang, train_reason)
+            seen[name] = (
+                slurm,
+                pn,
+                env,
+                is_lent,
+                lent_reason,
+                decisions[name],
+                differs,
+                gang,
+                train_reason,
+                extra,
+            )
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
     updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
     return decisions, updates

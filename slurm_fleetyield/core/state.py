@@ -8,8 +8,8 @@ processed event ids to ``max_processed_event_ids``; lifecycle memories, open pro
 predictions are at most one per node; settled job ids and pending intervals have their own bounds.
 
 Version 2 added ``lifecycle``, ``lifecycle_drained``, ``proposals``, ``denials``, ``settle`` and ``learn``;
-``premium`` (premium widening, core/premium.py) is optional within version 2: a state without it lends
-nothing.
+``premium`` (premium widening, core/premium.py) and ``kept_open`` (core/keep_open.py) are optional within
+version 2: a state without them lends nothing and keeps nothing open.
 A version-1 state still loads: a node it remembers as quarantined by us (drained by us, tier quarantined)
 becomes a QUARANTINED lifecycle memory whose cause is its last fatal XID, so it enters remediation instead of
 staying drained forever.
@@ -270,6 +270,8 @@ class ControllerState:
     settle: SettleMemory = field(default_factory=SettleMemory)
     learn: LearnMemory = field(default_factory=LearnMemory)
     premium: PremiumMemory = field(default_factory=PremiumMemory)
+    # (class feature, node) kept open by core/keep_open.py, node "" where none qualified; sorted.
+    kept_open: tuple[tuple[str, str], ...] = ()
     # Not persisted, not compared: per-node results of the last tick keyed by the very input objects they
     # were computed from (stage -> node -> entry), so a stage can hand back an unchanged node's result
     # instead of recomputing it. Carried from tick to tick by ``core.loop``; an empty memo (a restored state)
@@ -313,6 +315,7 @@ class ControllerState:
                 "gang_seen": self.premium.gang_seen,
                 "claims": [[j, t] for j, t in self.premium.claims],
             },
+            "kept_open": [[f, n] for f, n in self.kept_open],
         }
 
     @staticmethod
@@ -352,6 +355,7 @@ class ControllerState:
             ),
             learn=_learn_from_dict(data.get("learn") or {}),
             premium=_premium_from_dict(data.get("premium") or {}),
+            kept_open=tuple((str(f), str(n)) for f, n in data.get("kept_open", ())),
         )
 
     def __eq__(self, other: object) -> bool:  # mappings compare by content, whatever their concrete type
@@ -509,4 +513,3 @@ def _learn_from_dict(d: Mapping[str, Any]) -> LearnMemory:
 
 
 EMPTY_MAPPING: Mapping[str, Any] = MappingProxyType({})
-

@@ -24,6 +24,8 @@ The result is the same as the plain scan (``tests/sim/test_cluster.py`` compares
 Simplified: one partition, no priorities/fair share/preemption, GPUs are the only resource (CPUs and memory
 are never the constraint), a drained node's running jobs finish normally, job requeue keeps the original
 submit time as priority.
+Submission: a job whose constraint no node carries (in any state) is refused, as sbatch refuses it
+(``accepts``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class SimSlurm:
         self.bf_max_job_test = bf_max_job_test
         self._views: dict[str, SlurmNode] = {}
         self._dirty: set[str] = set(self.nodes)
+        self._accepts: dict[frozenset[str], bool] = {}  # constraint -> accepted at submission (accepts)
         self._cand: dict[frozenset[str], list[SimNode]] = {}  # usable nodes per constraint, by rank
         self._cand_rank: dict[frozenset[str], list[tuple[int, str]]] = {}  # their ranks (bisect)
         self._open: dict[str, SimNode] = {k: n for k, n in self.nodes.items() if n.free > 0}
@@ -188,9 +191,23 @@ class SimSlurm:
 
     # ---- node state ------------------------------------------------------------------------------------
 
+    def accepts(self, constraint: frozenset[str]) -> bool:
+        """Would Slurm accept a job with this AND constraint at submission? Only when some node of the
+        partition carries every feature, whatever its state (a drained node counts: the job pends with
+        ReqNodeNotAvail); otherwise sbatch fails ("Invalid feature specification" / "Requested node
+        configuration is not available"). Cached until a node's features change."""
+        if not constraint:
+            return True
+        hit = self._accepts.get(constraint)
+        if hit is None:
+            hit = self._accepts[constraint] = any(constraint <= n.feature_set for n in self.nodes.values())
+        return hit
+
     def set_features(self, name: str, features: tuple[str, ...], weight: int) -> None:
         n = self.nodes[name]
         if n.features != features or n.weight != weight:
+            if n.features != features:
+                self._accepts.clear()
             self._leave(n)
             n.features, n.weight = features, weight
             n.feature_set, n.rank = frozenset(features), (weight, name)

@@ -11,7 +11,9 @@ interruptions (since the last checkpoint, or the whole run for jobs that cannot 
 after quiet corruption; ``failures_hitting_jobs`` = interruptions of running jobs by faults;
 ``premium_misuse_gpu_h`` = GPU-hours of work that does not need premium GPUs (decode, batch, finetune) on
 premium nodes while premium-needing work (pretrain gangs) waited; ``queue_delay_h`` per class = mean wait to
-first start; ``drained_gpu_h`` = GPU-hours of nodes drained or down; ``gap_closed`` =
+first start; ``drained_gpu_h`` = GPU-hours of nodes drained or down; ``refused_jobs`` / ``refused_gpu_h`` =
+jobs sbatch refused because no node carried their class feature, and the GPU-hours of work they asked for
+(lost demand: not in useful or wasted); ``gap_closed`` =
 (policy - baseline) / (oracle - baseline) of net goodput, per seed, then averaged. It is undefined on a seed
 where the oracle beats the baseline by less than ``GAP_MIN_FRACTION`` of the baseline's net goodput (a ratio
 over a near-zero gap is noise, not a result: 0.1 GPU-h of headroom would turn a 5 GPU-h loss into "-50x"),
@@ -72,6 +74,8 @@ SCALARS = (
     "preemptive_drains",
     "false_drains",
     "jobs_completed",
+    "refused_jobs",
+    "refused_gpu_h",
 )
 TABLE = (
     "net_goodput_gpu_h",

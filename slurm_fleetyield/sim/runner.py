@@ -370,6 +370,9 @@ class Simulation:
         self.swapping: set[str] = set()
         self.ticks = 0
         self.tick_s = 0.0
+        # job_submit.lua is enabled once the controller has labelled the nodes (its bootstrap rule): before
+        # the first tick no submission is refused
+        self.labelled = False
         # metrics
         self.m: dict[str, float] = dict.fromkeys(
             (
@@ -385,6 +388,8 @@ class Simulation:
                 "requeues",
                 "jobs_completed",
                 "false_drains",
+                "refused_jobs",
+                "refused_gpu_h",
             ),
             0.0,
         )
@@ -475,6 +480,11 @@ class Simulation:
 
     def _arrive(self, job_id: int) -> None:
         js = self.jobs[job_id]
+        if self.labelled and not self.slurm.accepts(self.constraint[js.job.workload]):
+            # sbatch refuses a constraint no node carries: the job never pends (and no widening sees it)
+            self.m["refused_jobs"] += 1
+            self.m["refused_gpu_h"] += js.job.gpu_hours
+            return
         self._enqueue(js)
 
     def _enqueue(self, js: _JobState) -> None:
@@ -792,6 +802,7 @@ class Simulation:
         return out
 
     def _tick(self, why: str) -> None:
+        self.labelled = True
         if why == "periodic":
             self.push(self.now + self.cfg.control_interval_s, TICK, "periodic")
         if self.policy == "oracle":

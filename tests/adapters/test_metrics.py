@@ -64,3 +64,27 @@ def test_gate_ledger_and_lifecycle_metrics(tick_parts):
         str(m.stage.value): float(sum(1 for x in result.state.lifecycle.values() if x.stage == m.stage))
         for m in result.state.lifecycle.values()
     }
+
+
+def test_kept_open_and_unsubmittable_class_features(tick_parts):
+    from dataclasses import replace
+
+    result, report, _ = tick_parts
+    state = replace(result.state, kept_open=(("fy_ok_decode", ""), ("fy_ok_train", "gpu001")))
+    stats = ControllerStats()
+    stats.record_tick(TickSnapshot(7, 1000.0, 0.25, replace(result, state=state), report, True, 0))
+    values = scrape(stats)
+
+    def family(name: str) -> dict[str, float]:
+        return {dict(k)["feature"]: v for (n, k), v in values.items() if n == name}
+
+    assert family("fleetyield_class_feature_kept_open") == {
+        "fy_ok_train": 1.0,
+        "fy_ok_finetune": 0.0,
+        "fy_ok_decode": 0.0,
+    }
+    assert family("fleetyield_class_feature_unsubmittable") == {
+        "fy_ok_train": 0.0,
+        "fy_ok_finetune": 0.0,
+        "fy_ok_decode": 1.0,
+    }

@@ -123,7 +123,7 @@ def test_a_job_without_a_class_counts_unless_switched_off():
     r = Runner(f)
     r.tick()
     assert trains(r) == {"y0"}
-    r = Runner(f, Params(gangs={"unclassified": False}))
+    r = Runner(f, Params(gangs={"unclassified": False}, keep_open={"enabled": False}))
     r.tick()
     assert trains(r) == set()
 
@@ -133,7 +133,7 @@ def test_disabled_lends_nothing():
     pend(f, 1, 16)
     r = Runner(f, Params(gangs={"enabled": False}))
     r.ticks(2)
-    assert trains(r) == {"l0"}
+    assert trains(r) == {"l0"}  # the L40S carries fy_ok_train: nothing needs keeping open
 
 
 def _node(name: str, tier: Tier, risk: float, **kw: object) -> PricedNode:
@@ -193,7 +193,7 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
 
 def test_route_memo_follows_the_loan():
     f = fleet(green=0, yellow=1, l40s=0)
-    r = Runner(f)
+    r = Runner(f, Params(keep_open={"enabled": False}))  # else y0 carries fy_ok_train already (keep open)
     r.tick()
     assert r.last is not None and r.last.sensed is not None
     obs = f.observe(r.now)

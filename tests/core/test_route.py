@@ -30,7 +30,7 @@ def test_decode_never_on_premium():
 
 
 def test_yellow_node_admits_batch_only():
-    f = Fleet(1)
+    f = Fleet(2)  # gpu001 green: it carries every class feature, so none is kept open on gpu000
     f.set("gpu000", 0, s.REMAP_PENDING, 1)
     d = Runner(f).tick().nodes["gpu000"]
     assert d.tier is Tier.YELLOW

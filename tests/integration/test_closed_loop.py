@@ -226,6 +226,43 @@ def test_gang_widening_lends_a_repaired_yellow_node_to_a_pretrain_job_that_green
     assert {"gang_lend", "gang_return"} <= kinds, kinds
 
 
+# --- 2c. Keep open: with every node yellow, one still carries each class feature, so sbatch accepts --------
+
+
+def test_with_every_node_yellow_one_node_keeps_each_class_submittable(world: Any) -> None:
+    # Slurm refuses at submission a constraint no node has ("Invalid feature specification"): without keep
+    # open, a fleet without a green node refuses every pretrain, finetune and decode job.
+    ecc = ("fault", "degrade", "--gpu", "1", "--mode", "ecc", "--rate", "2", "--threshold", "1000")
+    for n in NODES:
+        world.agent(n, *ecc)
+    left = set(NODES)
+
+    def all_yellow() -> bool:
+        rows = world.rows()
+        for n in sorted(left):
+            if rows[n]["tier"] == "yellow":  # stop its growth there (make_yellow's reasoning)
+                world.agent(n, "fault", "clear", "--all")
+                left.discard(n)
+        return not left
+
+    world.poll(all_yellow, timeout=90, interval=0.25, what="every node yellow")
+    world.wait_ticks(2)
+    info = world.node_info()
+    assert all("fy_tier_yellow" in features(info, n) for n in NODES), info
+    carriers = {f: {n for n in NODES if f in features(info, n)} for f in ("fy_ok_train", "fy_ok_finetune")}
+    assert len(carriers["fy_ok_train"]) == 1, carriers  # all have 8 GPUs: the lowest risk
+    assert len(carriers["fy_ok_finetune"]) == 1, carriers
+    decode = {n for n in NODES if "fy_ok_decode" in features(info, n)}
+    assert len(decode) == 1 and decode <= set(L40S), info  # decode: a non-premium node first
+    pretrain = sbatch(world, "--comment=fy:pretrain")  # accepted (sbatch would exit 1 on a refusal)
+    finetune = sbatch(world, "--comment=fy:finetune")
+    dec = sbatch(world, "--comment=fy:decode")
+    placed = wait_ran(world, [pretrain, finetune, dec])
+    assert placed[pretrain] in carriers["fy_ok_train"] and placed[dec] in decode, placed
+    kinds = [e["kind"] for e in world.api("/v1/events?limit=500")]
+    assert "open_lend" in kinds, kinds
+
+
 # --- 3. Decode never lands on a premium node while a non-premium one fits ------------------------------
 
 

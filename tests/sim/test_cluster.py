@@ -26,6 +26,19 @@ def test_constraint_filter_is_an_and_of_features() -> None:
     assert s.schedule(0.0, [(2, frozenset({"fy_ok_decode"}), 1, 1, 10.0)]) == []
 
 
+def test_submission_is_refused_only_when_no_node_in_any_state_carries_the_constraint() -> None:
+    s = cluster()
+    train, both = frozenset({"fy_ok_train"}), frozenset({"fy_ok_train", "fy_ok_batch"})
+    assert s.accepts(frozenset()) and not s.accepts(train)
+    s.apply(Plan((UpdateNodes(("n1",), ("h100", "fy_ok_train"), 1),)))
+    assert s.accepts(train) and not s.accepts(both)  # an AND: one node must carry both
+    s.set_drain("n1", "fleetyield: XID 79")
+    s.set_down("n1", True)
+    assert s.accepts(train)  # Slurm counts drained and down nodes: the job pends (ReqNodeNotAvail)
+    s.apply(Plan((UpdateNodes(("n1",), ("h100",), 1),)))
+    assert not s.accepts(train)  # the cached answer follows a feature change
+
+
 def test_lowest_weight_first_ties_by_name() -> None:
     s = cluster()
     s.apply(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from slurm_fleetyield.sim import faults as fm
 from slurm_fleetyield.sim import report, runner
@@ -162,3 +163,22 @@ def test_post_return_titan_runs_are_deterministic_and_report_the_option(tmp_path
     none = runner.main_simulate(tmp_path / "c", seeds=2, plots=False, policies=pol, **{**SMALL, "days": 8})
     assert "post_return" not in none["config"]["faults"]  # the default leaves reports as they were
     assert a["policies"]["baseline"] != none["policies"]["baseline"]
+
+
+def test_a_job_whose_class_feature_no_node_carries_is_refused_not_queued() -> None:
+    cfg = runner.make_config(**{**SMALL, "days": 3})
+    sim = runner.Simulation(cfg, "fleetyield", runner.build_inputs(cfg))
+    by_class: dict[str, Any] = {}
+    for j in sim.inp.jobs:
+        sim.jobs[j.job_id] = runner._JobState(j)
+        by_class.setdefault(j.workload, j)
+    finetune, batch = by_class["finetune"], by_class["batch"]
+    sim._arrive(finetune.job_id)  # before the first tick (job_submit.lua not enabled yet): queued
+    assert sim.m["refused_jobs"] == 0 and len(sim.queue) == 1
+    sim._tick("first")
+    for name, n in sim.slurm.nodes.items():  # no node carries fy_ok_finetune (the hole keep open fills)
+        sim.slurm.set_features(name, tuple(f for f in n.features if f != "fy_ok_finetune"), n.weight)
+    sim._arrive(batch.job_id)
+    sim._arrive(finetune.job_id)
+    assert sim.m["refused_jobs"] == 1 and sim.m["refused_gpu_h"] == finetune.gpu_hours
+    assert {jid for _, jid in sim.queue} == {finetune.job_id, batch.job_id}  # queued before; batch pends
