@@ -297,7 +297,14 @@ def check_gpu_index(ctx: Context) -> list[Finding]:
             Finding("gpu_index", "WARN", "not checked in prometheus mode (no agent is scraped)", how + fix)
         ]
     if not ctx.gpu_devices:
-        return [Finding("gpu_index", "WARN", "skipped: no agent answered", "fix the agents check")]
+        return [
+            Finding(
+                "gpu_index",
+                "WARN",
+                "skipped: no agent answered (or the agents check did not run)",
+                "fix or run the agents check",
+            )
+        ]
     wrong: list[str] = []
     unknown: list[str] = []
     gpus = 0

@@ -130,11 +130,12 @@ def _route(
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
     """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
     chosen (the memo makes the second pass cost only the nodes that change)."""
-    decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan)
+    wall = params.premium.batch
+    decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, batch_wall=wall)
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
         decisions, updates = route.route(
-            obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, ko.lent, ko.reason
+            obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, ko.lent, ko.reason, wall
         )
     return decisions, updates, ko
 

@@ -374,6 +374,16 @@ class PremiumParams(BaseModel):
         "leaves premium GPUs idle while decode queues (simulated: -13% net goodput vs Slurm on the openb "
         "workload, docs/results.md).",
     )
+    batch: bool = Field(
+        False,
+        description="Treat batch like decode on premium nodes: green premium nodes carry fy_ok_batch only "
+        "when lent (batch or decode waiting for lend_after_s that fits no other node, outside the claims "
+        "and the reserve), instead of always. Batch that starts on an idle H100 before premium work "
+        "arrives holds it when a gang comes (live A/B at 7519a79: 80% of FleetYield's premium misuse). Off "
+        "by default: simulated, it cut premium misuse (openb 32x30: 28,821 -> 24,155 GPU-h) but lost net "
+        "goodput and made every class wait longer, pretrain included (openb -0.15% -> -4.31% vs Slurm; "
+        "high-fault fleet +1.20% -> +0.43%; docs/results.md).",
+    )
     reserve_nodes: int = Field(
         1,
         ge=0,

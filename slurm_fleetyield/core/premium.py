@@ -73,6 +73,7 @@ from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import PremiumMemory
 
 _RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
+_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})  # route.OK_BATCH_TIERS
 _OUT = frozenset(
     {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN"}
 )
@@ -90,6 +91,8 @@ class Widening:
     premium_supply_gpus: int = 0  # idle GPUs on eligible premium nodes
     decode_pending_gpus: int = 0
     decode_waiting_gpus: int = 0  # pending decode GPUs that fit nowhere fy_ok_decode already is
+    batch_pending_gpus: int = 0  # premium.batch only
+    batch_waiting_gpus: int = 0  # pending batch GPUs that fit nowhere fy_ok_batch already is
     reserve_nodes: int = 0
     reason: str = ""
     kept_open: bool = False  # rule 6: one node lent only so that decode stays submittable
@@ -155,8 +158,18 @@ def widen(
     pending_decode = [
         j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.DECODE and j.gpus > 0
     ]
-    homeless = pp.keep_decode_open and not _decode_home(obs, priced, envelopes)
-    if not (pending_decode or pending_premium or mem.lent or mem.waiting_since is not None or homeless):
+    pending_batch = (
+        [j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.BATCH and j.gpus > 0]
+        if pp.batch
+        else []
+    )
+    homeless = pp.keep_decode_open and (
+        not _decode_home(obs, priced, envelopes) or (pp.batch and not _batch_home(obs, priced, envelopes))
+    )
+    if not (
+        pending_decode or pending_batch or pending_premium or mem.lent or mem.waiting_since is not None
+        or homeless
+    ):  # fmt: skip
         if mem.claims:
             mem = replace(mem, claims=())
         if any(j.workload and j.workload in classes and len(j.nodes) > 1 for j in obs.jobs):
@@ -165,6 +178,7 @@ def widen(
         return Widening(memory=mem)  # the common case: nothing pending, nothing lent
     idle = idle_gpus(obs)
     base: list[int] = []  # idle GPUs of nodes that carry fy_ok_decode without lending
+    batch_base: list[int] = []  # ... and of those that carry fy_ok_batch without lending (premium.batch)
     eligible: list[str] = []  # premium nodes that could be lent
     pnodes = priced.nodes
     for name in sorted(idle):  # the nodes not _out (idle_gpus skips exactly those), by name
@@ -172,7 +186,11 @@ def widen(
         if env is None or not (env.premium or idle[name] > 0):
             continue
         pn = pnodes.get(name)
-        if pn is None or not decode_eligible(pn, env):
+        if pn is None:
+            continue
+        if pending_batch and idle[name] > 0 and batch_home(pn, env):
+            batch_base.append(idle[name])
+        if not decode_eligible(pn, env):
             continue
         if env.premium:
             eligible.append(name)
@@ -189,6 +207,10 @@ def widen(
     cap = max(0, len(eligible) - reserve)
     chunks = sorted((c for j in pending_decode for c in node_pieces(j, max_node)), reverse=True)
     unfit = best_fit(chunks, base)
+    decode_unfit = sum(unfit)
+    if pending_batch:
+        batch_chunks = sorted((c for j in pending_batch for c in node_pieces(j, max_node)), reverse=True)
+        unfit = sorted(unfit + best_fit(batch_chunks, batch_base), reverse=True)
     waiting = bool(unfit)
     since = (mem.waiting_since if mem.waiting_since is not None else now) if waiting else None
     last = now if waiting else mem.last_waiting
@@ -203,16 +225,21 @@ def widen(
         claimed=claimed,
         premium_supply_gpus=sum(idle.get(n, 0) for n in eligible),
         decode_pending_gpus=sum(j.gpus for j in pending_decode),
-        decode_waiting_gpus=sum(unfit),
+        decode_waiting_gpus=decode_unfit,
+        batch_pending_gpus=sum(j.gpus for j in pending_batch),
+        batch_waiting_gpus=sum(unfit) - decode_unfit,
         reserve_nodes=reserve,
     )
     lendable = [n for n in eligible if n not in claimed]
     eligible_set = frozenset(lendable)
     # premium nodes still running decode (lent earlier, returned since): they count against the cap, or
     # a node returned while its decode service runs on would let the next loan eat into the reserve
+    # (premium.batch: batch on an eligible, i.e. green, premium node too; a yellow one takes batch unlent)
+    eligible_now = frozenset(eligible)
     held = {
-        n for j in obs.jobs if j.state in _RUNNING and j.workload is WorkloadClass.DECODE for n in j.nodes
-        if n in obs.slurm and _premium(envelopes.get(n))
+        n for j in obs.jobs if j.state in _RUNNING for n in j.nodes
+        if (j.workload is WorkloadClass.DECODE and n in obs.slurm and _premium(envelopes.get(n)))
+        or (pp.batch and j.workload is WorkloadClass.BATCH and n in eligible_now)
     }  # fmt: skip
     keep = [n for n in mem.lent if n in eligible_set]
     if not waiting and (last is None or now - last >= pp.hysteresis_s):
@@ -243,21 +270,28 @@ def widen(
         f"{startable} of {len(pending_premium)} pending premium-needing job(s) can start on idle premium "
         f"GPUs now ({len(claimed)} node(s) claimed)"
     )
+    work = "decode/batch" if pp.batch else "decode"
     if open_loan:
         why = (
-            "no in-service non-premium node can carry fy_ok_decode: one premium node lent so that decode "
-            f"jobs are accepted (Slurm rejects a constraint no node has); {premium}; {reserve} premium "
-            "node(s) kept in reserve"
+            f"no in-service node can carry the {work} feature without a loan: one premium node lent so "
+            f"that {work} jobs are accepted (Slurm rejects a constraint no node has); {premium}; {reserve} "
+            "premium node(s) kept in reserve"
         )
     elif waiting:
+        batch = (
+            f", {fig.batch_waiting_gpus} of {fig.batch_pending_gpus} pending batch GPUs no fy_ok_batch node"
+            if pp.batch
+            else ""
+        )
         why = (
-            f"decode waiting: {fig.decode_waiting_gpus} of {fig.decode_pending_gpus} pending decode GPUs fit "
-            f"no fy_ok_decode node; {premium}; {reserve} premium node(s) kept in reserve"
+            f"{work} waiting: {fig.decode_waiting_gpus} of {fig.decode_pending_gpus} pending decode GPUs fit "
+            f"no fy_ok_decode node{batch}; {premium}; {reserve} premium node(s) kept in reserve"
         )
     else:
-        why = f"decode not waiting (hysteresis {pp.hysteresis_s:g} s)"
+        why = f"{work} not waiting (hysteresis {pp.hysteresis_s:g} s)"
     out = tuple(sorted(lent))
-    events = _changed(mem.lent, out, now, why, claimed, premium)
+    what = "fy_ok_decode and fy_ok_batch" if pp.batch else "fy_ok_decode"
+    events = _changed(mem.lent, out, now, why, claimed, premium, what)
     nxt = PremiumMemory(out, since, last, gang, gang_seen, claims)
     return replace(fig, lent=frozenset(out), memory=nxt, events=events, reason=why, kept_open=open_loan)
 
@@ -335,6 +369,34 @@ def _place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> 
     return used
 
 
+def batch_home(pn: PricedNode, env: Envelope) -> bool:
+    """Does this node carry fy_ok_batch without a loan under ``premium.batch`` (route.fy_features: green,
+    yellow or probation, except green premium nodes that are not lemons)?"""
+    if not pn.managed:
+        return False
+    if pn.keep_fy is not None:
+        return "fy_ok_batch" in pn.keep_fy and not (
+            env.premium and not pn.lemon and "fy_tier_green" in pn.keep_fy
+        )
+    tier = pn.feature_tier or pn.tier
+    if tier not in _BATCH_TIERS:
+        return False
+    return not (tier is Tier.GREEN and env.premium and not pn.lemon)
+
+
+def _batch_home(obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]) -> bool:
+    """Is some in-service node a batch home without a loan (``batch_home``)? Stops at the first one."""
+    pnodes = priced.nodes
+    for name, s in obs.slurm.items():
+        env = envelopes.get(name)
+        if env is None or _out(s):
+            continue
+        pn = pnodes.get(name)
+        if pn is not None and batch_home(pn, env):
+            return True
+    return False
+
+
 def _decode_home(obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]) -> bool:
     """Is some in-service non-premium node decode-eligible (so fy_ok_decode exists without a loan)? Stops at
     the first one: in a mixed fleet that is one of the first few nodes."""
@@ -396,13 +458,14 @@ def _changed(
     why: str,
     claimed: frozenset[str] = frozenset(),
     claim_why: str = "",
+    what: str = "fy_ok_decode",
 ) -> tuple[LogEvent, ...]:
     events = []
     gone = sorted(set(before) - set(after))
     new = sorted(set(after) - set(before))
     for n in new:
-        events.append(LogEvent(now, n, "premium_lend", f"fy_ok_decode lent to premium node: {why}"))
+        events.append(LogEvent(now, n, "premium_lend", f"{what} lent to premium node: {why}"))
     for n in gone:
         reason = f"withdrawn, premium work can start here: {claim_why}" if n in claimed else why
-        events.append(LogEvent(now, n, "premium_return", f"fy_ok_decode returned: {reason}"))
+        events.append(LogEvent(now, n, "premium_return", f"{what} returned: {reason}"))
     return tuple(events)

@@ -50,6 +50,8 @@ from slurm_fleetyield.core.price import Priced
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
 _TRAIN = f"{FY_PREFIX}ok_train"
+_BATCH = f"{FY_PREFIX}ok_batch"
+_GREEN_TIER = f"{FY_PREFIX}tier_green"
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
@@ -60,17 +62,25 @@ def trainable(env: Envelope, lemon: bool) -> bool:
 
 
 def fy_features(
-    tier: Tier, env: Envelope, lemon: bool = False, lent: bool = False, train_lent: bool = False
+    tier: Tier,
+    env: Envelope,
+    lemon: bool = False,
+    lent: bool = False,
+    train_lent: bool = False,
+    batch_wall: bool = False,
 ) -> tuple[str, ...]:
     """The fy_ features of a node in ``tier`` with envelope ``env`` (``lemon``: see learn; ``lent``: a
     premium node lent fy_ok_decode by core/premium.py; ``train_lent``: a yellow node lent fy_ok_train by
-    core/gangs.py), sorted."""
+    core/gangs.py; ``batch_wall``: ``premium.batch``, a green premium node carries fy_ok_batch only when
+    lent), sorted."""
     f = [f"{FY_PREFIX}tier_{tier.value}", f"{FY_PREFIX}premium" if env.premium else f"{FY_PREFIX}nonpremium"]
     if env.nvlink_full:
         f.append(f"{FY_PREFIX}nvlink_full")
     if env.hbm_full:
         f.append(f"{FY_PREFIX}hbm_full")
-    if tier in OK_BATCH_TIERS:
+    if tier in OK_BATCH_TIERS and not (
+        batch_wall and tier is Tier.GREEN and env.premium and not lemon and not lent
+    ):
         f.append(f"{FY_PREFIX}ok_batch")
     if lemon:
         f.append(f"{FY_PREFIX}lemon")
@@ -99,11 +109,13 @@ def route(
     train_reason: str = "",
     opened: Mapping[str, tuple[str, ...]] | None = None,
     open_reason: str = "",
+    batch_wall: bool = False,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
     ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why;
-    ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why."""
+    ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why; ``batch_wall``:
+    ``premium.batch`` (green premium nodes carry fy_ok_batch only when lent)."""
     opened = opened or {}
     decisions: dict[str, NodeDecision] = {}
     seen = memo.setdefault("route", {}) if memo is not None else None
@@ -132,6 +144,7 @@ def route(
             and hit[7] is gang
             and (not gang or hit[8] == train_reason)
             and hit[9] == extra
+            and hit[10] is batch_wall
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -142,14 +155,17 @@ def route(
             fy = pn.keep_fy
             if env.premium and not is_lent and _DECODE in fy:  # a loan ends even while the node is dark
                 fy = tuple(f for f in fy if f != _DECODE)
+            if batch_wall and env.premium and not is_lent and not pn.lemon and _GREEN_TIER in fy:
+                fy = tuple(f for f in fy if f != _BATCH)
         else:
             tier = pn.feature_tier or pn.tier
             key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon, is_lent, gang)
             fy = cache.get(key)
             if fy is None:
-                fy = cache[key] = fy_features(tier, env, pn.lemon, is_lent, gang)
+                fy = cache[key] = fy_features(tier, env, pn.lemon, is_lent, gang, batch_wall)
         if is_lent:
-            reason = f"{reason}; fy_ok_decode lent (premium widening: {lent_reason})"
+            what = "fy_ok_decode and fy_ok_batch" if batch_wall else "fy_ok_decode"
+            reason = f"{reason}; {what} lent (premium widening: {lent_reason})"
         if gang and _TRAIN in fy:
             reason = f"{reason}; fy_ok_train lent (gang widening: {train_reason})"
         if extra:
@@ -187,6 +203,7 @@ def route(
                 gang,
                 train_reason,
                 extra,
+                batch_wall,
             )
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
     updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)

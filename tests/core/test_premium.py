@@ -344,3 +344,45 @@ def test_earlier_loans_are_returned_when_decode_holders_already_fill_the_cap():
     w = widen(Observations(10_000.0, slurm, {}, jobs=jobs), priced, envs, mem, params, 10_000.0)
     assert w.reserve_nodes == 1
     assert w.lent == frozenset()
+
+
+# --- premium.batch: batch treated like decode on premium nodes -----------------------------------------
+
+WALL = Params(premium={"batch": True})
+B = WorkloadClass.BATCH
+
+
+def batch_on(r: Runner) -> set[str]:
+    assert r.last is not None
+    return {n for n, d in r.last.nodes.items() if "fy_ok_batch" in d.fy_features}
+
+
+def test_batch_wall_keeps_green_premium_nodes_off_batch_until_batch_waits():
+    f = fleet(h=4, l=1)
+    f.set("h3", 0, "DCGM_FI_DEV_ROW_REMAP_PENDING", 1)  # yellow H100: marginal hardware takes batch
+    r = run(f, 2, params=WALL)
+    assert batch_on(r) == {"l0", "h3"}  # green H100s: no fy_ok_batch
+    assert batch_on(run(fleet(h=4, l=1), 2)) == {"h0", "h1", "h2", "h3", "l0"}  # default: unchanged
+    busy(f, "l0", 100, wl=B)
+    busy(f, "h3", 101, wl=B)
+    for j in range(1, 4):
+        pend(f, j, 8, B)  # three whole-node batch jobs with no batch home free
+    r = Runner(f, WALL, step=120.0)
+    r.tick()
+    assert batch_on(r) == {"l0", "h3"}  # not yet: batch must wait lend_after_s
+    r.ticks(3)
+    lent_batch = batch_on(r) - {"l0", "h3"}
+    assert len(lent_batch) == 2  # 3 eligible green H100s, reserve 1
+    assert lent(r) == lent_batch  # a lent node carries fy_ok_decode and fy_ok_batch
+    d = r.last.nodes[sorted(lent_batch)[0]]
+    assert "fy_ok_decode and fy_ok_batch lent" in d.reason and "batch GPUs no fy_ok_batch node" in d.reason
+    busy(f, "h2", 102, wl=P)  # the unlent H100 is taken by premium work
+    pend(f, 9, 8, P)  # premium work that fits only a lent node claims it: withdrawn at once
+    r.tick()
+    assert len(batch_on(r) - {"l0", "h3"}) == 1
+
+
+def test_batch_wall_on_an_all_premium_fleet_keeps_batch_submittable():
+    r = run(fleet(h=3, l=0), 2, params=WALL)
+    assert len(batch_on(r)) == 1 and batch_on(r) == lent(r)  # rule 6: one node lent for decode and batch
+    assert "decode/batch jobs are accepted" in r.last.nodes[next(iter(lent(r)))].reason
