@@ -53,9 +53,13 @@ ab: $(STAMP)
 
 # The same timelines (same jobs, same faults) with a share of the faults announced by a visible ECC precursor
 # (AB_PRECURSOR_SHARE; simulated like the faults), into README's second A/B block from docs/ab-precursor.
+# An emulated admin approves FleetYield's drain proposals AB_ADMIN_DELAY s after they appear (chaos/admin.py):
+# 8 s against precursor leads of 24-60 s, about the simulator's 4 h against 12-36 h. Empty: no admin.
 AB_PRECURSOR_SHARE ?= 0.5
 AB_PRECURSOR_OUT ?= docs/ab-precursor
+AB_ADMIN_DELAY ?= 8
 ab-precursor: $(STAMP)
 	$(VENV)/bin/fleetyield chaos ab --seeds $(SEEDS) --duration $(AB_DURATION) \
-		--precursor-share $(AB_PRECURSOR_SHARE) --out $(AB_PRECURSOR_OUT)
+		--precursor-share $(AB_PRECURSOR_SHARE) --out $(AB_PRECURSOR_OUT) \
+		$(if $(AB_ADMIN_DELAY),--admin-delay $(AB_ADMIN_DELAY))
 	$(VENV)/bin/fleetyield chaos report $(AB_PRECURSOR_OUT)/ab.json --readme README.md

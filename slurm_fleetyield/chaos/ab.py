@@ -37,11 +37,13 @@ import json
 import re
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm_fleetyield.chaos import admin as admin_mod
 from slurm_fleetyield.chaos import ledger
 from slurm_fleetyield.chaos.log import ChaosLog
 from slurm_fleetyield.chaos.runner import CTL, SHARED, ChaosRunner, Exec, progress_dir
@@ -262,9 +264,11 @@ def run_arm(
     sleep: Callable[[float], None] = time.sleep,
     drain_timeout_s: float | None = None,
     version: str = "",
+    admin_delay_s: float | None = None,
 ) -> dict[str, Any]:
     """One arm of one seed; ``drain_timeout_s`` (default: the timeline's duration) bounds the wait for its
-    jobs after the last event."""
+    jobs after the last event; ``admin_delay_s``: the FleetYield arm has an emulated admin approving drain
+    proposals that long after they appear (chaos/admin.py; None: no admin)."""
     tag = f"{arm}-s{timeline.seed}"
     timeout = timeline.params.duration_s if drain_timeout_s is None else drain_timeout_s
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -273,11 +277,27 @@ def run_arm(
         log.header(timeline, arm, version, clock())
         cluster = Cluster(exec_, timeline.params.nodes, log, clock, sleep)
         cluster.prepare(arm, tag)
+        stop = threading.Event()
+        thread = None
+        if arm == "fleetyield" and admin_delay_s is not None:
+            for argv in admin_mod.setup_commands():
+                rc, out = cluster.run(argv)
+                if rc != 0:
+                    raise ChaosError(f"admin setup failed (rc {rc}): {out[-300:]}")
+            admin = admin_mod.Admin(exec_, admin_delay_s, clock, log)
+            thread = threading.Thread(target=admin.run, args=(stop,), name="chaos-admin", daemon=True)
         runner = ChaosRunner(timeline, exec_, clock, sleep, log, tag)
         started = clock()
-        runner.run()
-        ours = {str(j) for j in runner.job_ids.values()}
-        unfinished = _wait_for_jobs(cluster, ours, clock() + timeout)
+        if thread is not None:
+            thread.start()
+        try:
+            runner.run()
+            ours = {str(j) for j in runner.job_ids.values()}
+            unfinished = _wait_for_jobs(cluster, ours, clock() + timeout)
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join(timeout=120)
         if unfinished:
             cluster.run(d(CTL, "scancel", *sorted(unfinished)), "deadline")
         sacct = _final_sacct(cluster, ours)
@@ -379,6 +399,7 @@ def ab(
     sleep: Callable[[float], None] = time.sleep,
     drain_timeout_s: float | None = None,
     command: str = "",
+    admin_delay_s: float | None = None,
 ) -> dict[str, Any]:
     tp = tp or TimelineParams()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -389,15 +410,29 @@ def ab(
         for s in seeds:
             tl = generate(s, tp)
             for arm in ARMS:
-                res = run_arm(tl, arm, exec_, out_dir, clock, sleep, drain_timeout_s, vers["git_describe"])
+                res = run_arm(
+                    tl,
+                    arm,
+                    exec_,
+                    out_dir,
+                    clock,
+                    sleep,
+                    drain_timeout_s,
+                    vers["git_describe"],
+                    admin_delay_s,
+                )
                 results[arm][str(s)] = res["totals"]
     finally:
         Cluster(exec_, tp.nodes, None, clock, sleep).restore()
+        if admin_delay_s is not None:
+            for argv in admin_mod.teardown_commands():
+                exec_(argv)
     summary = {
         "seeds": list(seeds),
         "arms": results,
         "params": tp.to_dict(),
         "drain_timeout_s": tp.duration_s if drain_timeout_s is None else drain_timeout_s,
+        "admin_delay_s": admin_delay_s,
         "versions": vers,
         "command": command,
         "started": started,

@@ -126,8 +126,17 @@ def replay_cmd(log_path: str, out_dir: str) -> None:
     default=None,
     help="Max wait for a run's jobs after its last event, then they are cancelled [default: --duration].",
 )
+@click.option(
+    "--admin-delay",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="An emulated admin approves each drain proposal of the FleetYield arm this many seconds after it "
+    "appears, through the real gate (signed; chaos/admin.py) [default: no admin].",
+)
 @_opts
-def ab_cmd(seeds: str, drain_timeout: float | None, tp: TimelineParams, out_dir: str) -> None:
+def ab_cmd(
+    seeds: str, drain_timeout: float | None, admin_delay: float | None, tp: TimelineParams, out_dir: str
+) -> None:
     """Bare Slurm vs Slurm + FleetYield on the same timelines; writes OUT/ab.json and the logs."""
     try:
         ss = [int(s) for s in seeds.split(",") if s.strip()]
@@ -139,7 +148,13 @@ def ab_cmd(seeds: str, drain_timeout: float | None, tp: TimelineParams, out_dir:
     command = shlex.join(["fleetyield", *argv]) if argv[:2] == ["chaos", "ab"] else ""
     try:
         summary = ab_mod.ab(
-            ss, docker_exec, Path(out_dir), tp, drain_timeout_s=drain_timeout, command=command
+            ss,
+            docker_exec,
+            Path(out_dir),
+            tp,
+            drain_timeout_s=drain_timeout,
+            command=command,
+            admin_delay_s=admin_delay,
         )
     except ab_mod.ChaosError as exc:
         raise click.ClickException(str(exc)) from None

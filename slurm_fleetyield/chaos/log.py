@@ -2,7 +2,8 @@
 
 Records: ``{"type": "header", "seed", "timeline", "arm", "version", "started"}`` first, then one
 ``{"type": "action", "ref", "kind", "planned_at_s", "t", "command", "rc", "out", "outcome"}`` per executed
-command, and ``{"type": "result", ...}`` at the end (the ledger totals). ``read`` returns the header's
+command (``admin_seen`` / ``admin_approve`` records of the emulated admin, chaos/admin.py, in between), and
+``{"type": "result", ...}`` at the end (the ledger totals). ``read`` returns the header's
 ``Timeline`` and the records; ``replay`` re-executes the header's timeline (not the recorded outputs: a replay
 is a new run of the same plan, whose own log can be compared with the first).
 """
@@ -10,6 +11,7 @@ is a new run of the same plan, whose own log can be compared with the first).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -20,10 +22,13 @@ from slurm_fleetyield.chaos.timeline import Timeline
 class ChaosLog:
     def __init__(self, fh: IO[str]) -> None:
         self.fh = fh
+        self._lock = threading.Lock()  # the emulated admin (chaos/admin.py) writes from its own thread
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self.fh.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
-        self.fh.flush()
+        line = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
+        with self._lock:
+            self.fh.write(line)
+            self.fh.flush()
 
     def header(self, timeline: Timeline, arm: str, version: str, started: float) -> None:
         self.write(

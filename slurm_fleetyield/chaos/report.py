@@ -128,7 +128,7 @@ def render(summary: Mapping[str, Any]) -> str:
         + ", ".join(f"{k} {c:.0f} s" for k, c in ckpt.items() if c > 0)
         + f"), {p.get('faults', '?')} injected fatal GPU faults{_precursor_text(p)}; "
         "bare = Slurm + NHC-style drain after a job dies of a GPU fault, fleetyield = Slurm + FleetYield "
-        "(fresh controller state every arm).",
+        "(fresh controller state every arm)" + _admin_text(summary.get("admin_delay_s")) + ".",
         "",
         table,
         "",
@@ -139,6 +139,15 @@ def render(summary: Mapping[str, Any]) -> str:
         end,
     ]
     return "\n".join(lines) + "\n"
+
+
+def _admin_text(delay: Any) -> str:
+    if delay is None:
+        return "; no admin approves drain proposals (none is pre-emptive)"
+    return (
+        f"; an emulated admin approves each drain proposal {float(delay):g} s after it appears, "
+        "signed through the real gate (`chaos/admin.py`)"
+    )
 
 
 HEADING = "## A/B on the docker Slurm cluster"
