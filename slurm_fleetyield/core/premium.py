@@ -70,10 +70,10 @@ from slurm_fleetyield.core.model import (
 )
 from slurm_fleetyield.core.params import Params, PremiumParams
 from slurm_fleetyield.core.price import Priced, PricedNode
+from slurm_fleetyield.core.route import OK_BATCH_TIERS
 from slurm_fleetyield.core.state import PremiumMemory
 
 _RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
-_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})  # route.OK_BATCH_TIERS
 _OUT = frozenset(
     {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN"}
 )
@@ -379,7 +379,7 @@ def batch_home(pn: PricedNode, env: Envelope) -> bool:
             env.premium and not pn.lemon and "fy_tier_green" in pn.keep_fy
         )
     tier = pn.feature_tier or pn.tier
-    if tier not in _BATCH_TIERS:
+    if tier not in OK_BATCH_TIERS:
         return False
     return not (tier is Tier.GREEN and env.premium and not pn.lemon)
 

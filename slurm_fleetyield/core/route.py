@@ -15,7 +15,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 | fy_nvlink_full     | the board has NVLink and every GPU's NVLink CRC and replay rates are below limits  |
 | fy_hbm_full        | no GPU has a remap failure or pending remap, lost framebuffer capacity, or too     |
 |                    | many uncorrectable remapped rows                                                   |
-| fy_ok_batch        | tier green, yellow or probation (checkpointable work may use marginal nodes)       |
+| fy_ok_batch        | tier green, yellow or probation (checkpointable work may use marginal nodes); with |
+|                    | premium.batch not on a green premium node unless lent (core/premium.py)            |
 | fy_ok_train        | tier green and NVLink intact: fy_nvlink_full, or a board without NVLink (L40S...)  |
 |                    | (gangs that need NVLink also ask for fy_nvlink_full explicitly) -- or a yellow     |
 |                    | node lent to a training job that idle green nodes cannot hold (core/gangs.py)      |
@@ -23,8 +24,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 | fy_ok_decode       | tier green and fy_hbm_full, and fy_nonpremium -- or a premium node lent to waiting |
 |                    | decode by core/premium.py (not one pending premium work can start on now; a       |
 |                    | reserve stays unlent)                                                              |
-| (any fy_ok_ class) | also on one yellow node when no other node carries it (core/keep_open.py): Slurm  |
-|                    | refuses at submission a constraint no node has                                     |
+| fy_ok_train, _fine-| also on one yellow node when no other node carries it (core/keep_open.py): Slurm  |
+| tune, _decode      | refuses at submission a constraint no node has                                     |
 | fy_canary          | tier canary (only rehabilitation probes)                                           |
 | fy_lemon           | repeated fatal failures (core/learn.py): no fy_ok_train / fy_ok_finetune /          |
 |                    | fy_ok_decode (off gangs and premium-class work); fy_ok_batch kept when healthy     |
