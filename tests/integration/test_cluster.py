@@ -152,6 +152,23 @@ def test_agent_metrics_reachable_over_cluster_network(cluster: Any, node: str) -
     assert NODES[node] in text.lower()  # the model name appears in the labels
 
 
+@pytest.mark.integration
+def test_doctor_on_the_cluster_finds_slurm_the_agents_and_gpu_indices_in_order(cluster: Any) -> None:
+    """``fleetyield doctor`` as an admin runs it in the controller's container, against the real slurmctld
+    and agents: the fake GPUs' device minors follow their NVML indices, so gpu_index is OK."""
+    import json
+
+    out = cluster.exec(
+        "fleetyield", "fleetyield", "doctor", "--config", "/etc/fleetyield/fleetyield.toml", "--json",
+        "--only", "slurm", "--only", "agents", "--only", "gpu_index", check=False,
+    ).stdout  # fmt: skip
+    found = {f["check"]: f for f in json.loads(out)["findings"]}
+    assert {c: found[c]["status"] for c in ("config", "slurm", "agents", "gpu_index")} == dict.fromkeys(
+        ("config", "slurm", "agents", "gpu_index"), "OK"
+    ), found
+    assert found["gpu_index"]["detail"].startswith(f"{8 * len(NODES)} GPUs on {len(NODES)} nodes"), found
+
+
 @pytest.fixture
 def xid79_on_l40s_1(cluster: Any) -> Iterator[str]:
     node = "gpu-l40s-1"
