@@ -61,17 +61,24 @@ def markers(summary: Mapping[str, Any]) -> tuple[str, str]:
     return begin, end
 
 
-def _precursor_text(p: Mapping[str, Any]) -> str:
+def _precursor_text(p: Mapping[str, Any], admin_delay: Any = None) -> str:
     share = _share(p)
     if share <= 0:
         return "; every fault sudden (no precursor)"
     lead = p.get("precursor_lead_s", ["?", "?"])
-    return (
+    text = (
         f"; each fault drew, with probability {share:g}, a visible precursor {lead[0]}-{lead[1]} s before it "
         f"(correctable ECC errors at {float(p.get('precursor_rate', 0)):g}/s on the GPU the fault kills, "
         "remapping HBM rows: SIMULATED, like the faults; the share is a chosen parameter, as in the "
-        "simulator's precursor sweep, not a measured one). No drain proposal is approved in either arm (no "
-        "admin in the loop): what FleetYield can do with the signal is price and route"
+        "simulator's precursor sweep, not a measured one)."
+    )
+    if admin_delay is None:
+        return text + (
+            " No drain proposal is approved in either arm (no admin in the loop): what FleetYield can do "
+            "with the signal is price and route"
+        )
+    return (
+        text + " FleetYield can also drain a node pre-emptively, once the admin below approves its proposal"
     )
 
 
@@ -126,7 +133,8 @@ def render(summary: Mapping[str, Any]) -> str:
         f"Each seed's timeline: {p.get('duration_s', 0):.0f} s, {p.get('jobs', '?')} jobs "
         f"(work {work[0]}-{work[1]} s, checkpoints every "
         + ", ".join(f"{k} {c:.0f} s" for k, c in ckpt.items() if c > 0)
-        + f"), {p.get('faults', '?')} injected fatal GPU faults{_precursor_text(p)}; "
+        + f"), {p.get('faults', '?')} injected fatal GPU faults"
+        + f"{_precursor_text(p, summary.get('admin_delay_s'))}; "
         "bare = Slurm + NHC-style drain after a job dies of a GPU fault, fleetyield = Slurm + FleetYield "
         "(fresh controller state every arm)" + _admin_text(summary.get("admin_delay_s")) + ".",
         "",
