@@ -113,7 +113,7 @@ def widen(
         if pn is None or (pn.tier is GREEN and not free) or (pn.tier is not GREEN and pn.tier is not YELLOW):
             continue  # a full green node holds no piece (most of a busy fleet); other tiers are never lent
         env = envelopes.get(name)
-        if env is None or not _own_features(pn) or not trainable(env, pn.lemon):
+        if env is None or not own_features(pn) or not trainable(env, pn.lemon):
             continue
         if pn.tier is YELLOW and not gp.lend_degrading and degrading(risks.get(name)):
             continue
@@ -158,7 +158,7 @@ def degrading(nr: NodeRisk | None) -> bool:
     return any(c.signal in MOVING_SIGNALS for g in nr.gpus for c in g.contributions)
 
 
-def _own_features(pn: PricedNode) -> bool:
+def own_features(pn: PricedNode) -> bool:
     """Priced from fresh data into a plain tier (not UNKNOWN/held, not a lifecycle stage's features)."""
     return pn.managed and pn.keep_fy is None and pn.feature_tier is None
 

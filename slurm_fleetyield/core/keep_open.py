@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from slurm_fleetyield.core.gangs import own_features
 from slurm_fleetyield.core.model import FY_PREFIX, Envelope, LogEvent, NodeDecision, Observations, Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import idle_gpus
@@ -67,19 +68,16 @@ def carried(
     """Of ``wanted``, the features some node carries after this tick's routing (a managed node: its routed
     fy_ features; a node left alone: what Slurm shows). Stops as soon as every one is found."""
     left = set(wanted)
-    found: set[str] = set()
     for name, d in decisions.items():
         if d.managed:
             fy = d.fy_features
         else:
             s = obs.slurm.get(name)
             fy = s.available_features if s is not None else ()
-        for f in left.intersection(fy):
-            found.add(f)
-        if len(found) == len(wanted):
+        left.difference_update(fy)
+        if not left:
             break
-        left -= found
-    return frozenset(found)
+    return frozenset(wanted).difference(left)
 
 
 def keep_open(
@@ -104,7 +102,7 @@ def keep_open(
     yellow: list[tuple[str, PricedNode, Envelope, int]] = []
     for name in in_service:
         pn = pnodes.get(name)
-        if pn is None or pn.tier is not Tier.YELLOW or not _own_features(pn) or pn.lemon:
+        if pn is None or pn.tier is not Tier.YELLOW or not own_features(pn) or pn.lemon:
             continue
         env = envelopes.get(name)
         if env is None:
@@ -129,11 +127,6 @@ def keep_open(
         reason,
         _changed(was, now_open, now),
     )
-
-
-def _own_features(pn: PricedNode) -> bool:
-    """Priced from fresh data into a plain tier (not UNKNOWN/held, not a lifecycle stage's features)."""
-    return pn.managed and pn.keep_fy is None and pn.feature_tier is None
 
 
 def _changed(was: Mapping[str, str], now_open: Mapping[str, str], now: float) -> tuple[LogEvent, ...]:

@@ -56,7 +56,7 @@ waited first.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_fleetyield.core.model import (
@@ -164,7 +164,8 @@ def widen(
         else []
     )
     homeless = pp.keep_decode_open and (
-        not _decode_home(obs, priced, envelopes) or (pp.batch and not _batch_home(obs, priced, envelopes))
+        not _decode_home(obs, priced, envelopes)
+        or (pp.batch and not _home(obs, priced, envelopes, batch_home))
     )
     if not (
         pending_decode or pending_batch or pending_premium or mem.lent or mem.waiting_since is not None
@@ -384,31 +385,28 @@ def batch_home(pn: PricedNode, env: Envelope) -> bool:
     return not (tier is Tier.GREEN and env.premium and not pn.lemon)
 
 
-def _batch_home(obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]) -> bool:
-    """Is some in-service node a batch home without a loan (``batch_home``)? Stops at the first one."""
+def _home(
+    obs: Observations,
+    priced: Priced,
+    envelopes: Mapping[str, Envelope],
+    qualifies: Callable[[PricedNode, Envelope], bool],
+) -> bool:
+    """Is some in-service node one that ``qualifies`` (carries the feature without a loan)? Stops at the
+    first one: in a mixed fleet that is one of the first few nodes."""
     pnodes = priced.nodes
     for name, s in obs.slurm.items():
         env = envelopes.get(name)
         if env is None or _out(s):
             continue
         pn = pnodes.get(name)
-        if pn is not None and batch_home(pn, env):
+        if pn is not None and qualifies(pn, env):
             return True
     return False
 
 
 def _decode_home(obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]) -> bool:
-    """Is some in-service non-premium node decode-eligible (so fy_ok_decode exists without a loan)? Stops at
-    the first one: in a mixed fleet that is one of the first few nodes."""
-    pnodes = priced.nodes
-    for name, s in obs.slurm.items():
-        env = envelopes.get(name)
-        if env is None or env.premium or _out(s):
-            continue
-        pn = pnodes.get(name)
-        if pn is not None and decode_eligible(pn, env):
-            return True
-    return False
+    """Is some in-service non-premium node decode-eligible (so fy_ok_decode exists without a loan)?"""
+    return _home(obs, priced, envelopes, lambda pn, env: not env.premium and decode_eligible(pn, env))
 
 
 def _premium(env: Envelope | None) -> bool:
