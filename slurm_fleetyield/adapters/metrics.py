@@ -199,9 +199,23 @@ class ControllerCollector:
         yield holds
         actions = GaugeMetricFamily("fleetyield_plan_actions", "Actions in the last plan.", labels=["kind"])
         kinds = Counter(a.kind for a in result.plan.actions)
-        for kind in ("update", "drain", "resume"):
+        for kind in ("update", "drain", "resume", "requeue"):
             actions.add_metric([kind], kinds.get(kind, 0))
         yield actions
+        reclaim = getattr(result.state, "reclaim", None)
+        walls = GaugeMetricFamily(
+            "fleetyield_reclaim_walled_nodes",
+            "Premium nodes whose batch jobs were requeued for a pending premium job and that carry no "
+            "fy_ok_batch until it starts (core/reclaim.py).",
+        )
+        walls.add_metric([], len(reclaim.walls) if reclaim is not None else 0)
+        yield walls
+        blocked = GaugeMetricFamily(
+            "fleetyield_reclaim_blocked_jobs",
+            "Pending premium-needing jobs that fit no idle premium GPUs but would once batch left them.",
+        )
+        blocked.add_metric([], len(reclaim.blocked) if reclaim is not None else 0)
+        yield blocked
         kept = dict(getattr(result.state, "kept_open", ()))
         opened = GaugeMetricFamily(
             "fleetyield_class_feature_kept_open",

@@ -30,6 +30,7 @@ from slurm_fleetyield.core.plan import (
     DrainNode,
     Plan,
     RebootNode,
+    RequeueJobs,
     ResumeNode,
     SubmitCanary,
     UpdateNodes,
@@ -756,6 +757,8 @@ class SlurmCli:
             if action.requeue_jobs:
                 commands.append((scontrol, "requeue", ",".join(str(j) for j in action.requeue_jobs)))
             return commands
+        if isinstance(action, RequeueJobs):
+            return [(scontrol, "requeue", ",".join(str(j) for j in action.jobs))]
         if isinstance(action, ResumeNode):
             return [(scontrol, "update", f"NodeName={action.node}", "State=RESUME")]
         if isinstance(action, RebootNode):

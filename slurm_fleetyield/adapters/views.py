@@ -42,6 +42,7 @@ from slurm_fleetyield.core.plan import (
     PowerCycle,
     ProposeDrain,
     RebootNode,
+    RequeueJobs,
     ResetGpu,
     ResumeNode,
     SubmitCanary,
@@ -78,7 +79,8 @@ def action_dict(action: Action) -> dict[str, Any]:
     if isinstance(action, ResumeNode):
         return {"kind": "resume", "node": action.node, "reason": action.reason}
     if isinstance(
-        action, ResetGpu | RebootNode | PowerCycle | SubmitCanary | CancelCanaries | WithdrawProposal
+        action,
+        ResetGpu | RebootNode | PowerCycle | SubmitCanary | CancelCanaries | WithdrawProposal | RequeueJobs,
     ):
         return {"kind": action.kind, **dataclasses.asdict(action)}
     if isinstance(action, ProposeDrain):

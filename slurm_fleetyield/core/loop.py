@@ -7,13 +7,14 @@ this tick (``ledger``) and the risk model's track record (``calibration``). The 
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
-premium widening -> gang widening -> route -> keep open (and route again when a class feature is on no
-node) -> gate (proposals) -> plan -> remember -> settle -> learn.
+premium widening -> gang widening -> premium reclaim -> route -> keep open (and route again when a class
+feature is on no node) -> gate (proposals) -> plan -> remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
 of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
-``explain`` text. Plan order: feature updates, drains, lifecycle actions (reboot, reset, resume, canaries),
-proposals: a resumed node already carries its canary-only features, a reboot follows its drain.
+``explain`` text. Plan order: feature updates, drains, reclaim requeues (after the update that walls their
+node), lifecycle actions (reboot, reset, resume, canaries), proposals: a resumed node already carries its
+canary-only features, a reboot follows its drain.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from slurm_fleetyield.core import (
     price,
     profile,
     quarantine,
+    reclaim,
     rehab,
     risk,
     route,
@@ -49,9 +51,9 @@ from slurm_fleetyield.core.model import (
     Observations,
 )
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode, Plan, UpdateNodes
+from slurm_fleetyield.core.plan import DrainNode, Hold, Plan, RequeueJobs, UpdateNodes
 from slurm_fleetyield.core.signals import channel_layout
-from slurm_fleetyield.core.state import ControllerState, LearnMemory, PremiumMemory, SettleMemory
+from slurm_fleetyield.core.state import ControllerState, LearnMemory, SettleMemory
 
 __all__ = ["LogEvent", "NodeDecision", "TickResult", "tick"]
 
@@ -103,18 +105,16 @@ def tick(
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept)
-    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, state, params, now)
+    rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
+    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
-    actions = (*updates, *_merge_drains(drains.drains, rh.drains), *rh.actions, *proposed.actions)
-    plan = Plan(actions, (*drains.holds, *rh.holds))
+    plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
     remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
     learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
-    new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw.memory, state.memo)
-    if new_state.kept_open != ko.memory:
-        new_state = replace(new_state, kept_open=ko.memory)
-    events = _events(sensed, drains, decided, rh, priced, pw, gw, ko, proposed)
+    new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
+    events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, ko, proposed)
     return TickResult(new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calib)
 
 
@@ -124,18 +124,25 @@ def _route(
     envelopes: Mapping[str, Envelope],
     pw: premium.Widening,
     gw: gangs.GangLoans,
+    walled: Mapping[str, str],
     state: ControllerState,
     params: Params,
     now: float,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
     """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
-    chosen (the memo makes the second pass cost only the nodes that change)."""
+    chosen (the memo makes the second pass cost only the nodes that change). A node walled by premium
+    reclaim carries no decode loan."""
     wall = params.premium.batch
-    decisions, updates = route.route(obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, batch_wall=wall)
+    lent, why = pw.loan
+    if walled:
+        lent = lent - walled.keys()
+    decisions, updates = route.route(
+        obs, priced, envelopes, lent, why, state.memo, *gw.loan, batch_wall=wall, walled=walled
+    )
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
         decisions, updates = route.route(
-            obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, ko.lent, ko.reason, wall
+            obs, priced, envelopes, lent, why, state.memo, *gw.loan, ko.lent, ko.reason, wall, walled
         )
     return decisions, updates, ko
 
@@ -152,7 +159,9 @@ def _next_state(
     decided: gate.Decided,
     settled: SettleMemory,
     learned: LearnMemory,
-    lending: PremiumMemory,
+    pw: premium.Widening,
+    ko: keep_open.Opened,
+    rc: reclaim.Reclaim,
     memo: dict[str, dict[str, object]],
 ) -> ControllerState:
     return replace(
@@ -163,9 +172,32 @@ def _next_state(
         denials=decided.denials,
         settle=settled,
         learn=learned,
-        premium=lending,
+        premium=pw.memory,
+        kept_open=ko.memory,
+        reclaim=rc.memory,
         memo=memo,
     )
+
+
+def _plan(
+    updates: tuple[UpdateNodes, ...],
+    drains: tuple[DrainNode, ...],
+    requeues: tuple[RequeueJobs, ...],
+    rh: rehab.Rehab,
+    proposed: gate.Proposed,
+    holds: tuple[Hold, ...],
+) -> Plan:
+    """Plan order: updates, drains, reclaim's requeues (less any job a drain requeues already), lifecycle
+    actions, proposals; holds: quarantine's, then the lifecycle's."""
+    if requeues and drains:
+        gone = {j for d in drains for j in d.requeue_jobs}
+        kept = []
+        for a in requeues:
+            jobs = tuple(j for j in a.jobs if j not in gone)
+            if jobs:
+                kept.append(a if jobs == a.jobs else replace(a, jobs=jobs))
+        requeues = tuple(kept)
+    return Plan((*updates, *drains, *requeues, *rh.actions, *proposed.actions), (*holds, *rh.holds))
 
 
 def _explainer(

@@ -503,6 +503,56 @@ class KeepOpenParams(BaseModel):
     )
 
 
+class ReclaimParams(BaseModel):
+    """Premium reclaim (core/reclaim.py): batch requeued off premium GPUs a pending premium job needs."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        True,
+        description="Requeue checkpointable batch jobs (Slurm Requeue flag set, one node) off eligible "
+        "premium nodes when a pending premium-needing job fits no idle premium GPUs but would once they "
+        "leave, and keep fy_ok_batch (and any decode loan) off those nodes until that job is no longer "
+        "pending. Batch that started on an idle H100 before premium work arrived otherwise holds it for "
+        "its whole run (live A/B at 7519a79: 80% of FleetYield's premium misuse). Off: premium work waits "
+        "for the batch to end.",
+    )
+    after_s: float = Field(
+        600.0,
+        ge=0,
+        description="The premium job must have been pending, fitting no idle premium GPUs yet fitting with "
+        "the batch gone, for this long (ticks in between) before anything is requeued: a queue that "
+        "resolves itself (batch ending, another node freeing) costs no requeue.",
+    )
+    max_jobs_per_tick: int = Field(
+        4, ge=1, description="At most this many batch jobs requeued per tick, fleet-wide (a storm cap)."
+    )
+    job_cooldown_s: float = Field(
+        3600.0,
+        ge=0,
+        description="A batch job requeued by reclaim is not requeued by reclaim again for this long (no job "
+        "is bounced from H100 to H100 while premium jobs keep arriving).",
+    )
+    queue_depth: int = Field(
+        100,
+        ge=1,
+        description="Reclaim only for a premium job among the first this-many pending jobs (by job id): "
+        "Slurm tests only the head of its queue per pass (default_queue_depth 100, bf_max_job_test), so "
+        "GPUs freed for a job further back go to someone else. Set it to the site's bf_max_job_test.",
+    )
+    wall_s: float = Field(
+        1800.0,
+        gt=0,
+        description="A reclaimed node keeps fy_ok_batch (and decode loans) off for at most this long, even "
+        "if the premium job it was reclaimed for is still pending (something else holds it back).",
+    )
+    classes: tuple[str, ...] = Field(
+        ("batch",),
+        description="Workload classes that may be requeued (checkpointable by the site's convention; the job "
+        "must also carry Slurm's Requeue flag).",
+    )
+
+
 class GateParams(BaseModel):
     """Drain proposals: when a degrading node is put to a human, and when the question is taken back."""
 
@@ -650,6 +700,7 @@ class Params(BaseModel):
     keep_open: KeepOpenParams = Field(
         default_factory=KeepOpenParams, description="Class features never on no node."
     )
+    reclaim: ReclaimParams = Field(default_factory=ReclaimParams, description="Premium reclaim.")
     settle: SettleParams = Field(default_factory=SettleParams, description="Job ledger.")
     learn: LearnParams = Field(default_factory=LearnParams, description="Recalibration and lemons.")
 

@@ -42,6 +42,22 @@ class DrainNode:
 
 
 @dataclass(frozen=True, slots=True)
+class RequeueJobs:
+    """Requeue running jobs (``scontrol requeue``: back to PENDING, restarting from their last checkpoint) off
+    ``node`` so that the pending ``for_job`` can start there (core/reclaim.py). Idempotent: a job already
+    pending or gone is no longer listed next tick, and Slurm refuses to requeue a pending job harmlessly."""
+
+    node: str
+    jobs: tuple[int, ...]
+    for_job: int
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "requeue"
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeNode:
     """Resume a node FleetYield drained itself (never one drained by someone else)."""
 
@@ -169,6 +185,7 @@ class WithdrawProposal:
 Action = (
     UpdateNodes
     | DrainNode
+    | RequeueJobs
     | ResumeNode
     | ResetGpu
     | RebootNode
@@ -178,7 +195,8 @@ Action = (
     | ProposeDrain
     | WithdrawProposal
 )
-"""Everything a plan may hold, in plan order: updates, drains, lifecycle actions, proposals."""
+"""Everything a plan may hold, in plan order: updates, drains, reclaim requeues, lifecycle actions,
+proposals."""
 
 
 @dataclass(frozen=True, slots=True)

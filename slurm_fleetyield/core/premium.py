@@ -342,7 +342,7 @@ def _claims(
             continue
         if j.gpus > total:
             continue  # cannot start on these GPUs now, whoever uses them
-        pick = _place(node_pieces(j, max_node), free, lent)
+        pick = place(node_pieces(j, max_node), free, lent)
         if pick is None:
             continue
         startable += 1
@@ -354,7 +354,7 @@ def _claims(
     return frozenset(claimed), startable, tuple(memory)
 
 
-def _place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> dict[str, int] | None:
+def place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> dict[str, int] | None:
     """All-or-nothing best fit of one job's per-node ``chunks`` (largest first): each on the node with the
     fewest free GPUs that holds it, unlent nodes before lent ones, then by name. None: some chunk fits
     nowhere. A whole-node chunk empties its node, so a gang's chunks land on distinct nodes."""

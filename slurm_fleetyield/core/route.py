@@ -111,13 +111,16 @@ def route(
     opened: Mapping[str, tuple[str, ...]] | None = None,
     open_reason: str = "",
     batch_wall: bool = False,
+    walled: Mapping[str, str] | None = None,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
     ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why;
     ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why; ``batch_wall``:
-    ``premium.batch`` (green premium nodes carry fy_ok_batch only when lent)."""
+    ``premium.batch`` (green premium nodes carry fy_ok_batch only when lent); ``walled``: nodes reclaimed for
+    a pending premium job (core/reclaim.py), which carry neither fy_ok_batch nor fy_ok_decode, with why."""
     opened = opened or {}
+    walled = walled or {}
     decisions: dict[str, NodeDecision] = {}
     seen = memo.setdefault("route", {}) if memo is not None else None
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
@@ -134,6 +137,7 @@ def route(
         is_lent = name in lent
         gang = name in train_lent
         extra = opened.get(name, ())
+        wall = walled.get(name)
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None
@@ -146,6 +150,7 @@ def route(
             and (not gang or hit[8] == train_reason)
             and hit[9] == extra
             and hit[10] is batch_wall
+            and hit[11] == wall
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -172,6 +177,9 @@ def route(
         if extra:
             fy = tuple(sorted({*fy, *extra}))
             reason = f"{reason}; {', '.join(extra)} kept open ({open_reason})"
+        if wall is not None:
+            fy = tuple(f for f in fy if f not in (_BATCH, _DECODE))
+            reason = f"{reason}; {wall} (premium reclaim)"
         admin = slurm.admin_features
         features = (*admin, *fy)
         managed = pn.managed and _slurm_known(slurm)
@@ -205,6 +213,7 @@ def route(
                 train_reason,
                 extra,
                 batch_wall,
+                wall,
             )
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
     updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)

@@ -8,8 +8,9 @@ processed event ids to ``max_processed_event_ids``; lifecycle memories, open pro
 predictions are at most one per node; settled job ids and pending intervals have their own bounds.
 
 Version 2 added ``lifecycle``, ``lifecycle_drained``, ``proposals``, ``denials``, ``settle`` and ``learn``;
-``premium`` (premium widening, core/premium.py) and ``kept_open`` (core/keep_open.py) are optional within
-version 2: a state without them lends nothing and keeps nothing open.
+``premium`` (premium widening, core/premium.py), ``kept_open`` (core/keep_open.py) and ``reclaim``
+(core/reclaim.py) are optional within version 2: a state without them lends nothing, keeps nothing open and
+walls nothing.
 A version-1 state still loads: a node it remembers as quarantined by us (drained by us, tier quarantined)
 becomes a QUARANTINED lifecycle memory whose cause is its last fatal XID, so it enters remediation instead of
 staying drained forever.
@@ -215,6 +216,18 @@ class PremiumMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class ReclaimMemory:
+    """Premium reclaim (core/reclaim.py): pending premium jobs blocked only by batch on premium GPUs (job id,
+    since when), walled nodes (node, premium job id it was reclaimed for, since when) and batch jobs requeued
+    (job id, when; for the cooldown). Each sorted."""
+
+    blocked: tuple[tuple[int, float], ...] = ()
+    walls: tuple[tuple[str, int, float], ...] = ()
+    requeued: tuple[tuple[int, float], ...] = ()
+    served: tuple[tuple[int, float], ...] = ()  # premium jobs reclaim acted for (id, when), for the cooldown
+
+
+@dataclass(frozen=True, slots=True)
 class Prediction:
     """One open prediction: P(fatal within ``horizon_s``) = ``p`` made at ``made_at`` for ``node``.
 
@@ -272,6 +285,7 @@ class ControllerState:
     premium: PremiumMemory = field(default_factory=PremiumMemory)
     # (class feature, node) kept open by core/keep_open.py, node "" where none qualified; sorted.
     kept_open: tuple[tuple[str, str], ...] = ()
+    reclaim: ReclaimMemory = field(default_factory=ReclaimMemory)
     # Not persisted, not compared: per-node results of the last tick keyed by the very input objects they
     # were computed from (stage -> node -> entry), so a stage can hand back an unchanged node's result
     # instead of recomputing it. Carried from tick to tick by ``core.loop``; an empty memo (a restored state)
@@ -316,6 +330,12 @@ class ControllerState:
                 "claims": [[j, t] for j, t in self.premium.claims],
             },
             "kept_open": [[f, n] for f, n in self.kept_open],
+            "reclaim": {
+                "blocked": [[j, t] for j, t in self.reclaim.blocked],
+                "walls": [[n, j, t] for n, j, t in self.reclaim.walls],
+                "requeued": [[j, t] for j, t in self.reclaim.requeued],
+                "served": [[j, t] for j, t in self.reclaim.served],
+            },
         }
 
     @staticmethod
@@ -356,6 +376,7 @@ class ControllerState:
             learn=_learn_from_dict(data.get("learn") or {}),
             premium=_premium_from_dict(data.get("premium") or {}),
             kept_open=tuple((str(f), str(n)) for f, n in data.get("kept_open", ())),
+            reclaim=_reclaim_from_dict(data.get("reclaim") or {}),
         )
 
     def __eq__(self, other: object) -> bool:  # mappings compare by content, whatever their concrete type
@@ -513,3 +534,12 @@ def _learn_from_dict(d: Mapping[str, Any]) -> LearnMemory:
 
 
 EMPTY_MAPPING: Mapping[str, Any] = MappingProxyType({})
+
+
+def _reclaim_from_dict(d: Mapping[str, Any]) -> ReclaimMemory:
+    return ReclaimMemory(
+        tuple((int(j), float(t)) for j, t in d.get("blocked", ())),
+        tuple((str(n), int(j), float(t)) for n, j, t in d.get("walls", ())),
+        tuple((int(j), float(t)) for j, t in d.get("requeued", ())),
+        tuple((int(j), float(t)) for j, t in d.get("served", ())),
+    )

@@ -37,7 +37,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass
-from slurm_fleetyield.core.plan import CancelCanaries, DrainNode, Plan, ResumeNode, SubmitCanary, UpdateNodes
+from slurm_fleetyield.core.plan import (
+    CancelCanaries,
+    DrainNode,
+    Plan,
+    RequeueJobs,
+    ResumeNode,
+    SubmitCanary,
+    UpdateNodes,
+)
 from slurm_fleetyield.ports import ActionResult, ApplyReport
 
 
@@ -160,6 +168,11 @@ class SimSlurm:
                 results.append(
                     ActionResult(a, True, ("scontrol", "update", f"NodeName={a.node}", "State=DRAIN"))
                 )
+            elif isinstance(a, RequeueJobs):
+                for jid in a.jobs:
+                    if jid in self.running and self.on_requeue is not None:
+                        self.on_requeue(jid)
+                results.append(ActionResult(a, True, ("scontrol", "requeue", ",".join(map(str, a.jobs)))))
             elif isinstance(a, ResumeNode):
                 self.resume(a.node)
                 results.append(

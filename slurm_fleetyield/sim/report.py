@@ -13,7 +13,8 @@ after quiet corruption; ``failures_hitting_jobs`` = interruptions of running job
 premium nodes while premium-needing work (pretrain gangs) waited; ``queue_delay_h`` per class = mean wait to
 first start; ``drained_gpu_h`` = GPU-hours of nodes drained or down; ``refused_jobs`` / ``refused_gpu_h`` =
 jobs sbatch refused because no node carried their class feature, and the GPU-hours of work they asked for
-(lost demand: not in useful or wasted); ``gap_closed`` =
+(lost demand: not in useful or wasted); ``reclaimed_jobs`` = batch jobs requeued off premium GPUs for a
+pending premium-needing job (core/reclaim.py; their lost progress is in ``wasted_gpu_h``); ``gap_closed`` =
 (policy - baseline) / (oracle - baseline) of net goodput, per seed, then averaged. It is undefined on a seed
 where the oracle beats the baseline by less than ``GAP_MIN_FRACTION`` of the baseline's net goodput (a ratio
 over a near-zero gap is noise, not a result: 0.1 GPU-h of headroom would turn a 5 GPU-h loss into "-50x"),
@@ -76,6 +77,7 @@ SCALARS = (
     "jobs_completed",
     "refused_jobs",
     "refused_gpu_h",
+    "reclaimed_jobs",
 )
 TABLE = (
     "net_goodput_gpu_h",

@@ -70,7 +70,7 @@ from slurm_fleetyield.core.model import (
     WorkloadClass,
 )
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode, Plan, ProposeDrain, WithdrawProposal
+from slurm_fleetyield.core.plan import DrainNode, Plan, ProposeDrain, RequeueJobs, WithdrawProposal
 from slurm_fleetyield.core.signals import (
     COUNTER_CHANNELS,
     GPU_TEMP,
@@ -390,6 +390,7 @@ class Simulation:
                 "false_drains",
                 "refused_jobs",
                 "refused_gpu_h",
+                "reclaimed_jobs",
             ),
             0.0,
         )
@@ -831,6 +832,9 @@ class Simulation:
         plan = result.plan
         drains = plan.of_kind("drain")
         self.m["drains"] += len(drains)
+        for a in plan.of_kind("requeue"):  # premium reclaim (core/reclaim.py), executed by SimSlurm.apply
+            if isinstance(a, RequeueJobs):
+                self.m["reclaimed_jobs"] += len(a.jobs)
         for a in drains:
             if isinstance(a, DrainNode) and a.cause == "approved":
                 self._approved_drain(a.node)

@@ -88,3 +88,21 @@ def test_kept_open_and_unsubmittable_class_features(tick_parts):
         "fy_ok_finetune": 0.0,
         "fy_ok_decode": 1.0,
     }
+
+
+def test_reclaim_gauges_and_requeue_actions(tick_parts):
+    from dataclasses import replace
+
+    from slurm_fleetyield.core.plan import Plan, RequeueJobs
+    from slurm_fleetyield.core.state import ReclaimMemory
+
+    result, report, _ = tick_parts
+    state = replace(result.state, reclaim=ReclaimMemory(((9, 1.0), (10, 2.0)), (("gpu001", 9, 3.0),)))
+    plan = Plan((RequeueJobs("gpu001", (4, 5), 9, "premium reclaim"),))
+    stats = ControllerStats()
+    stats.record_tick(TickSnapshot(7, 1000.0, 0.25, replace(result, state=state, plan=plan), report, True, 0))
+    values = scrape(stats)
+    assert values[("fleetyield_reclaim_walled_nodes", ())] == 1
+    assert values[("fleetyield_reclaim_blocked_jobs", ())] == 2
+    assert values[("fleetyield_plan_actions", (("kind", "requeue"),))] == 1
+    assert values[("fleetyield_plan_actions", (("kind", "drain"),))] == 0

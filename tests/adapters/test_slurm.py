@@ -23,7 +23,7 @@ from slurm_fleetyield.adapters.slurm import (
     run_command,
 )
 from slurm_fleetyield.core.model import WorkloadClass
-from slurm_fleetyield.core.plan import DrainNode, Plan, ResumeNode, UpdateNodes
+from slurm_fleetyield.core.plan import DrainNode, Plan, RequeueJobs, ResumeNode, UpdateNodes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -327,6 +327,7 @@ def test_apply_builds_one_update_per_group_and_drain_then_requeue():
             UpdateNodes(("gpu-04",), (), 1),
             DrainNode("gpu-05", "fleetyield: fatal XID 79 on gpu 3", requeue_jobs=(11, 12)),
             DrainNode("gpu-06", "fleetyield: retire"),
+            RequeueJobs("gpu-08", (21, 22), 30, "premium reclaim: pending pretrain job 30 ..."),
             ResumeNode("gpu-07", "rehabilitated"),
         )
     )
@@ -345,9 +346,10 @@ def test_apply_builds_one_update_per_group_and_drain_then_requeue():
         ("scontrol", "update", "NodeName=gpu-05", "State=DRAIN", "Reason=fleetyield: fatal XID 79 on gpu 3"),
         ("scontrol", "requeue", "11,12"),
         ("scontrol", "update", "NodeName=gpu-06", "State=DRAIN", "Reason=fleetyield: retire"),
+        ("scontrol", "requeue", "21,22"),
         ("scontrol", "update", "NodeName=gpu-07", "State=RESUME"),
     ]
-    assert report.calls == 7 and not report.failed and len(report.results) == 5
+    assert report.calls == 8 and not report.failed and len(report.results) == 6
 
 
 def test_apply_records_a_failure_and_continues():

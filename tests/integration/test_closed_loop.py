@@ -263,6 +263,44 @@ def test_with_every_node_yellow_one_node_keeps_each_class_submittable(world: Any
     assert "open_lend" in kinds, kinds
 
 
+# --- 2d. Premium reclaim: batch holding both H100s is requeued for a pending pretrain job ---------------
+
+
+RECLAIM_AFTER_S = tomllib.loads(CONTROLLER_TOML.read_text())["core"]["reclaim"]["after_s"]
+
+
+def test_batch_on_the_h100s_is_requeued_for_a_pending_pretrain_job(world: Any) -> None:
+    # Batch started on idle H100s before any premium work (pinned with -w here; Slurm's weights would put
+    # it on the L40S first), then an 8-GPU pretrain job that only an H100 can take arrives and pends.
+    batch = [
+        sbatch(world, "--comment=fy:batch", "--requeue", "--gres=gpu:8", "-w", n, seconds=3600) for n in H100
+    ]
+    wait_ran(world, batch)
+    pretrain = sbatch(world, "--comment=fy:pretrain", "--constraint=h100", "--gres=gpu:8", seconds=3600)
+    assert job_fields(world, pretrain)["JobState"] == "PENDING"
+    placed = wait_ran(world, [pretrain], timeout=RECLAIM_AFTER_S + 60)
+    fields = {j: job_fields(world, j) for j in batch}
+    moved = [j for j, f in fields.items() if f.get("Restarts", "0") != "0"]
+    assert len(moved) == 1, fields  # one 8-GPU job frees one node: the youngest, never both
+    (kept,) = set(batch) - set(moved)
+    assert fields[kept]["JobState"] == "RUNNING", fields[kept]
+    node = fields[moved[0]].get("ReqNodeList") or ""
+    assert placed[pretrain] == node, (placed, fields[moved[0]])
+    assert moved == [max(batch, key=int)], moved
+    events = world.api(f"/v1/events?node={node}&limit=100")
+    reclaim = [e for e in events if e["kind"] == "reclaim"]
+    assert reclaim and f"pretrain job {pretrain}" in reclaim[0]["message"], events
+    assert moved[0] in reclaim[0]["message"]
+    # the requeued job cannot come back onto the reclaimed node before the pretrain job holds it, and the
+    # wall lifts once it runs: the node carries fy_ok_batch again
+    world.poll(
+        lambda: "fy_ok_batch" in features(world.node_info(), node),
+        timeout=30,
+        what=f"fy_ok_batch back on {node} once pretrain job {pretrain} runs",
+    )
+    assert job_fields(world, moved[0])["JobState"] == "PENDING"
+
+
 # --- 3. Decode never lands on a premium node while a non-premium one fits ------------------------------
 
 
