@@ -115,6 +115,15 @@ def decode_eligible(pn: PricedNode, env: Envelope) -> bool:
     )
 
 
+def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[JobView]:
+    """PENDING jobs of a premium-needing class (``settle.premium_needing_classes``) asking for GPUs, by job
+    id (submission order: Slurm's default age priority)."""
+    return sorted(
+        (j for j in obs.jobs if j.state == "PENDING" and j.workload and j.workload in classes and j.gpus > 0),
+        key=lambda j: j.job_id,
+    )
+
+
 def idle_gpus(obs: Observations) -> dict[str, int]:
     """Idle GPUs per schedulable node: IDLE -> all, ALLOCATED -> none, else Gres minus running jobs' share.
 
@@ -151,10 +160,7 @@ def widen(
     if not pp.enabled:
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
     classes = frozenset(params.settle.premium_needing_classes)
-    pending_premium = sorted(
-        (j for j in obs.jobs if j.state == "PENDING" and j.workload and j.workload in classes and j.gpus > 0),
-        key=lambda j: j.job_id,
-    )
+    pending_premium = pending_premium_jobs(obs, classes)
     pending_decode = [
         j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.DECODE and j.gpus > 0
     ]

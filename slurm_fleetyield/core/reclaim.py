@@ -56,7 +56,7 @@ from itertools import combinations
 from slurm_fleetyield.core.model import Envelope, JobView, LogEvent, Observations
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import RequeueJobs
-from slurm_fleetyield.core.premium import decode_eligible, idle_gpus, node_pieces, place
+from slurm_fleetyield.core.premium import decode_eligible, idle_gpus, node_pieces, pending_premium_jobs, place
 from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.state import ReclaimMemory
 
@@ -81,11 +81,7 @@ def reclaim(
     rp = params.reclaim
     if not rp.enabled:
         return Reclaim(events=_lifted(mem.walls, (), now, "premium reclaim off"))
-    classes = frozenset(params.settle.premium_needing_classes)
-    pending = sorted(
-        (j for j in obs.jobs if j.state == "PENDING" and j.workload and j.workload in classes and j.gpus > 0),
-        key=lambda j: j.job_id,
-    )
+    pending = pending_premium_jobs(obs, frozenset(params.settle.premium_needing_classes))
     requeued = tuple((j, t) for j, t in mem.requeued if now - t < rp.job_cooldown_s)
     served = tuple((j, t) for j, t in mem.served if now - t < rp.job_cooldown_s)
     pending_ids = {j.job_id for j in pending}
@@ -93,10 +89,6 @@ def reclaim(
     if not pending:
         memory = ReclaimMemory((), (), requeued, served)
         return Reclaim(memory=memory, events=_lifted(mem.walls, (), now, ""))
-    # Slurm tests only the first jobs of its queue (default_queue_depth / bf_max_job_test): a job deeper
-    # than ``queue_depth`` would not be started on the freed GPUs by any pass
-    ahead = sorted(j.job_id for j in obs.jobs if j.state == "PENDING" and j.gpus > 0)
-    deep = ahead[rp.queue_depth] if len(ahead) > rp.queue_depth else None
     done_for = {j for j, _ in served}
     idle = idle_gpus(obs)
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
@@ -124,7 +116,7 @@ def reclaim(
     blocked: tuple[tuple[int, float], ...] = ()
     actions: list[RequeueJobs] = []
     events: list[LogEvent] = []
-    for p in pending:
+    for p in pending if movable else ():  # nothing requeueable on a premium node: nothing to decide
         pieces = node_pieces(p, max_node)
         pick = place(pieces, {n: g for n, g in free.items() if g > 0}, frozenset())
         if pick is not None:  # fits idle premium GPUs: Slurm starts it at its next pass
@@ -132,7 +124,7 @@ def reclaim(
                 free[n] -= g
             continue
         # the first job that does not fit holds the line: reclaim acts for it or for nobody this tick
-        if p.job_id in done_for or (deep is not None and p.job_id >= deep):
+        if p.job_id in done_for or _deep(obs, p.job_id, rp.queue_depth):
             break
         plan = _plan(pieces, free, movable)
         if plan is None:
@@ -149,7 +141,7 @@ def reclaim(
                 continue
             ids = tuple(sorted(j.job_id for j in jobs))
             why = (
-                f"pending {p.workload.value if p.workload else 'premium'} job {p.job_id} ({p.gpus} GPUs) has "
+                f"pending {p.workload and p.workload.value} job {p.job_id} ({p.gpus} GPUs) has "
                 f"fitted no idle premium GPUs for {now - since:.0f} s and fits premium node {n} once batch "
                 f"job(s) {', '.join(map(str, ids))} ({sum(j.gpus for j in jobs)} GPUs, requeueable) leave it"
             )
@@ -166,6 +158,19 @@ def reclaim(
         tuple(sorted(blocked)), tuple(walls), tuple(sorted(requeued)), tuple(sorted(served))
     )
     return Reclaim(tuple(actions), walled, memory, tuple(events), len(blocked))
+
+
+def _deep(obs: Observations, job_id: int, depth: int) -> bool:
+    """Are ``depth`` or more GPU jobs pending ahead of ``job_id`` (lower ids)? Slurm tests only the head of
+    its queue per pass (default_queue_depth, bf_max_job_test): GPUs freed for a job further back go to
+    someone else."""
+    ahead = 0
+    for j in obs.jobs:
+        if j.state == "PENDING" and j.gpus > 0 and j.job_id < job_id:
+            ahead += 1
+            if ahead >= depth:
+                return True
+    return False
 
 
 def _plan(

@@ -179,6 +179,16 @@ class Fleet:
                 self.slurm_update(a.node, states=s.states - {"DRAIN"}, reason="")
 
 
+def mixed_fleet(h: int = 4, l: int = 1) -> Fleet:  # noqa: E741
+    """``h`` H100 nodes h0.. (premium) and ``l`` L40S nodes l0.., 8 GPUs each, seed 0."""
+    f = Fleet(0)
+    for i in range(h):
+        f.add(f"h{i}", H100)
+    for i in range(l):
+        f.add(f"l{i}", L40S)
+    return f
+
+
 class Runner:
     """Ticks a fleet on a virtual clock, applying each plan (like the daemon with a perfect Slurm)."""
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.builders import H100, L40S, Fleet, Runner
+from core.builders import Fleet, Runner, mixed_fleet
 from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import _decode_home, _out, best_fit, decode_eligible, widen
@@ -19,12 +19,7 @@ D, P = WorkloadClass.DECODE, WorkloadClass.PRETRAIN
 
 
 def fleet(h: int = 4, l: int = 1) -> Fleet:  # noqa: E741
-    f = Fleet(0)
-    for i in range(h):
-        f.add(f"h{i}", H100)
-    for i in range(l):
-        f.add(f"l{i}", L40S)
-    return f
+    return mixed_fleet(h, l)
 
 
 def busy(f: Fleet, node: str, job: int, gpus: int = 8, wl: WorkloadClass = D) -> None:

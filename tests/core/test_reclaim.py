@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from core.builders import H100, L40S, Fleet, Runner
+from core.builders import Fleet, Runner, mixed_fleet
 from slurm_fleetyield.core.model import JobView, WorkloadClass
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import RequeueJobs
@@ -16,12 +16,7 @@ FAST = {"reclaim": {"after_s": 75.0}}  # ticks every 30 s: the 4th tick (90 s) a
 
 
 def fleet(h: int = 2, l: int = 1) -> Fleet:  # noqa: E741
-    f = Fleet(0)
-    for i in range(h):
-        f.add(f"h{i}", H100)
-    for i in range(l):
-        f.add(f"l{i}", L40S)
-    return f
+    return mixed_fleet(h, l)
 
 
 def run_on(f: Fleet, node: str, job: int, gpus: int, wl: WorkloadClass = B, requeue: bool = True) -> None:
