@@ -402,7 +402,7 @@ def _home(
     pnodes = priced.nodes
     for name, s in obs.slurm.items():
         env = envelopes.get(name)
-        if env is None or _out(s):
+        if env is None or out_of_service(s):
             continue
         pn = pnodes.get(name)
         if pn is not None and qualifies(pn, env):
@@ -419,7 +419,7 @@ def _premium(env: Envelope | None) -> bool:
     return env is not None and env.premium
 
 
-def _out(s: SlurmNode) -> bool:
+def out_of_service(s: SlurmNode) -> bool:
     return bool(s.states & _OUT) or not s.states
 
 

@@ -53,10 +53,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from slurm_fleetyield.core.model import Envelope, JobView, LogEvent, Observations
+from slurm_fleetyield.core.model import Envelope, JobView, LogEvent, Observations, WorkloadClass
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import RequeueJobs
-from slurm_fleetyield.core.premium import decode_eligible, idle_gpus, node_pieces, pending_premium_jobs, place
+from slurm_fleetyield.core.premium import (
+    decode_eligible,
+    idle_gpus,
+    node_pieces,
+    out_of_service,
+    pending_premium_jobs,
+    place,
+)
 from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.state import ReclaimMemory
 
@@ -81,42 +88,54 @@ def reclaim(
     rp = params.reclaim
     if not rp.enabled:
         return Reclaim(events=_lifted(mem.walls, (), now, "premium reclaim off"))
-    pending = pending_premium_jobs(obs, frozenset(params.settle.premium_needing_classes))
     requeued = tuple((j, t) for j, t in mem.requeued if now - t < rp.job_cooldown_s)
     served = tuple((j, t) for j, t in mem.served if now - t < rp.job_cooldown_s)
+    pnodes = priced.nodes
+
+    def eligible(name: str) -> bool:
+        env, pn, s = envelopes.get(name), pnodes.get(name), obs.slurm.get(name)
+        return (
+            env is not None
+            and env.premium
+            and pn is not None
+            and s is not None
+            and decode_eligible(pn, env)
+            and not out_of_service(s)
+        )
+
+    cooling = {j for j, _ in requeued}
+    classes = {w for w in WorkloadClass if w.value in rp.classes}
+    movable: dict[str, list[JobView]] = {}
+    for j in obs.jobs:
+        if (
+            j.workload in classes
+            and j.state == "RUNNING"
+            and len(j.nodes) == 1
+            and j.requeue
+            and j.gpus > 0
+            and j.job_id not in cooling
+        ):
+            movable.setdefault(j.nodes[0], []).append(j)
+    movable = {n: js for n, js in movable.items() if eligible(n)}
+    if not movable and not mem.walls:  # the common case: nothing requeueable on a premium node, no wall
+        return Reclaim(memory=ReclaimMemory((), (), requeued, served))
+    pending = pending_premium_jobs(obs, frozenset(params.settle.premium_needing_classes))
     pending_ids = {j.job_id for j in pending}
     walls = [(n, j, t) for n, j, t in mem.walls if j in pending_ids and now - t < rp.wall_s]
     if not pending:
         memory = ReclaimMemory((), (), requeued, served)
         return Reclaim(memory=memory, events=_lifted(mem.walls, (), now, ""))
     done_for = {j for j, _ in served}
-    idle = idle_gpus(obs)
-    max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
-    pnodes = priced.nodes
-    eligible = set()
-    for name in idle:
-        env, pn = envelopes.get(name), pnodes.get(name)
-        if env is not None and pn is not None and env.premium and decode_eligible(pn, env):
-            eligible.add(name)
-    cooling = {j for j, _ in requeued}
-    movable: dict[str, list[JobView]] = {}
-    for j in obs.jobs:
-        if (
-            j.state == "RUNNING"
-            and len(j.nodes) == 1
-            and j.nodes[0] in eligible
-            and j.requeue
-            and j.gpus > 0
-            and j.workload is not None
-            and j.workload.value in rp.classes
-            and j.job_id not in cooling
-        ):
-            movable.setdefault(j.nodes[0], []).append(j)
-    free = {n: idle[n] for n in sorted(eligible)}  # idle GPUs of the eligible premium nodes
     blocked: tuple[tuple[int, float], ...] = ()
     actions: list[RequeueJobs] = []
     events: list[LogEvent] = []
-    for p in pending if movable else ():  # nothing requeueable on a premium node: nothing to decide
+    free: dict[str, int] = {}  # idle GPUs of the eligible premium nodes
+    max_node = 0
+    if movable:  # else nothing requeueable on a premium node: nothing to decide
+        idle = idle_gpus(obs)
+        free = {n: idle.get(n, 0) for n in sorted(obs.slurm) if eligible(n)}
+        max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
+    for p in pending if movable else ():
         pieces = node_pieces(p, max_node)
         pick = place(pieces, {n: g for n, g in free.items() if g > 0}, frozenset())
         if pick is not None:  # fits idle premium GPUs: Slurm starts it at its next pass

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from core.builders import Fleet, Runner, mixed_fleet
 from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.premium import _decode_home, _out, best_fit, decode_eligible, widen
+from slurm_fleetyield.core.premium import _decode_home, best_fit, decode_eligible, out_of_service, widen
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 
@@ -274,7 +274,7 @@ def _eligible(obs: Observations, priced: Priced, envs: dict[str, Envelope]) -> s
     return {
         n
         for n, e in envs.items()
-        if e.premium and decode_eligible(priced.nodes[n], e) and not _out(obs.slurm[n])
+        if e.premium and decode_eligible(priced.nodes[n], e) and not out_of_service(obs.slurm[n])
     }
 
 
