@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_fleetyield.core.plan import DrainNode, Plan, UpdateNodes
+from slurm_fleetyield.core.plan import DrainNode, Plan, RequeueJobs, UpdateNodes
 from slurm_fleetyield.sim.cluster import SimSlurm
 
 
@@ -82,6 +82,16 @@ def test_drain_requeues_listed_jobs_and_backfill_respects_reservation() -> None:
     # head gang needs both nodes: reserved from t=50; a long 1-node job may not take n1, a short one may
     q = [(1, frozenset(), 2, 8, 10.0), (2, frozenset(), 1, 8, 100.0), (3, frozenset(), 1, 8, 40.0)]
     assert s2.schedule(0.0, q) == [(3, ("n1",))]
+
+
+def test_reclaim_requeue_requeues_only_running_listed_jobs() -> None:
+    requeued: list[int] = []
+    s = cluster(2, requeued)
+    s.start(7, ("n0",), 4, 100.0, "batch")
+    s.start(8, ("n0",), 4, 100.0, "batch")
+    report = s.apply(Plan((RequeueJobs("n0", (7, 9), 3, "premium reclaim: ..."),)))  # 9: not running
+    assert requeued == [7] and report.results[0].command == ("scontrol", "requeue", "7,9")
+    assert not s.read_nodes()["n0"].drained_by_us  # a requeue drains nothing
 
 
 def _plain_schedule(
