@@ -43,6 +43,12 @@ Measured (SIMULATED, docs/results.md "Premium reclaim"): without rule 2's line, 
 jobs per 30-day openb run for finetune jobs deep in a long queue that the freed GPUs never reached: 4x the
 wasted GPU-hours for 4% less misuse.
 
+Limits: the Slurm view has no job constraints, partitions or pending reasons, so a premium job held back by
+something else (a dependency, a limit, an admin feature only one H100 has) can cost one reclaim (then
+rule 2's once-per-job keeps it at one, and the wall lifts after ``wall_s``); a yellow H100 lent to the job
+by gang widening (core/gangs.py) is not counted as a place it fits, but an idle lent node takes the job
+within a scheduling pass, well inside ``after_s``.
+
 Decode services (not requeueable) and premium work are never requeued; a multi-node batch job is left alone
 (requeueing it would free GPUs on nodes the premium job does not need). Only Slurm executes the requeue.
 """
