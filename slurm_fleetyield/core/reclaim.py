@@ -34,10 +34,12 @@ Rule, per tick:
    blocked): a queue that resolves itself costs nothing; and only if that takes at most
    ``max_jobs_per_tick`` requeues (the storm cap);
 5. acting: one ``RequeueJobs`` per node (plan order puts it after the feature updates), and the node is
-   *walled*: fy_ok_batch and any decode loan are withheld until the premium job is no longer pending, or for
+   *walled*: fy_ok_batch and any decode loan are withheld while the premium job is pending, and after it
+   started, while other premium-needing work pends and a batch job reclaim requeued is pending again; for
    ``wall_s`` at most. The requeued job restarts from its last checkpoint elsewhere; it cannot come back onto
-   the walled node, and Slurm's age priority, which would let the older batch job take its GPUs back before
-   the premium job, does not matter there.
+   the walled node, where Slurm's age priority would let the older batch job take the GPUs before the
+   premium job (the live A/B at c5a5cd1 lost 466 of its 1,348 GPU-s of misuse to requeued batch retaking an
+   H100 the moment the premium job on it ended, while the next premium job pended).
 
 Measured (SIMULATED, docs/results.md "Premium reclaim"): without rule 2's line, reclaim requeued ~830 batch
 jobs per 30-day openb run for finetune jobs deep in a long queue that the freed GPUs never reached: 4x the
@@ -127,7 +129,11 @@ def reclaim(
         return Reclaim(memory=ReclaimMemory((), (), requeued, served))
     pending = pending_premium_jobs(obs, frozenset(params.settle.premium_needing_classes))
     pending_ids = {j.job_id for j in pending}
-    walls = [(n, j, t) for n, j, t in mem.walls if j in pending_ids and now - t < rp.wall_s]
+    # A wall stays while its premium job pends; and, once that job has started, while other premium work
+    # pends and batch that reclaim requeued is still pending: it would take the node back the moment it
+    # frees (Slurm's age priority puts the older batch job first; live A/B seed 5: 412 GPU-s of misuse)
+    displaced = bool(pending) and _displaced_pending(obs, {j for j, _ in requeued})
+    walls = [(n, j, t) for n, j, t in mem.walls if (j in pending_ids or displaced) and now - t < rp.wall_s]
     if not pending:
         memory = ReclaimMemory((), (), requeued, served)
         return Reclaim(memory=memory, events=_lifted(mem.walls, (), now, ""))
@@ -177,12 +183,23 @@ def reclaim(
                 walls.append((n, p.job_id, now))
         break
     walls.sort()
-    walled = {n: f"fy_ok_batch withheld: reclaimed for pending premium job {j}" for n, j, _ in walls}
+    walled = {
+        n: f"fy_ok_batch withheld: reclaimed for pending premium job {j}"
+        if j in pending_ids
+        else f"fy_ok_batch withheld: reclaimed for premium job {j}; batch it requeued still pends while "
+        "premium work waits"
+        for n, j, _ in walls
+    }
     events.extend(_lifted(mem.walls, tuple(walls), now, ""))
     memory = ReclaimMemory(
         tuple(sorted(blocked)), tuple(walls), tuple(sorted(requeued)), tuple(sorted(served))
     )
     return Reclaim(tuple(actions), walled, memory, tuple(events), len(blocked))
+
+
+def _displaced_pending(obs: Observations, requeued: set[int]) -> bool:
+    """Is a batch job that reclaim requeued (within the cooldown) pending again?"""
+    return bool(requeued) and any(j.state == "PENDING" and j.job_id in requeued for j in obs.jobs)
 
 
 def _deep(obs: Observations, job_id: int, depth: int) -> bool:

@@ -209,3 +209,26 @@ def test_one_reclaim_per_premium_job_within_the_cooldown():
     run_on(f, "h0", 3, 8)
     r.ticks(8)
     assert requeues(r) == [] and r.state.reclaim.blocked == ()
+
+
+def test_the_wall_holds_while_requeued_batch_pends_and_premium_work_waits():
+    """Live A/B seed 5: the premium job on a reclaimed node ended and the batch reclaim had requeued (older,
+    so first in Slurm's queue) took the node back while the next premium job pended."""
+    f = fleet(h=2, l=0)
+    run_on(f, "h0", 1, 8)
+    run_on(f, "h1", 2, 8, D, requeue=False)
+    pend(f, 9, 8)
+    r = runner(f)
+    r.ticks(4)
+    (a,) = requeues(r)
+    assert a.jobs == (1,)
+    f.jobs = [replace(j, state="PENDING", nodes=()) if j.job_id == 1 else j for j in f.jobs]
+    f.jobs = [replace(j, state="RUNNING", nodes=("h0",)) if j.job_id == 9 else j for j in f.jobs]
+    pend(f, 10, 8)  # the next premium job: h0 and h1 busy
+    r.tick()
+    d = r.last.nodes["h0"]
+    assert "fy_ok_batch" not in d.fy_features and "batch it requeued still pends" in d.reason
+    f.jobs = [j for j in f.jobs if j.job_id != 9]
+    f.jobs = [replace(j, state="RUNNING", nodes=("h0",)) if j.job_id == 10 else j for j in f.jobs]
+    r.tick()  # job 10 took h0 when job 9 ended: no premium work waits, the wall lifts though batch 1 pends
+    assert "fy_ok_batch" in r.last.nodes["h0"].fy_features and r.state.reclaim.walls == ()
