@@ -304,7 +304,15 @@ def run_arm(
         rc, ck = exec_(d(CTL, "sh", "-c", f"grep -H . {progress_dir(tag)}/*.ckpts 2>/dev/null"))
         records = ledger.parse_ckpt_logs(ck)
         classes = {str(runner.job_ids[e.ref]): e.workload for e in timeline.events if e.ref in runner.job_ids}
-        entries, totals = ledger.ledger(sacct, records, runner.faults, PREMIUM_NODES, classes=classes)
+        controller: dict[str, tuple[int, str]] = {}
+        if arm == "fleetyield":  # what the controller did and thinks, beside the log (can be large)
+            for what, argv in (("events", ("events", "--limit", "1000")), ("status", ("status",))):
+                controller[what] = exec_(d(CONTROLLER, "fleetyield", *argv, "--json"))
+        # a requeue by premium reclaim is FleetYield's own doing: wasted, not a hardware failure
+        reclaimed = ledger.reclaim_requeues(controller["events"][1]) if "events" in controller else []
+        entries, totals = ledger.ledger(
+            sacct, records, runner.faults, PREMIUM_NODES, classes=classes, reclaimed=reclaimed
+        )
         # sbatch refused outright (e.g. a constraint no node carries): demand the ledger never sees
         refused = sum(1 for e in timeline.events if e.kind == "submit" and e.ref not in runner.job_ids)
         totals = dict(totals) | {
@@ -315,11 +323,9 @@ def run_arm(
         log.write({"type": "nodes_after", "t": clock(), "nodes": {
             n: {k: f.get(k, "") for k in ("State", "Reason", "AvailableFeatures")}
             for n, f in cluster.nodes_now().items()}})  # fmt: skip
-        if arm == "fleetyield":  # what the controller did and thinks, beside the log (can be large)
-            for what, argv in (("events", ("events", "--limit", "1000")), ("status", ("status",))):
-                rc, text = exec_(d(CONTROLLER, "fleetyield", *argv, "--json"))
-                (out_dir / f"controller-{what}-{tag}.json").write_text(text + "\n")
-                log.write({"type": f"controller_{what}", "rc": rc, "file": f"controller-{what}-{tag}.json"})
+        for what, (rc, text) in controller.items():
+            (out_dir / f"controller-{what}-{tag}.json").write_text(text + "\n")
+            log.write({"type": f"controller_{what}", "rc": rc, "file": f"controller-{what}-{tag}.json"})
         log.write({"type": "ledger", "entries": [_entry(e) for e in entries]})
         result = {"type": "result", "arm": arm, "seed": timeline.seed, "totals": totals,
                   "sacct": sacct, "job_ids": runner.job_ids, "faults": runner.faults,

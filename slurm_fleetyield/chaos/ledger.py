@@ -18,13 +18,14 @@ What is measured: Slurm's real placements, states, times and exit codes. What is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from slurm_fleetyield.core.model import JobOutcome, LedgerEntry, Tier, WorkloadClass
 from slurm_fleetyield.core.params import SettleParams
 from slurm_fleetyield.core.settle import settle_job, totals
-from slurm_fleetyield.core.state import ControllerState, NodeMemory
+from slurm_fleetyield.core.state import ControllerState, NodeMemory, ReclaimMemory
 
 SACCT_FIELDS = "JobID,State,ExitCode,Submit,Start,End,NodeList,AllocTRES,Comment"
 GPU_FAULT_EXIT = 86  # contrib/chaos/fy-train-job.sh: crashed because one of its GPUs faulted
@@ -176,9 +177,11 @@ def ledger(
     premium: frozenset[str],
     sp: SettleParams | None = None,
     classes: Mapping[str, str] | None = None,
+    reclaimed: Sequence[tuple[int, float]] = (),
 ) -> tuple[list[LedgerEntry], Mapping[str, float]]:
     """Settle every job attempt; ``faults``: (node, unix time) of each injected fatal fault; ``classes``:
-    job id -> workload class as submitted (see ``outcomes``)."""
+    job id -> workload class as submitted (see ``outcomes``); ``reclaimed``: (job id, unix time) of each
+    requeue the controller's premium reclaim decided (its ``reclaim`` events; FleetYield's arm only)."""
     sp = sp or SettleParams()
     ckpts: dict[str, list[float]] = {}
     for rec in outcome_records:
@@ -196,7 +199,8 @@ def ledger(
     state = ControllerState(
         nodes={
             n: NodeMemory(Tier.UNKNOWN, 0.0, "chaos", fatal_history=tuple(sorted(h))) for n, h in hist.items()
-        }
+        },
+        reclaim=ReclaimMemory(requeued=tuple(sorted(reclaimed))),
     )
     entries = [settle_job(o, state, pending, sp) for o in jobs]
     return entries, totals(tuple(entries)) | {
@@ -204,4 +208,24 @@ def ledger(
         "completed": float(sum(e.state == "COMPLETED" for e in entries)),
         "failures": float(sum(e.failure for e in entries)),
         "hardware_failures": float(sum(e.cause in ("hardware", "node_fail", "drain") for e in entries)),
+        "reclaimed": float(sum(e.cause == "reclaimed" for e in entries)),
     }
+
+
+def reclaim_requeues(events_json: str) -> list[tuple[int, float]]:
+    """(job id, time) of each requeue in a controller's ``fleetyield events --json`` output (``reclaim``
+    events carry the job ids in ``data.jobs``); anything unreadable is skipped."""
+    try:
+        events = json.loads(events_json)
+    except ValueError:
+        return []
+    out: list[tuple[int, float]] = []
+    for e in events if isinstance(events, list) else ():
+        data = e.get("data") if isinstance(e, dict) else None
+        if e.get("kind") != "reclaim" or not isinstance(data, dict):
+            continue
+        t = e.get("time")
+        for j in data.get("jobs", ()) if isinstance(t, (int, float)) else ():
+            if isinstance(j, int):
+                out.append((j, float(t)))
+    return out

@@ -99,6 +99,9 @@ def render(summary: Mapping[str, Any]) -> str:
     if any("refused" in arms[a][str(s)] for a in ARMS for s in seeds):  # older runs did not count it
         labels.insert(1, "refused by sbatch")
         keys.insert(1, "refused")
+    if any("reclaimed" in arms[a][str(s)] for a in ARMS for s in seeds):  # nor this (premium reclaim)
+        labels.insert(-2, "requeued by premium reclaim")
+        keys.insert(-2, "reclaimed")
     jobs_head = ["seed"] + [f"{label}: {a}" for label in labels for a in ARMS]
     jrows = [jobs_head, ["---"] * len(jobs_head)]
     for s in seeds:

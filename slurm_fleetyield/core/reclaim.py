@@ -177,7 +177,8 @@ def reclaim(
                 f"job(s) {', '.join(map(str, ids))} ({sum(j.gpus for j in jobs)} GPUs, requeueable) leave it"
             )
             actions.append(RequeueJobs(n, ids, p.job_id, f"premium reclaim: {why}"))
-            events.append(LogEvent(now, n, "reclaim", f"requeued: {why}"))
+            data = {"jobs": list(ids), "for_job": p.job_id}
+            events.append(LogEvent(now, n, "reclaim", f"requeued: {why}", data))
             requeued += tuple((i, now) for i in ids)
             if n not in walled_now:
                 walls.append((n, p.job_id, now))

@@ -10,6 +10,9 @@ Per job (GPU-seconds = job GPUs x seconds):
 - lost to hardware (NODE_FAIL; or a fatal event on one of its nodes between its start and
   ``fatal_slack_s`` after its end; or one of its nodes quarantined by us during the run, e.g. an approved
   drain requeued it): useful up to its last checkpoint, the rest wasted (the whole run without a checkpoint);
+- requeued by premium reclaim (core/reclaim.py; the requeue recorded in ``ControllerState.reclaim``, at or
+  before the attempt's end): useful up to its last checkpoint, the rest wasted -- FleetYield's own cost --
+  and no failure, whatever fault follows within ``fatal_slack_s``;
 - any other end (application failure, timeout, cancel): useful up to the last checkpoint, nothing counted as
   wasted by hardware (``failure`` says whether the job failed);
 - premium misuse: a job not of a premium-needing class on premium GPUs, for the part of its run during which
@@ -68,7 +71,9 @@ def settle_job(
     )
     saved = o.gpus * (ckpt - o.start) if ckpt is not None else 0.0
     cause = _hardware_cause(o, state, sp)
-    if o.state == "COMPLETED" and not cause:
+    if o.state != "COMPLETED" and _reclaimed(o, state):
+        useful, wasted, failure, cause = saved, total - saved, False, "reclaimed"
+    elif o.state == "COMPLETED" and not cause:
         useful, wasted, failure, cause = total, 0.0, False, "completed"
     elif cause:
         useful, wasted, failure = saved, total - saved, True
@@ -114,6 +119,18 @@ def _hardware_cause(o: JobOutcome, state: ControllerState, sp: SettleParams) -> 
         ):
             return "drain"
     return ""
+
+
+REQUEUE_LAG_S = 10.0  # from the controller's decision to the attempt's end in sacct (seconds at most)
+
+
+def _reclaimed(o: JobOutcome, state: ControllerState) -> bool:
+    """Did premium reclaim requeue this attempt: a requeue decided during the run, the attempt ending at most
+    ``REQUEUE_LAG_S`` later (sacct keeps whole seconds: one second earlier counts too)?"""
+    for j, t in state.reclaim.requeued:
+        if j == o.job_id and o.start <= t and t - 1.0 <= o.end <= t + REQUEUE_LAG_S:
+            return True
+    return False
 
 
 def _premium(o: JobOutcome, state: ControllerState) -> bool:

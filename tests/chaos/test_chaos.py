@@ -232,6 +232,30 @@ def test_ledger_from_recorded_sacct_uses_core_settle():
     assert ab.table({a: {"0": tot} for a in ab.ARMS}, [0]).startswith("A/B on the docker cluster: MEASURED")
 
 
+def test_a_requeue_by_premium_reclaim_is_wasted_work_but_no_hardware_failure():
+    from datetime import datetime
+
+    t = lambda s: datetime.fromisoformat(f"2026-01-01T{s}").timestamp()  # noqa: E731
+    fault = ("gpu-h100-1", t("00:05:30"))  # an unrelated fault 20 s after the requeue, within fatal_slack_s
+    records = [{"job_id": "102", "last_checkpoint": t("00:04:10")}]
+    events = json.dumps(
+        [
+            {"kind": "reclaim", "time": t("00:05:09.6"), "node": "gpu-h100-1", "data": {"jobs": [102]}},
+            {"kind": "reclaim", "time": "bad", "data": {"jobs": [7]}},
+            {"kind": "tier_change", "time": 1.0, "data": {}},
+        ]
+    )
+    reclaimed = ledger.reclaim_requeues(events)
+    assert reclaimed == [(102, t("00:05:09.6"))] and ledger.reclaim_requeues("not json") == []
+    entries, tot = ledger.ledger(SACCT, records, [fault], ab.PREMIUM_NODES, reclaimed=reclaimed)
+    first = {(e.job_id, e.state): e for e in entries}[(102, "REQUEUED")]
+    assert first.cause == "reclaimed" and not first.failure
+    assert first.useful_gpu_s == 8 * 240 and first.wasted_gpu_s == 8 * 60  # progress past the checkpoint
+    assert tot["reclaimed"] == 1 and tot["hardware_failures"] == 1  # 104 still died of its GPU fault
+    _, without = ledger.ledger(SACCT, records, [fault], ab.PREMIUM_NODES)
+    assert without["hardware_failures"] == 2 and without["reclaimed"] == 0
+
+
 SACCT_TWO_WAITING = """JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Comment
 201|COMPLETED|0:0|2026-01-01T00:00:00|2026-01-01T00:05:00|2026-01-01T00:06:00|gpu-h100-2|cpu=1,gres/gpu=8,node=1|fy:pretrain
 202|COMPLETED|0:0|2026-01-01T00:00:30|2026-01-01T00:07:00|2026-01-01T00:08:00|gpu-h100-2|cpu=1,gres/gpu=8,node=1|fy:finetune

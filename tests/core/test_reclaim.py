@@ -58,7 +58,8 @@ def test_batch_on_the_h100_is_requeued_for_a_blocked_premium_job_after_the_wait_
     assert "fy_ok_batch" in r.last.nodes["h1"].fy_features  # only the reclaimed node is walled
     kinds = [a.kind for a in r.last.plan.actions]
     assert kinds.index("update") < kinds.index("requeue")  # the wall is in Slurm before the job leaves
-    assert any(e.kind == "reclaim" and e.node == "h0" for e in r.last.events)
+    (ev,) = [e for e in r.last.events if e.kind == "reclaim"]
+    assert ev.node == "h0" and ev.data == {"jobs": [11, 12], "for_job": 20}  # what the A/B ledger reads
     # Slurm requeued them: pending, the premium job starts on h0; the wall lifts
     f.jobs = [replace(j, state="PENDING", nodes=()) if j.job_id in (11, 12) else j for j in f.jobs]
     f.slurm_update("h0", states=frozenset({"IDLE"}))
