@@ -7,7 +7,7 @@ this tick (``ledger``) and the risk model's track record (``calibration``). The 
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
-premium widening -> gang widening -> premium reclaim -> route -> keep open (and route again when a class
+premium reclaim -> premium widening -> gang widening -> route -> keep open (and route again when a class
 feature is on no node) -> gate (proposals) -> plan -> remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
@@ -102,10 +102,10 @@ def tick(
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
-    pw = premium.widen(obs, priced, envelopes, state.premium, params, now)
+    rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
+    pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled))
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept)
-    rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
@@ -131,10 +131,11 @@ def _route(
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
     """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
     chosen (the memo makes the second pass cost only the nodes that change). A node walled by premium
-    reclaim carries no decode loan."""
+    reclaim carries no decode loan but the keep-open one (premium widening gives it one only as a last
+    resort)."""
     wall = params.premium.batch
     lent, why = pw.loan
-    if walled:
+    if walled and not pw.kept_open:  # the keep-open loan may sit on a walled node: decode stays submittable
         lent = lent - walled.keys()
     decisions, updates = route.route(
         obs, priced, envelopes, lent, why, state.memo, *gw.loan, batch_wall=wall, walled=walled

@@ -154,8 +154,11 @@ def widen(
     mem: PremiumMemory,
     params: Params,
     now: float,
+    walled: frozenset[str] = frozenset(),
 ) -> Widening:
-    """``params.premium`` drives the rule; ``params.settle.premium_needing_classes`` names premium work."""
+    """``params.premium`` drives the rule; ``params.settle.premium_needing_classes`` names premium work;
+    ``walled``: premium nodes premium reclaim (core/reclaim.py) keeps for a premium job: never lent to
+    waiting decode, and the keep-open loan (rule 6) only when no other node can take it."""
     pp = params.premium
     if not pp.enabled:
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
@@ -237,7 +240,8 @@ def widen(
         batch_waiting_gpus=sum(unfit) - decode_unfit,
         reserve_nodes=reserve,
     )
-    lendable = [n for n in eligible if n not in claimed]
+    unclaimed = [n for n in eligible if n not in claimed]
+    lendable = [n for n in unclaimed if n not in walled]
     eligible_set = frozenset(lendable)
     # premium nodes still running decode (lent earlier, returned since): they count against the cap, or
     # a node returned while its decode service runs on would let the next loan eat into the reserve
@@ -267,8 +271,8 @@ def widen(
                 lent.append(n)
                 unfit = left
     open_loan = False
-    if homeless and not lent:  # rule 6: keep decode submittable
-        for n in sorted(lendable, key=lambda n: (n not in mem.lent, -idle.get(n, 0), n)):
+    if homeless and not lent:  # rule 6: keep decode submittable (a walled node only as the last resort)
+        for n in sorted(unclaimed, key=lambda n: (n in walled, n not in mem.lent, -idle.get(n, 0), n)):
             if len(held | {n}) <= cap:
                 lent.append(n)
                 open_loan = True

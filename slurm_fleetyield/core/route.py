@@ -118,7 +118,8 @@ def route(
     ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why;
     ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why; ``batch_wall``:
     ``premium.batch`` (green premium nodes carry fy_ok_batch only when lent); ``walled``: nodes reclaimed for
-    a pending premium job (core/reclaim.py), which carry neither fy_ok_batch nor fy_ok_decode, with why."""
+    a pending premium job (core/reclaim.py), which carry no fy_ok_batch, with why (the loop lends them
+    fy_ok_decode only to keep decode submittable)."""
     opened = opened or {}
     walled = walled or {}
     decisions: dict[str, NodeDecision] = {}
@@ -177,8 +178,8 @@ def route(
         if extra:
             fy = tuple(sorted({*fy, *extra}))
             reason = f"{reason}; {', '.join(extra)} kept open ({open_reason})"
-        if wall is not None:
-            fy = tuple(f for f in fy if f not in (_BATCH, _DECODE))
+        if wall is not None:  # premium: fy_ok_decode only when lent (the loop lends it only to keep open)
+            fy = tuple(f for f in fy if f != _BATCH)
             reason = f"{reason}; {wall} (premium reclaim)"
         admin = slurm.admin_features
         features = (*admin, *fy)

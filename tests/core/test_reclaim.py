@@ -233,3 +233,32 @@ def test_the_wall_holds_while_requeued_batch_pends_and_premium_work_waits():
     f.jobs = [replace(j, state="RUNNING", nodes=("h0",)) if j.job_id == 10 else j for j in f.jobs]
     r.tick()  # job 10 took h0 when job 9 ended: no premium work waits, the wall lifts though batch 1 pends
     assert "fy_ok_batch" in r.last.nodes["h0"].fy_features and r.state.reclaim.walls == ()
+
+
+def test_decode_stays_submittable_when_the_keep_open_loan_would_sit_on_a_walled_node():
+    """Live A/B at 9777272, seed 2: both L40S out, premium widening's keep-open loan (rule 6) went to the H100
+    reclaim had walled, the wall stripped it, no node carried fy_ok_decode and sbatch refused a decode job."""
+
+    def decode_on(r: Runner) -> set[str]:
+        assert r.last is not None
+        return {n for n, d in r.last.nodes.items() if "fy_ok_decode" in d.fy_features}
+
+    f = fleet(h=3, l=1)
+    f.drain_by_admin("l0")  # no non-premium decode home
+    f.drain_by_admin("h2")
+    run_on(f, "h0", 1, 8)
+    run_on(f, "h1", 2, 8, P)
+    pend(f, 9, 8)
+    r = runner(f)
+    r.ticks(4)
+    assert requeues(r) and "fy_ok_batch" not in r.last.nodes["h0"].fy_features
+    assert decode_on(r) == {"h1"}  # the open loan avoids the walled node
+    g = fleet(h=2, l=1)
+    g.drain_by_admin("l0")
+    run_on(g, "h0", 1, 8)
+    pend(g, 8, 8)  # fits the idle h1: claims it
+    pend(g, 9, 8)  # blocked: h0 is reclaimed for it
+    r = runner(g)
+    r.ticks(4)
+    assert requeues(r) and r.state.reclaim.walls[0][:2] == ("h0", 9)
+    assert decode_on(r) == {"h0"}  # the last resort: a walled node, rather than no decode feature at all
