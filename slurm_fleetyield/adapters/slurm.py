@@ -45,6 +45,7 @@ JSON_NODES_SINCE = (24, 11)
 WORKLOAD_COMMENT_PREFIX = "fy:"
 """Jobs declare their workload class in their comment: ``--comment=fy:decode``."""
 
+
 NOT_SLURM_KINDS = frozenset({"reset_gpu", "power_cycle", "propose_drain", "withdraw_proposal"})
 """Plan actions ``apply`` skips: the daemon's executor hands them to the node agent, the BMC (Redfish) and
 the gate."""
@@ -755,10 +756,10 @@ class SlurmCli:
                 (scontrol, "update", f"NodeName={action.node}", "State=DRAIN", f"Reason={action.reason}")
             ]
             if action.requeue_jobs:
-                commands.append((scontrol, "requeue", ",".join(str(j) for j in action.requeue_jobs)))
+                commands.append(_requeue(scontrol, action.requeue_jobs))
             return commands
         if isinstance(action, RequeueJobs):
-            return [(scontrol, "requeue", ",".join(str(j) for j in action.jobs))]
+            return [_requeue(scontrol, action.jobs)]
         if isinstance(action, ResumeNode):
             return [(scontrol, "update", f"NodeName={action.node}", "State=RESUME")]
         if isinstance(action, RebootNode):
@@ -903,3 +904,8 @@ class DryRunSlurm:
     @property
     def node_details(self) -> dict[str, NodeDetail]:
         return self.inner.node_details
+
+
+def _requeue(scontrol: str, jobs: Sequence[int]) -> tuple[str, ...]:
+    """``scontrol requeue 11,12``: back to PENDING (a drain's jobs, or premium reclaim's)."""
+    return (scontrol, "requeue", ",".join(str(j) for j in jobs))

@@ -130,20 +130,16 @@ def _route(
     now: float,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
     """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
-    chosen (the memo makes the second pass cost only the nodes that change). A node walled by premium
-    reclaim carries no decode loan but the keep-open one (premium widening gives it one only as a last
-    resort)."""
+    chosen (the memo makes the second pass cost only the nodes that change). Premium widening lends a node
+    walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
     wall = params.premium.batch
-    lent, why = pw.loan
-    if walled and not pw.kept_open:  # the keep-open loan may sit on a walled node: decode stays submittable
-        lent = lent - walled.keys()
     decisions, updates = route.route(
-        obs, priced, envelopes, lent, why, state.memo, *gw.loan, batch_wall=wall, walled=walled
+        obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, batch_wall=wall, walled=walled
     )
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
         decisions, updates = route.route(
-            obs, priced, envelopes, lent, why, state.memo, *gw.loan, ko.lent, ko.reason, wall, walled
+            obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, ko.lent, ko.reason, wall, walled
         )
     return decisions, updates, ko
 

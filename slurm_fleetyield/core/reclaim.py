@@ -79,10 +79,9 @@ from slurm_fleetyield.core.state import ReclaimMemory
 @dataclass(frozen=True, slots=True)
 class Reclaim:
     actions: tuple[RequeueJobs, ...] = ()
-    walled: Mapping[str, str] = field(default_factory=dict)  # node -> why fy_ok_batch / decode are withheld
+    walled: Mapping[str, str] = field(default_factory=dict)  # node -> why fy_ok_batch is withheld
     memory: ReclaimMemory = field(default_factory=ReclaimMemory)
     events: tuple[LogEvent, ...] = ()
-    blocked_jobs: int = 0  # pending premium jobs blocked only by reclaimable batch this tick
 
 
 def reclaim(
@@ -195,7 +194,7 @@ def reclaim(
     memory = ReclaimMemory(
         tuple(sorted(blocked)), tuple(walls), tuple(sorted(requeued)), tuple(sorted(served))
     )
-    return Reclaim(tuple(actions), walled, memory, tuple(events), len(blocked))
+    return Reclaim(tuple(actions), walled, memory, tuple(events))
 
 
 def _displaced_pending(obs: Observations, requeued: set[int]) -> bool:

@@ -78,7 +78,7 @@ class Placed:
 
 
 class SimSlurm:
-    """Implements ``SlurmPort``. ``on_requeue(job_id, now)`` is called for every job a drain requeues."""
+    """Implements ``SlurmPort``; ``on_requeue(job_id)``: called for each job a drain or reclaim requeues."""
 
     def __init__(
         self,
@@ -162,16 +162,12 @@ class SimSlurm:
                 results.append(ActionResult(a, True, ("scontrol", "update", f"NodeName={','.join(a.nodes)}")))
             elif isinstance(a, DrainNode):
                 self.set_drain(a.node, a.reason)
-                for jid in a.requeue_jobs:
-                    if jid in self.running and self.on_requeue is not None:
-                        self.on_requeue(jid)
+                self._requeue(a.requeue_jobs)
                 results.append(
                     ActionResult(a, True, ("scontrol", "update", f"NodeName={a.node}", "State=DRAIN"))
                 )
             elif isinstance(a, RequeueJobs):
-                for jid in a.jobs:
-                    if jid in self.running and self.on_requeue is not None:
-                        self.on_requeue(jid)
+                self._requeue(a.jobs)
                 results.append(ActionResult(a, True, ("scontrol", "requeue", ",".join(map(str, a.jobs)))))
             elif isinstance(a, ResumeNode):
                 self.resume(a.node)
@@ -187,6 +183,12 @@ class SimSlurm:
             # reboots, GPU resets, power cycles: the simulated node keeps its drain and comes back at once
         self.calls += len(results)
         return ApplyReport(tuple(results), len(results))
+
+    def _requeue(self, jobs: Iterable[int]) -> None:
+        """``scontrol requeue``: the listed jobs still running go back to the queue (``on_requeue``)."""
+        for jid in jobs:
+            if jid in self.running and self.on_requeue is not None:
+                self.on_requeue(jid)
 
     def canary_results(self) -> tuple[CanaryResult, ...]:
         """Canary rounds on resumed, responding nodes complete (the simulated check passes: a GPU the fault
