@@ -1,13 +1,16 @@
 """Benchmark: wall time of one policy run as the fleet grows (openb-derived workload).
 
 Usage: ``taskset -c 0 .venv/bin/python bench/bench_sim.py [--nodes 32,100,300,1000] [--days 90]
-[--policies baseline,fleetyield] [--repeat 3] [--stages]``.
+[--policies baseline,fleetyield] [--repeat 3] [--stages] [--churn]``.
 Prints one line per (nodes, policy): jobs, ticks, wall seconds (best of ``--repeat`` runs of a fresh
 ``Simulation`` on the same inputs), of which inside ``tick`` (the core), and the core's cost per GPU per tick.
 ``--stages`` adds, from one more run, where the time went: each core stage (the functions
 ``core.loop.tick`` calls) and the simulator's scheduling pass, sampling and Slurm reads, in seconds (the
-wrappers add a little overhead of their own). Target (issue #5): 1,000 nodes x 8 GPUs x 90 days in < 60 s
-per policy run on one core.
+wrappers add a little overhead of their own). ``--churn`` adds, from one more run, how many nodes change per
+tick (mean / median / 90th percentile over the ticks): Slurm's view of the node (state, features or weight),
+the node's risk and the node's decision, compared by value with the previous tick. That is the work an
+incremental tick (only the nodes that changed) could not skip: the floor of such a rewrite.
+Target (issue #5): 1,000 nodes x 8 GPUs x 90 days in < 60 s per policy run on one core.
 """
 
 from __future__ import annotations
@@ -71,6 +74,39 @@ def instrument(acc: dict[str, float]) -> Callable[[], None]:
     return undo
 
 
+def churn(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> dict[str, list[int]]:
+    """Per tick: nodes whose Slurm view, risk or decision differs (by value) from the previous tick's."""
+    counts: dict[str, list[int]] = {"slurm": [], "risk": [], "decision": []}
+    last: dict[str, dict[str, Any]] = {k: {} for k in counts}
+    inner = runner.tick
+
+    def counted(state: Any, obs: Any, params: Any, now: float, rng: Any) -> Any:
+        result = inner(state, obs, params, now, rng)
+        for key, now_view in (
+            ("slurm", {n: (v.states, v.active_features, v.weight) for n, v in obs.slurm.items()}),
+            ("risk", result.risks),
+            ("decision", result.nodes),
+        ):
+            before = last[key]
+            counts[key].append(sum(1 for n, v in now_view.items() if before.get(n) != v))
+            last[key] = dict(now_view)
+        return result
+
+    runner.tick = counted
+    try:
+        runner.Simulation(cfg, policy, inputs).run()
+    finally:
+        runner.tick = inner
+    return counts
+
+
+def _spread(xs: list[int]) -> str:
+    if not xs:
+        return "-"
+    s = sorted(xs)
+    return f"{sum(s) / len(s):.0f} / {s[len(s) // 2]} / {s[int(len(s) * 0.9)]}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="32,100,300,1000")
@@ -80,6 +116,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1, help="runs per line; the best wall time is printed")
     ap.add_argument("--stages", action="store_true", help="time each stage in one more, instrumented run")
+    ap.add_argument("--churn", action="store_true", help="nodes changed per tick (one more run)")
     a = ap.parse_args()
     head = ("nodes", "policy", "jobs", "ticks", "wall_s", "tick_s", "us/GPU/tick")
     print(" ".join(head))
@@ -123,6 +160,13 @@ def main() -> None:
                 print(
                     f"{'':>6} stages (instrumented run, {total:.1f} s): "
                     + ", ".join(f"{k} {v:.1f}" for k, v in parts if v >= 0.01),
+                    flush=True,
+                )
+            if a.churn and p != "baseline" and p != "oracle":
+                c = churn(cfg, p, inputs)
+                print(
+                    f"{'':>6} nodes changed per tick (mean / median / p90 of {len(c['slurm'])} ticks): "
+                    + ", ".join(f"{k} {_spread(v)}" for k, v in c.items()),
                     flush=True,
                 )
 

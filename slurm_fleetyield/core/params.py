@@ -319,6 +319,15 @@ class QuarantineParams(BaseModel):
         description="Fatal evidence whose drain a safety rule holds is reconsidered every tick for this long "
         "(seconds since the event); older held evidence is dropped (logged) and needs a human.",
     )
+    fence_held_agent_evidence: bool = Field(
+        True,
+        description="A node whose drain a safety rule holds, on evidence its own agent pushed (a fatal "
+        "XID, a GPU missing, a failed check: the agent's fatal marker, which makes the FleetYield Prolog "
+        "refuse every job there), loses its fy_ok_* class features until the drain happens or the evidence "
+        "is dropped: a job sent there would only fail its Prolog, be requeued held (an admin must release "
+        "it) and have Slurm drain the node past the cap. Off: the node keeps its features (with the red "
+        "weight), for sites without the Prolog. Evidence from a scrape or an alert never fences.",
+    )
 
     @model_validator(mode="after")
     def _disjoint(self) -> QuarantineParams:

@@ -12,7 +12,11 @@ Tiers, first matching rule wins:
 3. fatal evidence whose drain is held by a safety rule: keeps its last known tier and features (a storm of
    fatal events is more likely a bad exporter or driver than hardware: do not strip the fleet of features)
    but takes the red weight, so Slurm fills every other node first (live A/B seed 3: a held node priced by
-   risk alone became the most wanted node of the fleet);
+   risk alone became the most wanted node of the fleet). Its ``fy_ok_*`` class features go when the
+   evidence came from the node's own agent (``Drains.fenced``, ``quarantine.fence_held_agent_evidence``):
+   the agent's fatal marker makes the Prolog refuse every job there, so a job sent to it would only be
+   requeued held and have Slurm drain the node past the cap (live A/B at 9777272, seed 3: an 8-GPU
+   pretrain job, 60 s held until an operator released it, while batch and decode held the H100 it needed);
 4. in a lifecycle stage (canary, probation ...): the stage's tier, fresh data or not (no stage before
    probation carries an ``fy_ok_*`` feature, so this can never admit normal work);
 5. no fresh data: UNKNOWN, keeping the last known tier's features and weight; nothing destructive;
@@ -29,6 +33,7 @@ from dataclasses import dataclass, replace
 from slurm_fleetyield.core.learn import is_lemon
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage, tier_for
 from slurm_fleetyield.core.model import (
+    FY_PREFIX,
     Envelope,
     Health,
     LogEvent,
@@ -61,6 +66,7 @@ TIER_WEIGHTS: Mapping[Tier, int] = {
     Tier.RETIRED: 10_000,
 }
 PREMIUM_OFFSET = 1_000
+OK_PREFIX = f"{FY_PREFIX}ok_"  # the class features (fy_ok_train, fy_ok_batch ...) that admit jobs
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
@@ -117,7 +123,7 @@ def price(
     out: dict[str, PricedNode] = {}
     events: list[LogEvent] = []
     reds: list[str] = []
-    held = drains.held
+    held, fenced = drains.held, drains.fenced
     # A node whose inputs are the very objects of its last pricing (risk, envelope, lifecycle memory, hold,
     # params; equal Slurm drain state, reason and weight, drain reason, and last tier / weight / features /
     # lemon verdict) is priced the same: its PricedNode is reused (ControllerState.memo, not persisted).
@@ -149,7 +155,7 @@ def price(
                 reds.append(name)
             continue
         pn, event, is_red = _price_node(
-            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow
+            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, name in fenced
         )
         out[name] = pn
         if is_red:
@@ -177,6 +183,7 @@ def _price_node(
     now: float,
     red: float,
     yellow: float,
+    fenced: bool = False,
 ) -> tuple[PricedNode, LogEvent | None, bool]:
     """One node's pricing (the rules in the module docstring): the node, its tier-change event, is it RED."""
     evidence = _evidence(risk, env)
@@ -222,8 +229,13 @@ def _price_node(
     elif hold is not None:
         reason = f"fatal evidence, drain held by {hold.rule}: {hold.detail}; red weight until drained"
         keep_tier = memory.tier if memory else Tier.UNKNOWN
+        if fenced:
+            reason = f"{reason}; no fy_ok_* (the agent's fatal marker: the Prolog refuses every job here)"
         kept = _keep(name, keep_tier, memory, premium, reason, evidence, params, health, p)
-        return replace(kept, weight=weight_of(Tier.RED, premium, params)), None, False
+        kept = replace(kept, weight=weight_of(Tier.RED, premium, params))
+        if fenced and kept.keep_fy is not None:
+            kept = replace(kept, keep_fy=tuple(f for f in kept.keep_fy if not f.startswith(OK_PREFIX)))
+        return kept, None, False
     elif stage is not Stage.IN_SERVICE:
         tier = tier_for(stage, Tier.QUARANTINED)
         reason = f"{stage.value} (lifecycle): {lc.reason}" if lc is not None else stage.value

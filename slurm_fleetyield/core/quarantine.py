@@ -52,6 +52,9 @@ XID_TEXT: Mapping[int, str] = {
 """Human text of the drain reason per XID (NVIDIA Xid catalog mnemonics, shortened for Slurm's Reason)."""
 
 PUSHED_FATAL_KINDS = frozenset({"alert", "check_failed", "attestation_failed"})  # fatal by definition
+AGENT_MARKER_KINDS = frozenset({"xid", "gpu_missing", "check_failed"})
+"""Kinds of pushed evidence that the node's own agent also writes to its fatal marker
+(``node_agent/fatal.py``), which the FleetYield Prolog honours by refusing every job on the node."""
 ATTESTATION_FAILED = "attestation_failed"
 """Kind of the events the daemon makes from failed attestation verdicts; ``message`` names the records."""
 MISSING_KEY_PREFIX = "missing:"
@@ -97,6 +100,7 @@ class Drains:
     holds: tuple[Hold, ...] = ()
     draining: frozenset[str] = frozenset()  # nodes drained by this tick's plan
     held: Mapping[str, Hold] = field(default_factory=dict)  # node -> the hold withholding its drain
+    fenced: frozenset[str] = frozenset()  # held nodes whose agent's fatal marker refuses jobs: no fy_ok_*
     processed: tuple[Fatal, ...] = ()  # findings acted on (drained, or moot): remembered, never redone
     events: tuple[LogEvent, ...] = ()
     cap: DrainBudget | None = None  # what is left of the caps after these drains (approved drains use it)
@@ -260,6 +264,7 @@ def decide(
     recent = sum(1 for t in state.drain_times if t > now - qp.window_s)
     drains: list[DrainNode] = []
     holds: dict[str, Hold] = {}
+    fenced: set[str] = set()
     processed: list[Fatal] = []
     events: list[LogEvent] = list(expired_held(state, now, qp)) if state.held_fatal else []
     for name, findings in by_node.items():  # already in (time, node) order: oldest evidence first
@@ -285,6 +290,8 @@ def decide(
         if rule:
             hold = Hold(name, "drain", rule, f"{first.reason}: {detail}")
             holds[name] = hold
+            if qp.fence_held_agent_evidence and any(_agent_marked(f) for f in findings):
+                fenced.add(name)
             events.append(
                 LogEvent(now, name, "hold", f"drain held by {rule}: {detail}", {**data, "rule": rule})
             )
@@ -298,10 +305,16 @@ def decide(
         tuple(holds.values()),
         frozenset(d.node for d in drains),
         holds,
+        frozenset(fenced),
         tuple(processed),
         tuple(events),
         DrainBudget(cap_nodes, drained_by_us + len(drains), recent + len(drains), qp),
     )
+
+
+def _agent_marked(f: Fatal) -> bool:
+    """Evidence the node's own agent pushed and keeps in its fatal marker (the Prolog refuses jobs on it)."""
+    return f.source == "push" and f.kind in AGENT_MARKER_KINDS
 
 
 def _blocked(

@@ -239,13 +239,68 @@ def test_held_evidence_is_kept_when_the_shell_hands_each_event_in_once():
     assert [(h.node, h.rule) for h in second.plan.holds] == [("gpu010", "drain_cap")]
     assert "drain held" in second.nodes["gpu010"].reason  # not priced by risk as if nothing happened
     assert second.nodes["gpu010"].weight == 6_000  # red weight (+1,000 premium): every other node first
-    assert "fy_ok_batch" in second.nodes["gpu010"].fy_features  # features kept: a storm must not strip all
+    # the agent pushed it (its fatal marker: the Prolog refuses every job here): no class feature, tier kept
+    fy = ("fy_hbm_full", "fy_nvlink_full", "fy_premium", "fy_tier_green")
+    assert second.nodes["gpu010"].fy_features == fy
+    assert "the Prolog refuses every job here" in second.nodes["gpu010"].reason
     f.slurm_update("gpu000", states=frozenset({"IDLE"}), reason="")  # one of ours is back: room under the cap
     third = r.tick()
     (d,) = [d for d in third.plan.of_kind("drain") if d.cause == "fatal"]
     assert d.node == "gpu010" and d.reason == "fleetyield: XID 48 gpu 2 double-bit ECC error"
     assert r.state.held_fatal == ()
     assert r.tick().plan.holds == ()  # processed: never held or drained again
+
+
+def _cap_full(f: Fleet) -> None:
+    for i in range(3):  # cap = 3 nodes of 30, all drained by us
+        f.drain_by_admin(f"gpu{i:03d}", f"fleetyield: XID 79 gpu 0 fell off the bus #{i}")
+
+
+def test_a_held_node_on_its_agents_evidence_is_fenced_off_new_jobs_not_drained():
+    """Live A/B at 9777272, seed 3: an XID 48 pushed by gpu-l40s-2's agent, drain held by the cap; the node
+    kept fy_ok_train, an 8-GPU pretrain landed there, failed its Prolog (the agent's fatal marker), was
+    requeued held and waited 60 s for an operator while batch and decode held the H100 it needed."""
+    f = Fleet(30)
+    _cap_full(f)
+    f.run_job(41, ("gpu010",), requeue=True)
+    r = Runner(f)
+    before = r.tick().nodes["gpu010"]
+    assert {"fy_ok_batch", "fy_ok_train", "fy_ok_finetune"} <= set(before.fy_features)
+    f.push("gpu010", 79, 3, r.now)
+    res = r.tick()
+    assert [(h.node, h.rule) for h in res.plan.holds] == [("gpu010", "drain_cap")]
+    assert res.plan.of_kind("drain") == ()  # the cap still governs the drain: running job 41 is not requeued
+    d = res.nodes["gpu010"]
+    assert not [x for x in d.fy_features if x.startswith("fy_ok_")], d.fy_features
+    assert "fy_tier_green" in d.fy_features and d.weight == 6_000  # last tier, red weight
+    (u,) = [u for u in res.plan.of_kind("update") if "gpu010" in u.nodes]
+    assert not [x for x in u.features if x.startswith("fy_ok_")], u.features
+    f.slurm_update("gpu000", states=frozenset({"IDLE"}), reason="")  # room under the cap: drained at last
+    (drain,) = [x for x in r.tick().plan.of_kind("drain") if x.cause == "fatal"]
+    assert drain.node == "gpu010"
+
+
+def test_held_scrape_evidence_keeps_the_class_features_a_storm_must_not_strip_the_fleet():
+    f = Fleet(30)
+    _cap_full(f)
+    f.xid("gpu010", 2, 48, 1)
+    r = Runner(f)
+    r.tick()  # first sight: baseline
+    f.xid("gpu010", 2, 48, 1)  # grows in a fresh scrape: fatal evidence, not from the agent's marker
+    res = r.tick()
+    assert [(h.node, h.rule) for h in res.plan.holds] == [("gpu010", "drain_cap")]
+    assert {"fy_ok_batch", "fy_ok_train"} <= set(res.nodes["gpu010"].fy_features)
+
+
+def test_the_fence_can_be_turned_off_for_sites_without_the_prolog():
+    f = Fleet(30)
+    _cap_full(f)
+    p = Params.model_validate({"quarantine": {"fence_held_agent_evidence": False}})
+    r = Runner(f, p)
+    r.tick()
+    f.push("gpu010", 48, 2, r.now)
+    res = r.tick()
+    assert res.plan.holds and "fy_ok_batch" in res.nodes["gpu010"].fy_features
 
 
 def test_held_evidence_expires_with_a_log_line():
