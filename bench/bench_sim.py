@@ -1,7 +1,7 @@
 """Benchmark: wall time of one policy run as the fleet grows (openb-derived workload).
 
 Usage: ``taskset -c 0 .venv/bin/python bench/bench_sim.py [--nodes 32,100,300,1000] [--days 90]
-[--policies baseline,fleetyield] [--repeat 3] [--stages] [--churn]``.
+[--policies baseline,fleetyield] [--repeat 3] [--stages] [--churn] [--recompute]``.
 Prints one line per (nodes, policy): jobs, ticks, wall seconds (best of ``--repeat`` runs of a fresh
 ``Simulation`` on the same inputs), of which inside ``tick`` (the core), and the core's cost per GPU per tick.
 ``--stages`` adds, from one more run, where the time went: each core stage (the functions
@@ -10,6 +10,8 @@ wrappers add a little overhead of their own). ``--churn`` adds, from one more ru
 tick (mean / median / 90th percentile over the ticks): Slurm's view of the node (state, features or weight),
 the node's risk and the node's decision, compared by value with the previous tick. That is the work an
 incremental tick (only the nodes that changed) could not skip: the floor of such a rewrite.
+``--recompute`` adds, from one more run, the cost of a recomputed node: the run's last tick replayed with
+the memo of reusable per-node results kept, then emptied (every node recomputed); median of 7 replays each.
 Target (issue #5): 1,000 nodes x 8 GPUs x 90 days in < 60 s per policy run on one core.
 """
 
@@ -100,6 +102,39 @@ def churn(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> dict[str
     return counts
 
 
+def recompute(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> tuple[float, float]:
+    """Milliseconds of the run's last tick replayed with the memo kept and with it emptied (medians of 7)."""
+    import copy
+    import random
+    import statistics
+    from dataclasses import replace
+
+    inner, last = runner.tick, []
+
+    def grab(state: Any, obs: Any, params: Any, now: float, rng: Any) -> Any:
+        last[:] = [(state, obs, params, now)]
+        return inner(state, obs, params, now, rng)
+
+    runner.tick = grab
+    try:
+        runner.Simulation(cfg, policy, inputs).run()
+    finally:
+        runner.tick = inner
+    state, obs, params, now = last[0]
+
+    def replay(clear: bool) -> float:
+        times = []
+        for _ in range(7):
+            memo = {} if clear else {k: copy.copy(v) for k, v in state.memo.items()}
+            st = replace(state, memo=memo)
+            t0 = time.perf_counter()
+            inner(st, obs, params, now, random.Random(0))
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    return replay(False), replay(True)
+
+
 def _spread(xs: list[int]) -> str:
     if not xs:
         return "-"
@@ -117,6 +152,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per line; the best wall time is printed")
     ap.add_argument("--stages", action="store_true", help="time each stage in one more, instrumented run")
     ap.add_argument("--churn", action="store_true", help="nodes changed per tick (one more run)")
+    ap.add_argument("--recompute", action="store_true", help="cost of a recomputed node (one more run)")
     a = ap.parse_args()
     head = ("nodes", "policy", "jobs", "ticks", "wall_s", "tick_s", "us/GPU/tick")
     print(" ".join(head))
@@ -167,6 +203,14 @@ def main() -> None:
                 print(
                     f"{'':>6} nodes changed per tick (mean / median / p90 of {len(c['slurm'])} ticks): "
                     + ", ".join(f"{k} {_spread(v)}" for k, v in c.items()),
+                    flush=True,
+                )
+            if a.recompute and p != "baseline" and p != "oracle":
+                kept, cleared = recompute(cfg, p, inputs)
+                per = (cleared - kept) / n * 1e3
+                print(
+                    f"{'':>6} last tick replayed: {kept:.1f} ms reusing, {cleared:.1f} ms recomputing "
+                    f"every node ({per:.0f} us per recomputed node)",
                     flush=True,
                 )
 

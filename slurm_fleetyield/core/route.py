@@ -31,7 +31,8 @@ Features FleetYield owns (every one starts with ``fy_``; the admin's features ar
 |                    | fy_ok_decode (off gangs and premium-class work); fy_ok_batch kept when healthy     |
 
 Jobs opt in with constraints, e.g. ``sbatch --constraint=fy_ok_train``. Red, quarantined and unknown nodes
-carry no ``fy_ok_*`` feature. A node without fresh data keeps the features it last had.
+carry no ``fy_ok_*`` feature, nor does a node whose drain is held on its own agent's evidence (core/price.py
+rule 3). A node without fresh data keeps the features it last had.
 
 Reconcile: the wanted state is re-asserted every tick; a node is updated when its available or active
 feature set or its weight differs from the wanted one (so a ``scontrol reconfigure`` that wiped the features

@@ -451,6 +451,19 @@ def test_storm_cap_holds_others_are_held_not_drained(world: Any) -> None:
         assert hold["rule"] == "drain_cap" and hold["action"] == "drain", hold
     held_nodes = {h["node"] for h in status["plan"]["holds"]}
 
+    # A held node's evidence came from its own agent (whose fatal marker makes the Prolog refuse every job
+    # there): it is fenced, no fy_ok_* feature, until the drain happens; its running jobs are not touched.
+    def fenced_row() -> dict[str, Any] | None:
+        for n in storm:
+            row = world.api(f"/v1/nodes/{n}")
+            if "drain held" in row["reason"]:
+                return row
+        return None
+
+    row = world.poll(fenced_row, timeout=10 * TICK_S, interval=0.25, what="a node priced as held")
+    assert not [f for f in row["fy_features"] if f.startswith("fy_ok_")], row
+    assert "the Prolog refuses every job here" in row["reason"], row
+
     # Visible four ways: status JSON (above), the event log, the controller's /metrics, `fleetyield status`.
     def metric_seen() -> float | None:
         m = re.search(
