@@ -18,8 +18,12 @@ Target (issue #5): 1,000 nodes x 8 GPUs x 90 days in < 60 s per policy run on on
 from __future__ import annotations
 
 import argparse
+import copy
+import random
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from slurm_fleetyield.core import loop
@@ -76,14 +80,29 @@ def instrument(acc: dict[str, float]) -> Callable[[], None]:
     return undo
 
 
+def _tapped_run(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs, tap: Callable[..., None]) -> None:
+    """One run with ``tap(state, obs, params, now, result)`` called after every tick (``runner.tick`` wrapped
+    for the run, restored after)."""
+    inner = runner.tick
+
+    def tapped(state: Any, obs: Any, params: Any, now: float, rng: Any) -> Any:
+        result = inner(state, obs, params, now, rng)
+        tap(state, obs, params, now, result)
+        return result
+
+    runner.tick = tapped
+    try:
+        runner.Simulation(cfg, policy, inputs).run()
+    finally:
+        runner.tick = inner
+
+
 def churn(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> dict[str, list[int]]:
     """Per tick: nodes whose Slurm view, risk or decision differs (by value) from the previous tick's."""
     counts: dict[str, list[int]] = {"slurm": [], "risk": [], "decision": []}
     last: dict[str, dict[str, Any]] = {k: {} for k in counts}
-    inner = runner.tick
 
-    def counted(state: Any, obs: Any, params: Any, now: float, rng: Any) -> Any:
-        result = inner(state, obs, params, now, rng)
+    def count(state: Any, obs: Any, params: Any, now: float, result: Any) -> None:
         for key, now_view in (
             ("slurm", {n: (v.states, v.active_features, v.weight) for n, v in obs.slurm.items()}),
             ("risk", result.risks),
@@ -92,34 +111,19 @@ def churn(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> dict[str
             before = last[key]
             counts[key].append(sum(1 for n, v in now_view.items() if before.get(n) != v))
             last[key] = dict(now_view)
-        return result
 
-    runner.tick = counted
-    try:
-        runner.Simulation(cfg, policy, inputs).run()
-    finally:
-        runner.tick = inner
+    _tapped_run(cfg, policy, inputs, count)
     return counts
 
 
 def recompute(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> tuple[float, float]:
     """Milliseconds of the run's last tick replayed with the memo kept and with it emptied (medians of 7)."""
-    import copy
-    import random
-    import statistics
-    from dataclasses import replace
+    last: list[tuple[Any, Any, Any, float]] = []
 
-    inner, last = runner.tick, []
-
-    def grab(state: Any, obs: Any, params: Any, now: float, rng: Any) -> Any:
+    def keep_last(state: Any, obs: Any, params: Any, now: float, result: Any) -> None:
         last[:] = [(state, obs, params, now)]
-        return inner(state, obs, params, now, rng)
 
-    runner.tick = grab
-    try:
-        runner.Simulation(cfg, policy, inputs).run()
-    finally:
-        runner.tick = inner
+    _tapped_run(cfg, policy, inputs, keep_last)
     state, obs, params, now = last[0]
 
     def replay(clear: bool) -> float:
@@ -128,7 +132,7 @@ def recompute(cfg: runner.SimConfig, policy: str, inputs: runner.Inputs) -> tupl
             memo = {} if clear else {k: copy.copy(v) for k, v in state.memo.items()}
             st = replace(state, memo=memo)
             t0 = time.perf_counter()
-            inner(st, obs, params, now, random.Random(0))
+            runner.tick(st, obs, params, now, random.Random(0))
             times.append(time.perf_counter() - t0)
         return statistics.median(times) * 1e3
 

@@ -45,7 +45,6 @@ JSON_NODES_SINCE = (24, 11)
 WORKLOAD_COMMENT_PREFIX = "fy:"
 """Jobs declare their workload class in their comment: ``--comment=fy:decode``."""
 
-
 NOT_SLURM_KINDS = frozenset({"reset_gpu", "power_cycle", "propose_drain", "withdraw_proposal"})
 """Plan actions ``apply`` skips: the daemon's executor hands them to the node agent, the BMC (Redfish) and
 the gate."""

@@ -221,11 +221,12 @@ def reclaim_requeues(events_json: str) -> list[tuple[int, float]]:
         return []
     out: list[tuple[int, float]] = []
     for e in events if isinstance(events, list) else ():
-        data = e.get("data") if isinstance(e, dict) else None
-        if e.get("kind") != "reclaim" or not isinstance(data, dict):
+        if not isinstance(e, dict) or e.get("kind") != "reclaim":
             continue
-        t = e.get("time")
-        for j in data.get("jobs", ()) if isinstance(t, (int, float)) else ():
-            if isinstance(j, int):
-                out.append((j, float(t)))
+        data, t = e.get("data"), e.get("time")
+        if not isinstance(data, dict) or not isinstance(t, (int, float)):
+            continue
+        jobs = data.get("jobs")
+        if isinstance(jobs, list):
+            out.extend((j, float(t)) for j in jobs if isinstance(j, int))
     return out

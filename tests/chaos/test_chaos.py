@@ -247,6 +247,8 @@ def test_a_requeue_by_premium_reclaim_is_wasted_work_but_no_hardware_failure():
     )
     reclaimed = ledger.reclaim_requeues(events)
     assert reclaimed == [(102, t("00:05:09.6"))] and ledger.reclaim_requeues("not json") == []
+    junk = '["x", 3, {"kind": "reclaim"}, {"kind": "reclaim", "time": 1.0, "data": {"jobs": 7}}]'
+    assert ledger.reclaim_requeues(junk) == []  # unreadable entries are skipped, never raise
     entries, tot = ledger.ledger(SACCT, records, [fault], ab.PREMIUM_NODES, reclaimed=reclaimed)
     first = {(e.job_id, e.state): e for e in entries}[(102, "REQUEUED")]
     assert first.cause == "reclaimed" and not first.failure
