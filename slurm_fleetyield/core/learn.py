@@ -17,8 +17,10 @@ Recalibration (empirical Bayes, Poisson-Gamma): every prediction carries the exp
 signal. An event is attributed to the bucket of its GPU (or shared by expected share when node-wide). With a
 Gamma(prior, prior) prior on each bucket's hazard multiplier the posterior mean is
     multiplier = (prior_strength + observed events) / (prior_strength + expected events),
-bounded to [min_multiplier, max_multiplier]. ``core/risk.py`` scales each GPU's hazard by its bucket's
-multiplier: p' = 1 - (1 - p)^m. With no evidence every multiplier is 1 and risk is the published-rate model.
+bounded to [min_multiplier, max_multiplier] and republished only when it moved by more than
+``publish_tolerance`` of the published value (each new value re-scores every GPU of its bucket).
+``core/risk.py`` scales each GPU's hazard by its bucket's multiplier: p' = 1 - (1 - p)^m. With no evidence
+every multiplier is 1 and risk is the published-rate model.
 
 Lemons: a node with ``lemon_failures`` fatal failures (evidence closer than ``lemon_dedup_s`` is one failure)
 within ``lemon_window_s`` is a lemon (Meta RSC: ~1.2% of nodes cause a large share of interruptions): it keeps
@@ -154,17 +156,30 @@ def learn(
         return mem, _calibration(mem, edges, lp)
     final = new_preds if new_preds is not None else preds
     due = min((p.due for p in final.values()), default=None)
-    mults = {
-        b: min(
-            lp.max_multiplier,
-            max(lp.min_multiplier, (lp.prior_strength + observed.get(b, 0.0)) / (lp.prior_strength + e)),
-        )
-        for b, e in expected.items()
-    }
+    mults = _published(mem.multipliers, observed, expected, lp)
     out = LearnMemory(
         final, due, tuple(counts), tuple(sum_p), tuple(sum_y), brier, resolved, observed, expected, mults
     )
     return out, _calibration(out, edges, lp)
+
+
+def _published(
+    old: Mapping[str, float], observed: Mapping[str, float], expected: Mapping[str, float], lp: LearnParams
+) -> Mapping[str, float]:
+    """The multipliers to publish: each bucket's bounded posterior mean, except that a published value is kept
+    while the mean stays within ``publish_tolerance`` of it (``old`` itself when nothing moved that far)."""
+    tol = lp.publish_tolerance
+    out: dict[str, float] = {}
+    for b, e in expected.items():
+        m = min(
+            lp.max_multiplier,
+            max(lp.min_multiplier, (lp.prior_strength + observed.get(b, 0.0)) / (lp.prior_strength + e)),
+        )
+        prev = old.get(b)
+        if prev is not None and abs(m - prev) <= tol * prev:
+            m = prev
+        out[b] = m
+    return old if out == old else out
 
 
 def _predict(name: str, r: NodeRisk, now: float, horizon_s: float, mult: Mapping[str, float]) -> Prediction:

@@ -48,14 +48,13 @@ def remember(
     first_fatal = {f.node: f for f in reversed(drains.processed)}
     nodes: dict[str, NodeMemory] = {}
     # A node whose previous memory is the very one remembered from this decision and priced node last tick,
-    # with no fatal evidence or drain now and no fatal history to trim, is remembered the same, up to its
-    # sample time (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
+    # with no fatal evidence or drain now and no fatal history to trim, is remembered as that very object
+    # (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
     memo = state.memo.setdefault("remember", {})
     pnodes = priced.nodes
     for name in sorted(set(decisions) | set(sensed.nodes)):
         old = state.nodes.get(name)
         d = decisions.get(name)
-        s = sensed.nodes.get(name)
         hit = memo.get(name)
         if (
             hit is not None
@@ -67,21 +66,16 @@ def remember(
             and name not in new_fatal
             and name not in drained_now
         ):
-            sample_time = s.sample_time if s is not None and s.fresh else old.last_sample_time
-            kept = _resampled(old, sample_time)
-            if kept is not old:
-                memo[name] = (d, hit[1], kept)
-            nodes[name] = kept
+            nodes[name] = old
             continue
         history = old.fatal_history if old else ()
         if name in new_fatal:
             history = (*history, *sorted(new_fatal[name]))
         if history and any(h[0] < oldest for h in history):  # most nodes have none to trim
             history = tuple(h for h in history if h[0] >= oldest)
-        sample_time = s.sample_time if s is not None and s.fresh else (old.last_sample_time if old else None)
         if d is None:  # sampled but unknown to Slurm: keep only what we knew
             if old is not None:
-                nodes[name] = _replace(old, fatal_history=history, last_sample_time=sample_time)
+                nodes[name] = old if history is old.fatal_history else _replace(old, fatal_history=history)
             continue
         pn = priced.nodes[name]
         fresh_features = pn.keep_fy is None and pn.feature_tier is None and d.managed
@@ -97,7 +91,6 @@ def remember(
             reason=d.reason,
             drained_by_us=drained_by_us,
             fatal_history=history,
-            last_sample_time=sample_time,
             last_xid=last.xid if last else (old.last_xid if old else None),
             last_gpu=last.gpu if last else (old.last_gpu if old else None),
             fy_features=d.fy_features if fresh_features else (old.fy_features if old else ()),
@@ -132,24 +125,6 @@ def remember(
         processed_events=tuple(processed[-qp.max_processed_event_ids :]),
         held_fatal=to_held(fatal, drains.held, qp.max_processed_event_ids) if drains.held else (),
         last_tick=now,
-    )
-
-
-def _resampled(m: NodeMemory, sample_time: float | None) -> NodeMemory:
-    """``m`` with ``last_sample_time`` set (``m`` itself when it is already that): a reused memory."""
-    if sample_time == m.last_sample_time:
-        return m
-    return NodeMemory(
-        m.tier,
-        m.since,
-        m.reason,
-        m.drained_by_us,
-        m.fatal_history,
-        sample_time,
-        m.last_xid,
-        m.last_gpu,
-        m.fy_features,
-        m.weight,
     )
 
 

@@ -142,6 +142,14 @@ class RiskParams(BaseModel):
         "remediated fault is yellow for ~0.2 half-lives (~16 d), then green with the decayed contribution "
         "still shown. None: the old rule (full weight for fatal_history_days).",
     )
+    single_fault_decay_step_hours: float = Field(
+        6.0,
+        ge=0,
+        description="The single-fault decay is evaluated on whole steps of the fault's age, so such a node's "
+        "risk moves once a step instead of every tick (at an 80 d half-life one 6 h step is 0.2% of the "
+        "contribution). This keeps unchanged nodes unchanged between steps: the explanations, the view rows "
+        "and the simulator's per-node reuse (docs/simulator.md, Speed) see no change. 0: continuous.",
+    )
     default_slowdown_temp_c: float = Field(
         87.0,
         gt=0,
@@ -657,6 +665,15 @@ class LearnParams(BaseModel):
     bins: int = Field(10, ge=2, le=100, description="Bins of the reliability table (log-spaced, 1e-4 .. 1).")
     min_multiplier: float = Field(0.1, gt=0, description="Learned multipliers are bounded to this ...")
     max_multiplier: float = Field(20.0, gt=0, description="... and this (one bad week cannot zero a signal).")
+    publish_tolerance: float = Field(
+        0.02,
+        ge=0,
+        lt=1,
+        description="A bucket's multiplier is republished only when its posterior mean moved by more than "
+        "this share of the published value: the mean drifts a little with every resolved prediction, and "
+        "each new value re-scores every GPU of its bucket. 2% of a hazard is far inside the posterior's own "
+        "spread (prior_strength 5: ~45% relative). 0: publish every change.",
+    )
     lemon_failures: int = Field(
         2,
         ge=1,

@@ -412,11 +412,15 @@ def history_decay(events: list[tuple[float, str]], params: Params, now: float) -
     Titan (Ostrouchov et al., SC '20; olcf/TitanGPULife gc_full.csv): after a GPU's return to service
     following its first fatal event (in place or re-inserted), the hazard of a second one relative to
     never-failed GPUs fits exp(5.78 x 2^(-t / 80 d)): x342 in the first week, x106 in days 7-30, x48 in days
-    30-90, x4.0 beyond (``sim/calibrate.post_failure_hazard``)."""
+    30-90, x4.0 beyond (``sim/calibrate.post_failure_hazard``). The age is taken in whole
+    ``single_fault_decay_step_hours`` steps, so the value is constant between steps."""
     half_life = params.risk.single_fault_half_life_days
     if half_life is None or len(events) != 1:
         return 1.0
     age = max(0.0, now - events[0][0])
+    step = params.risk.single_fault_decay_step_hours * 3_600.0
+    if step > 0:
+        age -= age % step
     return 2.0 ** (-age / (half_life * 86_400.0))
 
 

@@ -43,7 +43,6 @@ class NodeMemory:
     reason: str
     drained_by_us: bool = False
     fatal_history: tuple[tuple[float, str], ...] = ()  # (time, GPU uuid or "" for node-wide), oldest first
-    last_sample_time: float | None = None
     last_xid: int | None = None  # of the last quarantine
     last_gpu: int | None = None
     fy_features: tuple[str, ...] = ()  # last fy_ features decided on fresh data (kept while UNKNOWN)
@@ -407,7 +406,6 @@ def _memory_to_dict(m: NodeMemory) -> dict[str, Any]:
         "reason": m.reason,
         "drained_by_us": m.drained_by_us,
         "fatal_history": [[t, u] for t, u in m.fatal_history],
-        "last_sample_time": m.last_sample_time,
         "last_xid": m.last_xid,
         "last_gpu": m.last_gpu,
         "fy_features": list(m.fy_features),
@@ -422,7 +420,6 @@ def _memory_from_dict(d: Mapping[str, Any]) -> NodeMemory:
         reason=d["reason"],
         drained_by_us=bool(d.get("drained_by_us", False)),
         fatal_history=tuple((t, u) for t, u in d.get("fatal_history", ())),
-        last_sample_time=d.get("last_sample_time"),
         last_xid=d.get("last_xid"),
         last_gpu=d.get("last_gpu"),
         fy_features=tuple(d.get("fy_features", ())),

@@ -6,11 +6,12 @@ Input: a ``ControllerState`` (``StateEncoder.encode``), or the stored parts and 
 again, equal to the one encoded (``ControllerState.__eq__``) and with the compact GPU history
 (``NodeHistory``) the sense stage keeps, so a restarted controller does not rebuild it.
 
-What changes on every tick for every node is time alone: the memory's ``last_sample_time`` and the
-history's ``last_time`` and ring of times (one ring object shared by every node sampled together). Those
-stay out of the node documents, in the fleet part ``clocks``: the most common (sample time, history time,
-ring) once, the nodes that differ as columns. A settled tick therefore writes ``clocks`` and the few nodes
-whose memory, GPU tracks, lifecycle, proposal, denial or open prediction changed.
+What changes on every tick for every node is time alone: the history's ``last_time`` and ring of times
+(one ring object shared by every node sampled together). Those stay out of the node documents, in the fleet
+part ``clocks``: the most common (history time, ring) once, the nodes that differ as columns (the ``sample``
+column, the memory's former ``last_sample_time``, is written empty and ignored when read). A settled tick
+therefore writes ``clocks`` and the few nodes whose memory, GPU tracks, lifecycle, proposal, denial or open
+prediction changed.
 
 Change detection compares each node's parts with those of the last accepted encode, by identity first (the
 stages keep unchanged objects: GPU tracks, lifecycle memories, predictions), then by value; an unchanged
@@ -55,8 +56,8 @@ _PART_KEYS = {"events": ("processed_events",), "settle": ("settle",), "learn": (
 PARTS = ("meta", *_PART_KEYS, "clocks")
 _PER_NODE_KEYS = ("nodes", "history", "lifecycle", "proposals", "denials")
 
-# a node memory without its sample time (which lives in ``clocks``), as a tuple compared by value
-_MEMORY_KEY = attrgetter(*(f.name for f in fields(NodeMemory) if f.name != "last_sample_time"))
+# a node memory as a tuple compared by value
+_MEMORY_KEY = attrgetter(*(f.name for f in fields(NodeMemory)))
 _MISSING = object()
 
 
@@ -174,9 +175,9 @@ def _parts(state: ControllerState) -> dict[str, Any]:
 
 
 def _clocks(state: ControllerState) -> dict[str, Any]:
-    """Every node's (sample time, history time, ring of times): the most common triple once (``common``),
-    the other nodes as columns (``nodes``, ``sample``, ``last``, ``ring``: an index into ``rings``)."""
-    samples = {n: m.last_sample_time for n, m in state.nodes.items()}
+    """Every node's (None, history time, ring of times): the most common triple once (``common``), the
+    other nodes as columns (``nodes``, ``sample`` (always None: kept for rows format 1), ``last``, ``ring``:
+    an index into ``rings``)."""
     hist = {n: h for n, h in state.history.items() if type(h) is NodeHistory}
     rings: list[tuple[float, ...]] = []
     ring_of: dict[int, int] = {}  # id(times) -> index in rings (nodes sampled together share one object)
@@ -195,9 +196,9 @@ def _clocks(state: ControllerState) -> dict[str, Any]:
         return i
 
     groups: dict[tuple[Any, Any, Any], list[str]] = {}
-    for n in sorted(samples.keys() | hist.keys()):
+    for n in sorted(state.nodes.keys() | hist.keys()):
         h = hist.get(n)
-        key = (samples.get(n), None, None) if h is None else (samples.get(n), h.last_time, ring(h.times))
+        key = (None, None, None) if h is None else (None, h.last_time, ring(h.times))
         groups.setdefault(key, []).append(n)
     common: tuple[Any, Any, Any] = (None, None, None)
     if groups:
@@ -236,9 +237,7 @@ def _node_doc(state: ControllerState, name: str) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     m = state.nodes.get(name)
     if m is not None:
-        md = _memory_to_dict(m)
-        del md["last_sample_time"]  # in ``clocks``
-        doc["memory"] = md
+        doc["memory"] = _memory_to_dict(m)
     h = state.history.get(name)
     if type(h) is NodeHistory:
         doc["tracks"] = {
@@ -302,9 +301,9 @@ def decode(parts: Mapping[str, str], nodes: Iterable[tuple[str, str]]) -> Contro
     predictions: dict[str, Prediction] = {}
     for name, text in sorted(nodes):
         doc = json.loads(text)
-        sample, last, ring = special.get(name, common)
+        _sample, last, ring = special.get(name, common)
         if "memory" in doc:
-            memories[name] = _memory_from_dict({**doc["memory"], "last_sample_time": sample})
+            memories[name] = _memory_from_dict(doc["memory"])
         if "tracks" in doc:
             gpus = {
                 u: _track_from(g) if isinstance(g, list) else _history_from_dict(g)

@@ -84,3 +84,24 @@ def test_event_after_the_horizon_is_not_an_event_and_predictions_are_one_per_nod
     late = (Fatal("n0000", H + 10, "xid", "k", "push", 0, None, 79),)
     _, cal = learn.learn(mem2, {}, {}, late, {}, params, H + 10)
     assert cal.resolved == 3 and sum(b.observed_frequency * b.count for b in cal.bins if b.count) == 0
+
+
+def test_a_multiplier_is_republished_only_when_it_moved_past_the_tolerance():
+    """The posterior mean drifts with every resolved prediction; each published change re-scores every GPU of
+    its bucket, so a drift within ``publish_tolerance`` keeps the published value (the very mapping)."""
+    lp = Params().learn
+    assert lp.publish_tolerance == 0.02
+    old = {"base": 2.0}
+    prior = lp.prior_strength
+    obs = {"base": prior}  # observed events: mean = (prior + prior) / (prior + e)
+    e_near = {"base": 2 * prior / (2.0 * 1.01) - prior}
+    assert learn._published(old, obs, e_near, lp) is old  # 1% move: kept
+    e_far = {"base": 2 * prior / (2.0 * 1.03) - prior}
+    far = learn._published(old, obs, e_far, lp)
+    assert far is not old and far["base"] == pytest.approx(2.0 * 1.03)  # 3% move: published
+    exact = Params(learn={"publish_tolerance": 0.0}).learn
+    assert learn._published(old, obs, e_near, exact)["base"] == pytest.approx(2.0 * 1.01)
+    new_bucket = learn._published(old, {**obs, "gpu_temp": 0.0}, {**e_near, "gpu_temp": 1.0}, lp)
+    assert new_bucket["base"] == 2.0 and new_bucket["gpu_temp"] == pytest.approx(prior / (prior + 1.0))
+    with pytest.raises(ValueError):
+        Params(learn={"publish_tolerance": 1.0})

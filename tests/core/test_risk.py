@@ -208,6 +208,29 @@ def test_decay_scales_both_history_contributions_by_the_half_life():
         Params.model_validate({"risk": {"single_fault_half_life_days": 0}})
 
 
+def test_decay_moves_in_whole_steps_of_the_faults_age():
+    """Between steps a single-fault node's risk does not move (so its node is reused, not re-scored, every
+    tick); at each step it takes the continuous value; step 0 is the continuous rule."""
+    from slurm_fleetyield.core.risk import history_decay
+
+    p = Params()
+    step = p.risk.single_fault_decay_step_hours * 3_600.0
+    assert step == 6 * 3_600.0
+    hl = p.risk.single_fault_half_life_days * DAY
+    ev = [(1000.0, "GPU-a")]
+    at_step = history_decay(ev, p, 1000.0 + 4 * step)
+    assert at_step == pytest.approx(2.0 ** (-4 * step / hl))
+    assert history_decay(ev, p, 1000.0 + 4 * step + 900.0) == at_step  # one tick later: unchanged
+    assert history_decay(ev, p, 1000.0 + 5 * step - 1.0) == at_step
+    assert history_decay(ev, p, 1000.0 + 5 * step) < at_step
+    continuous = Params.model_validate({"risk": {"single_fault_decay_step_hours": 0}})
+    assert history_decay(ev, continuous, 1000.0 + 4 * step + 900.0) == pytest.approx(
+        2.0 ** (-(4 * step + 900.0) / hl)
+    )
+    with pytest.raises(ValueError):
+        Params.model_validate({"risk": {"single_fault_decay_step_hours": -1}})
+
+
 def test_repeat_offender_stays_yellow_at_any_age_in_the_window():
     f = Fleet(2)
     r = Runner(f)

@@ -72,7 +72,6 @@ memories = st.builds(
     text,
     st.booleans(),
     st.lists(st.tuples(finite, text), max_size=2).map(tuple),
-    opt_f,
     opt_i,
     opt_i,
     st.lists(text, max_size=2).map(tuple),

@@ -14,8 +14,6 @@ import copy
 import random
 from dataclasses import replace
 
-import pytest
-
 from sim.fleets import fault_heavy
 from slurm_fleetyield.core import memory
 from slurm_fleetyield.core.loop import TickResult, tick
@@ -60,21 +58,14 @@ def _replay(stream: list[Observations], params: Params) -> TickResult:
     return r
 
 
-def test_reused_results_equal_recomputed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reused_results_equal_recomputed_ones() -> None:
     stream = _record()
     params = Params()
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
-    # price and route leave a reused node's memo entry as it was; remember hands a reused memory to _resampled
+    # price and route leave a reused node's memo entry as it was; remember keeps a reused node's very memory
     stage_reused = {"price": 0, "route": 0, "remember": 0}
-    resampled = memory._resampled
-
-    def counted(m, t):  # type: ignore[no-untyped-def]
-        stage_reused["remember"] += 1
-        return resampled(m, t)
-
-    monkeypatch.setattr(memory, "_resampled", counted)
     for i, obs in enumerate(stream):
         before = {n: e[2] for n, e in a.memo.get("risk", {}).items()}
         entries = {k: dict(a.memo.get(k, {})) for k in ("price", "route")}
@@ -82,6 +73,7 @@ def test_reused_results_equal_recomputed_ones(monkeypatch: pytest.MonkeyPatch) -
         reused += sum(1 for n, r in ra.risks.items() if before.get(n) is r)
         for k, old in entries.items():
             stage_reused[k] += sum(1 for n, e in ra.state.memo[k].items() if old.get(n) is e)
+        stage_reused["remember"] += sum(1 for n, m in ra.state.nodes.items() if a.nodes.get(n) is m)
         rb = tick(replace(b, memo={}), _fresh(obs), params, obs.time, rng_b)
         assert ra.plan == rb.plan, f"tick {i}: plans differ"
         assert dict(ra.nodes) == dict(rb.nodes), f"tick {i}: decisions differ"
