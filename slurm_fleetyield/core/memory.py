@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from slurm_fleetyield.core import quarantine
 from slurm_fleetyield.core.model import NodeDecision, Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced
@@ -102,27 +103,30 @@ def remember(
             memo[name] = (d, pn, nodes[name])
     qp = params.quarantine
     processed = list(state.processed_events)
-    if any(k.startswith(MISSING_KEY_PREFIX) for k in processed):  # rare: only then is "recovered" needed
-        recovered = {n for n, s in sensed.nodes.items() if s.fresh and not s.missing_gpus}
-        processed = [
-            k
-            for k in processed
-            if not (
-                k.startswith(MISSING_KEY_PREFIX)
-                and k[len(MISSING_KEY_PREFIX) :].split(":", 1)[0] in recovered
-            )
-        ]
+    dropped = False
+    if quarantine.processed(state).has_missing:  # only then is "recovered" needed
+        sensed_nodes = sensed.nodes
+
+        def recovered(key: str) -> bool:  # the node the key names is sampled again with every GPU
+            s = sensed_nodes.get(key[len(MISSING_KEY_PREFIX) :].split(":", 1)[0])
+            return s is not None and s.fresh and not s.missing_gpus
+
+        processed = [k for k in processed if not (k.startswith(MISSING_KEY_PREFIX) and recovered(k))]
+        dropped = len(processed) < len(state.processed_events)
     processed.extend(f.key for f in drains.processed)
     processed.extend(m for f in drains.processed if (m := pushed_marker(f)) is not None)
     drain_times = tuple(t for t in state.drain_times if t > now - qp.window_s) + tuple(
         now for _ in range(len(drains.drains) + new_drains)
     )
+    ids = state.processed_events
+    if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
+        ids = tuple(processed[-qp.max_processed_event_ids :])
     return ControllerState(
         nodes=nodes,
         history=sensed.history,
         layout=sensed.layout,
         drain_times=drain_times,
-        processed_events=tuple(processed[-qp.max_processed_event_ids :]),
+        processed_events=ids,
         held_fatal=to_held(fatal, drains.held, qp.max_processed_event_ids) if drains.held else (),
         last_tick=now,
     )

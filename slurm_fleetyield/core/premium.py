@@ -266,6 +266,8 @@ def widen(
         for n in sorted((n for n in lendable if n not in keep), key=lambda n: (-idle.get(n, 0), n)):
             if not unfit or len(set(lent) | held) >= cap:
                 break
+            if idle.get(n, 0) < unfit[-1]:  # unfit is largest first and the nodes most idle first: none fits
+                break
             left = best_fit(unfit, [idle.get(n, 0)])
             if len(left) < len(unfit):
                 lent.append(n)
@@ -446,16 +448,24 @@ def best_fit(chunks: list[int], free: list[int]) -> list[int]:
             hist[f] = hist.get(f, 0) + 1
     if not hist:
         return list(chunks)
-    top = max(hist)
-    unfit = []
-    for c in chunks:
-        k = next((k for k in range(c, top + 1) if hist.get(k)), None)
-        if k is None:
+    top = max(hist)  # the largest free count left (hist[top] > 0 while top > 0)
+    unfit: list[int] = []
+    for i, c in enumerate(chunks):
+        if c > top:
             unfit.append(c)
             continue
-        hist[k] -= 1
+        k = c
+        while not hist.get(k):  # the smallest free count that takes c (ends at top at the latest)
+            k += 1
+        left = hist[k] - 1
+        hist[k] = left
         if k - c > 0:
             hist[k - c] = hist.get(k - c, 0) + 1
+        if not left and k == top:
+            top = max((f for f, m in hist.items() if m > 0), default=0)
+            if not top:  # nothing free anywhere: the rest fits nowhere
+                unfit.extend(chunks[i + 1 :])
+                break
     return unfit
 
 

@@ -123,12 +123,37 @@ class DrainBudget:
         self.in_window += 1
 
 
+@dataclass(frozen=True, slots=True)
+class Processed:
+    """``ControllerState.processed_events`` indexed: the ids as a set, the pushed-XID markers by (node, GPU,
+    XID) -> newest time, and whether a 'GPU missing' key is among them."""
+
+    done: frozenset[str]
+    pushed: Mapping[tuple[str, int, int], float]
+    has_missing: bool
+
+
+def processed(state: ControllerState) -> Processed:
+    """The index of ``state.processed_events``, kept in ``state.memo`` while the tuple is the same object
+    (``memory.remember`` hands on the very tuple when no id was added or dropped: most ticks)."""
+    memo = state.memo.setdefault("processed", {})
+    ids = state.processed_events
+    hit = memo.get("index")
+    if hit is not None and hit[0] is ids:
+        return hit[1]
+    done = frozenset(ids)
+    index = Processed(done, _pushed_xids(done), any(k.startswith(MISSING_KEY_PREFIX) for k in ids))
+    memo["index"] = (ids, index)
+    return index
+
+
 def find_fatal(
     obs: Observations, sensed: Sensed, state: ControllerState, qp: QuarantineParams
 ) -> tuple[Fatal, ...]:
-    done = set(state.processed_events)
+    index = processed(state)
+    done = index.done
     qxids = frozenset(qp.quarantine_xids)
-    pushed = _pushed_xids(done)
+    pushed = index.pushed
     out: list[Fatal] = []
     for ev in obs.fatal_events:
         if ev.event_id in done:
@@ -193,7 +218,7 @@ def to_held(findings: tuple[Fatal, ...], held: Mapping[str, object], limit: int)
 
 def expired_held(state: ControllerState, now: float, qp: QuarantineParams) -> tuple[LogEvent, ...]:
     """A log line for each held finding dropped this tick for age: its node still needs a human's look."""
-    done = set(state.processed_events)
+    done = processed(state).done
     return tuple(
         LogEvent(
             now,
@@ -220,7 +245,7 @@ def pushed_marker(f: Fatal) -> str | None:
     return f"{PUSHED_XID_PREFIX}{f.node}:{f.gpu}:{f.xid}:{f.time!r}"
 
 
-def _pushed_xids(done: set[str]) -> dict[tuple[str, int, int], float]:
+def _pushed_xids(done: frozenset[str]) -> dict[tuple[str, int, int], float]:
     out: dict[tuple[str, int, int], float] = {}
     for k in done:
         if k.startswith(PUSHED_XID_PREFIX):

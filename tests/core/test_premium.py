@@ -216,6 +216,34 @@ def test_best_fit():
     assert best_fit([1], []) == [1]
 
 
+def _best_fit_plain(chunks: list[int], free: list[int]) -> list[int]:
+    """The rule written plainly: each chunk in turn goes to the node with the fewest free GPUs that fit it."""
+    bins = sorted(f for f in free if f > 0)
+    unfit = []
+    for c in chunks:
+        i = next((i for i, f in enumerate(bins) if f >= c), None)
+        if i is None:
+            unfit.append(c)
+            continue
+        bins[i] -= c
+        bins.sort()
+    return unfit
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(1, 8), max_size=40),
+    st.lists(st.integers(-1, 8), max_size=16),
+    st.booleans(),
+)
+def test_best_fit_equals_the_plain_rule(chunks: list[int], free: list[int], largest_first: bool) -> None:
+    """best_fit's histogram with its running maximum (chunks larger than any free count, or nothing free at
+    all, fail without a search) places exactly what the plain rule places."""
+    if largest_first:
+        chunks = sorted(chunks, reverse=True)
+    assert best_fit(chunks, free) == _best_fit_plain(chunks, free)
+
+
 # ---- invariants of core.premium.widen on random fleets, queues and memories (hypothesis) -----------------
 
 

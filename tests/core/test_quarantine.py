@@ -318,3 +318,32 @@ def test_held_evidence_expires_with_a_log_line():
     (ev,) = [e for e in late.events if e.kind == "held_evidence_expired"]
     assert ev.node == "gpu010" and "XID 48 gpu 2" in ev.message
     assert not any(e.kind == "held_evidence_expired" for e in r.tick().events)
+
+
+def test_processed_index_is_kept_while_the_ids_are_the_same_tuple():
+    from dataclasses import replace
+
+    from slurm_fleetyield.core import quarantine
+    from slurm_fleetyield.core.state import ControllerState
+
+    pre = quarantine.PUSHED_XID_PREFIX
+    ids = ("ev-1", f"{pre}n1:3:79:1000.0", f"{pre}n1:3:79:900.0")
+    st = ControllerState(processed_events=ids)
+    first = quarantine.processed(st)
+    assert quarantine.processed(st) is first
+    assert first.done == frozenset(ids) and first.pushed == {("n1", 3, 79): 1000.0} and not first.has_missing
+    more = replace(st, processed_events=(*ids, f"{quarantine.MISSING_KEY_PREFIX}n2:7/8"), memo=st.memo)
+    second = quarantine.processed(more)
+    assert second is not first and second.has_missing and len(second.done) == 4
+
+
+def test_remember_hands_on_the_same_ids_when_none_was_added_or_dropped():
+    f = Fleet(2)
+    r = Runner(f)
+    r.tick()
+    f.push("gpu000", 79, 3, r.now)
+    r.tick()
+    ids = r.state.processed_events
+    assert ids, "the drained XID is remembered"
+    r.tick()
+    assert r.state.processed_events is ids  # nothing new: the very tuple (find_fatal's index is kept)

@@ -231,6 +231,39 @@ def test_decay_moves_in_whole_steps_of_the_faults_age():
         Params.model_validate({"risk": {"single_fault_decay_step_hours": -1}})
 
 
+def test_fatal_events_kept_in_the_memo_equal_a_fresh_answer_at_any_time():
+    """fatal_events keeps its answer per node while the history object, the params and the events inside the
+    window are the same: any time (forwards, backwards, at the window's edges) and a new history recompute."""
+    from dataclasses import replace
+
+    from slurm_fleetyield.core.model import Tier
+    from slurm_fleetyield.core.risk import fatal_events
+    from slurm_fleetyield.core.state import ControllerState, NodeMemory
+
+    p = Params()
+    w = p.risk.fatal_history_days * DAY
+    hist = ((1000.0, "GPU-a"), (1000.0 + 2 * DAY, "GPU-b"), (1000.0 + 2 * DAY + 60.0, ""))
+    mem = NodeMemory(Tier.GREEN, 0.0, "", fatal_history=hist)
+    st = ControllerState(nodes={"n": mem})
+    times = [1000.0 + DAY, 1000.0 + w - 1, 1000.0 + w, 1000.0 + w + 1, 1000.0 + w + 2 * DAY + 60.0]
+    times += [1000.0 + w + 2 * DAY + 61.0, 1000.0 + DAY, 1000.0 + w + 1, 1000.0 + w + 3 * DAY]
+    answers = []
+    for now in times:
+        got = fatal_events(st, "n", p, now)
+        assert got == fatal_events(replace(st, memo={}), "n", p, now), now
+        answers.append(len(got))
+    assert answers == [2, 2, 2, 1, 1, 0, 2, 1, 0]  # the unnamed twin counts once its named report has left
+    again = fatal_events(st, "n", p, 1000.0 + DAY)
+    assert again is fatal_events(st, "n", p, 1000.0 + 2 * DAY)  # same window content: the kept answer
+    longer = replace(mem, fatal_history=(*hist, (1000.0 + 5 * DAY, "GPU-c")))
+    st2 = replace(st, nodes={"n": longer}, memo=st.memo)  # the same memo, a new history
+    assert fatal_events(st2, "n", p, 1000.0 + 6 * DAY) == [
+        (1000.0, "GPU-a"),
+        (1000.0 + 2 * DAY, "GPU-b"),
+        (1000.0 + 5 * DAY, "GPU-c"),
+    ]
+
+
 def test_repeat_offender_stays_yellow_at_any_age_in_the_window():
     f = Fleet(2)
     r = Runner(f)
