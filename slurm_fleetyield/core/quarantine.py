@@ -167,7 +167,9 @@ def find_fatal(
             out.append(
                 Fatal(ev.node, ev.time, ev.kind, ev.event_id, "push", ev.gpu, ev.uuid, ev.xid, ev.message)
             )
-    for name, node in sensed.nodes.items():
+    nodes = sensed.nodes
+    for name in sensed.flagged if sensed.flagged is not None else nodes:
+        node = nodes[name]
         if not node.fresh:
             continue  # never act on stale or missing data
         for g in node.gpus:

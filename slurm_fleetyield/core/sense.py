@@ -66,6 +66,9 @@ class Sensed:
     history: Mapping[str, Mapping[str, GpuHistory]]
     layout: tuple[str, ...]
     events: tuple[LogEvent, ...] = ()
+    # The fresh nodes with a GPU whose XID counts grew or with fewer GPUs than expected, by name: the only
+    # ones where quarantine.find_fatal can find scrape evidence. None: not indexed (look at every node).
+    flagged: tuple[str, ...] | None = None
 
 
 def sense(
@@ -88,6 +91,7 @@ def sense(
     samples, slurms = obs.samples, obs.slurm
     timeline = tracker.timeline
     OK = Health.OK
+    flagged: list[str] = []
     for name in sorted(set(slurms) | set(samples)):
         sample = samples.get(name)
         old = history.get(name, {})
@@ -109,14 +113,19 @@ def sense(
         quiet = old.quiet if type(old) is NodeHistory else None
         t = sample.time
         if quiet is not None and quiet[0] is sample.gpus and t > old.last_time:
-            # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick)
+            # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick);
+            # a quiet node's GPUs moved no counter, so none has new XIDs
             gpus = quiet[1]
             node_hist = NodeHistory(t, timeline(t, old.times)[0], old.gpus, quiet)
+            if expected is not None and expected > len(gpus):
+                flagged.append(name)
         else:
             gpus, node_hist = tracker.node(sample, old)
+            if (expected is not None and expected > len(gpus)) or any(g.new_xids for g in gpus):
+                flagged.append(name)
         new_history[name] = node_hist
         nodes[name] = SensedNode(name, OK, "fresh sample", t, now - t, gpus, expected)
-    return Sensed(nodes, new_history, layout, tuple(events))
+    return Sensed(nodes, new_history, layout, tuple(events), tuple(flagged))
 
 
 def _unknown_reason(sample: NodeSample | None, stale_after_s: float, now: float) -> str | None:

@@ -347,3 +347,25 @@ def test_remember_hands_on_the_same_ids_when_none_was_added_or_dropped():
     assert ids, "the drained XID is remembered"
     r.tick()
     assert r.state.processed_events is ids  # nothing new: the very tuple (find_fatal's index is kept)
+
+
+def test_find_fatal_reads_only_the_flagged_nodes_and_finds_what_a_full_scan_finds():
+    """sense flags the fresh nodes with grown XID counts or missing GPUs; find_fatal looks at those only."""
+    from dataclasses import replace
+
+    from slurm_fleetyield.core import quarantine
+
+    f = Fleet(20)
+    r = Runner(f)
+    r.tick()
+    f.xid("gpu002", 5, 48, 1)
+    f.nodes["gpu007"].hidden_gpus = {5}
+    f.xid("gpu011", 1, 13, 1)  # grows, not a quarantine XID: flagged, no finding
+    before = r.state
+    res = r.tick()
+    assert res.sensed is not None and res.sensed.flagged == ("gpu002", "gpu007", "gpu011")
+    obs = f.observe(res.now)
+    qp = r.params.quarantine
+    found = quarantine.find_fatal(obs, res.sensed, before, qp)
+    assert found == quarantine.find_fatal(obs, replace(res.sensed, flagged=None), before, qp)
+    assert sorted(x.node for x in found) == ["gpu002", "gpu007"]
