@@ -54,6 +54,8 @@ FY_PREFIX = "fy_"
 OUR_REASON_PREFIX = "fleetyield:"
 """Drain reasons FleetYield writes start with this. A drain with any other reason is someone else's."""
 
+_DRAIN_STATES = frozenset({"DRAIN", "DRAINED", "DRAINING"})  # Slurm state flags of a drained node
+
 
 class Health(StrEnum):
     """Sensed health of a GPU or node. UNKNOWN is never healthy and never bad (no data is not evidence)."""
@@ -139,7 +141,7 @@ class SlurmNode:
 
     @property
     def drained(self) -> bool:
-        return bool(self.states & {"DRAIN", "DRAINED", "DRAINING"})
+        return not self.states.isdisjoint(_DRAIN_STATES)
 
     @property
     def drained_by_us(self) -> bool:
