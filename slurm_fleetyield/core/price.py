@@ -125,8 +125,9 @@ def price(
     reds: list[str] = []
     held, fenced = drains.held, drains.fenced
     # A node whose inputs are the very objects of its last pricing (risk, envelope, lifecycle memory, hold,
-    # params; equal Slurm drain state, reason and weight, drain reason, and last tier / weight / features /
-    # lemon verdict) is priced the same: its PricedNode is reused (ControllerState.memo, not persisted).
+    # params; equal Slurm drain state, reason and weight, drain reason, fence, and last tier / weight /
+    # features / lemon verdict) is priced the same: its PricedNode is reused (ControllerState.memo, not
+    # persisted).
     # Nodes whose pricing logged a tier change are not memoized (their next memory differs anyway).
     memo = state.memo.setdefault("price", {})
     for name, slurm in obs.slurm.items():
@@ -138,6 +139,7 @@ def price(
         mkey = None if memory is None else (memory.tier, memory.weight, memory.fy_features, lemon)
         dr = drain_reason.get(name)
         hold = held.get(name)
+        fence = name in fenced
         hit = memo.get(name)
         if (
             hit is not None
@@ -148,6 +150,7 @@ def price(
             and hit[5] is params
             and hit[6] == dr
             and hit[7] == mkey
+            and hit[11] is fence
             and (hit[0] is slurm or hit[8] == (slurm.states, slurm.reason, slurm.weight))
         ):
             out[name] = hit[9]
@@ -155,7 +158,7 @@ def price(
                 reds.append(name)
             continue
         pn, event, is_red = _price_node(
-            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, name in fenced
+            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, fence
         )
         out[name] = pn
         if is_red:
@@ -165,7 +168,7 @@ def price(
             memo.pop(name, None)
         else:
             skey = (slurm.states, slurm.reason, slurm.weight)
-            memo[name] = (slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red)
+            memo[name] = (slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red, fence)
     return Priced(out, tuple(events), tuple(sorted(reds)))
 
 

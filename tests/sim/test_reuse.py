@@ -123,7 +123,7 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     last memory, the drains or the loan changed (compared with the same call on an empty memo)."""
     from slurm_fleetyield.core import price, profile, route
     from slurm_fleetyield.core.model import Tier
-    from slurm_fleetyield.core.plan import DrainNode
+    from slurm_fleetyield.core.plan import DrainNode, Hold
     from slurm_fleetyield.core.quarantine import Drains
 
     stream = _record()[:6]
@@ -157,6 +157,11 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert not by_admin.nodes[name].managed, "a Slurm view drained by someone else is priced anew"
     drained = Drains(drains=(DrainNode(name, "fleetyield: test drain"),))
     assert priced(state, drains=drained).nodes[name].tier is Tier.QUARANTINED
+    hold = Hold(name, "drain", "drain_cap", "test hold")  # one Hold object, fenced or not: priced apart
+    kept = priced(state, drains=Drains(held={name: hold}))
+    fenced = priced(state, drains=Drains(held={name: hold}, fenced=frozenset({name})))
+    assert any(f.startswith("fy_ok_") for f in kept.nodes[name].keep_fy or ())
+    assert not any(f.startswith("fy_ok_") for f in fenced.nodes[name].keep_fy or ())
 
     def routed(lent: frozenset[str], why: str = ""):  # type: ignore[no-untyped-def]
         got = route.route(obs, p1, envs, lent, why, state.memo)
