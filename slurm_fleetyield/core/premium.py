@@ -115,10 +115,6 @@ def decode_eligible(pn: PricedNode, env: Envelope) -> bool:
     )
 
 
-def _job_id(j: JobView) -> int:
-    return j.job_id
-
-
 def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[JobView]:
     """PENDING jobs of a premium-needing class (``settle.premium_needing_classes``) asking for GPUs, by job
     id (submission order: Slurm's default age priority)."""
@@ -167,22 +163,15 @@ def widen(
     if not pp.enabled:
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
     classes = frozenset(params.settle.premium_needing_classes)
-    # one pass over the queue (thousands of jobs at openb load) for the three lists
-    pending_premium: list[JobView] = []  # as pending_premium_jobs: by job id
-    pending_decode: list[JobView] = []
-    pending_batch: list[JobView] = []  # only with premium.batch
-    decode, batch, want_batch = WorkloadClass.DECODE, WorkloadClass.BATCH, pp.batch
-    for j in obs.jobs:
-        w = j.workload
-        if not w or j.state != "PENDING" or not j.gpus > 0:
-            continue
-        if w in classes:
-            pending_premium.append(j)
-        if w is decode:
-            pending_decode.append(j)
-        elif w is batch and want_batch:
-            pending_batch.append(j)
-    pending_premium.sort(key=_job_id)
+    pending_premium = pending_premium_jobs(obs, classes)
+    pending_decode = [
+        j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.DECODE and j.gpus > 0
+    ]
+    pending_batch = (
+        [j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.BATCH and j.gpus > 0]
+        if pp.batch
+        else []
+    )
     homeless = pp.keep_decode_open and (
         not _decode_home(obs, priced, envelopes)
         or (pp.batch and not _home(obs, priced, envelopes, batch_home))
