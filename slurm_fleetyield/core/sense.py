@@ -117,14 +117,14 @@ def sense(
             # a quiet node's GPUs moved no counter, so none has new XIDs
             gpus = quiet[1]
             node_hist = NodeHistory(t, timeline(t, old.times)[0], old.gpus, quiet)
-            if expected is not None and expected > len(gpus):
-                flagged.append(name)
+            new_xids = False
         else:
             gpus, node_hist = tracker.node(sample, old)
-            if (expected is not None and expected > len(gpus)) or any(g.new_xids for g in gpus):
-                flagged.append(name)
+            new_xids = any(g.new_xids for g in gpus)
         new_history[name] = node_hist
-        nodes[name] = SensedNode(name, OK, "fresh sample", t, now - t, gpus, expected)
+        nodes[name] = sn = SensedNode(name, OK, "fresh sample", t, now - t, gpus, expected)
+        if new_xids or sn.missing_gpus:
+            flagged.append(name)
     return Sensed(nodes, new_history, layout, tuple(events), tuple(flagged))
 
 
