@@ -15,7 +15,8 @@ Slurm behaviour modelled (what FleetYield steers):
   touch the reserved nodes. At most ``bf_max_job_test`` queued jobs are tested per pass (Slurm's
   ``bf_max_job_test``).
 Cost (the scheduler runs up to once a simulated minute over a queue of thousands): a pass scans only the
-nodes with free GPUs (``_open``), per constraint once; a job whose shape (constraint, GPUs per node, nodes)
+nodes with free GPUs, from a rank-sorted list per constraint kept up to date as nodes fill and free up
+(``open_candidates``); a job whose shape (constraint, GPUs per node, nodes)
 is no easier than one that already failed for lack of capacity in this pass fails without a scan (capacity
 only shrinks within a pass); the EASY reservation is computed only when a later job could use a node it
 might reserve, from per-node ready times cached until a job starts, ends or moves its end on that node; the
@@ -100,7 +101,9 @@ class SimSlurm:
         self._accepts: dict[frozenset[str], bool] = {}  # constraint -> accepted at submission (accepts)
         self._cand: dict[frozenset[str], list[SimNode]] = {}  # usable nodes per constraint, by rank
         self._cand_rank: dict[frozenset[str], list[tuple[int, str]]] = {}  # their ranks (bisect)
-        self._open: dict[str, SimNode] = {k: n for k, n in self.nodes.items() if n.free > 0}
+        # usable nodes with free GPUs per constraint, by rank, and their ranks: the same upkeep as _cand
+        self._ocand: dict[frozenset[str], list[SimNode]] = {}
+        self._ocand_rank: dict[frozenset[str], list[tuple[int, str]]] = {}
         self._ready: dict[str, list[float]] = {}  # node -> [earliest time >= g GPUs are free], -inf: now
         self._job_views: dict[int, JobView] = {}  # running job -> its squeue view
         self._started: list[int] = []  # started since the last read_jobs (views still to build)
@@ -257,24 +260,16 @@ class SimSlurm:
 
     def _leave(self, n: SimNode) -> None:
         """Take ``n`` out of the cached candidate lists (before its rank, features or usability change)."""
-        for c, lst in self._cand.items():
-            ranks = self._cand_rank[c]
-            i = bisect.bisect_left(ranks, n.rank)
-            if i < len(lst) and lst[i] is n:
-                del lst[i], ranks[i]
+        _drop(self._cand, self._cand_rank, n)
+        _drop(self._ocand, self._ocand_rank, n)
 
     def _enter(self, n: SimNode) -> None:
         """Put ``n`` into the cached candidate lists it qualifies for (after a change)."""
         if n.drain or n.down:
             return
-        for c, lst in self._cand.items():
-            if c <= n.feature_set:
-                ranks = self._cand_rank[c]
-                i = bisect.bisect_left(ranks, n.rank)
-                if i < len(lst) and lst[i] is n:
-                    continue
-                lst.insert(i, n)
-                ranks.insert(i, n.rank)
+        _put(self._cand, self._cand_rank, n)
+        if n.free > 0:
+            _put(self._ocand, self._ocand_rank, n)
 
     def usable(self, name: str) -> bool:
         n = self.nodes[name]
@@ -297,7 +292,7 @@ class SimSlurm:
             n.free -= gpus_per_node
             assert n.free >= 0, (name, n.free)
             if not n.free:
-                self._open.pop(name, None)
+                _drop(self._ocand, self._ocand_rank, n)
             self.on_node[name].add(job_id)
             self._dirty.add(name)
             self._ready.pop(name, None)
@@ -311,9 +306,10 @@ class SimSlurm:
         self._running_views = None
         for name in p.nodes:
             n = self.nodes[name]
+            was = n.free
             n.free += p.gpus_per_node
-            if n.free:
-                self._open[name] = n
+            if not was and n.free and not (n.drain or n.down):
+                _put(self._ocand, self._ocand_rank, n)
             self.on_node[name].discard(job_id)
             self._dirty.add(name)
             self._ready.pop(name, None)
@@ -348,6 +344,14 @@ class SimSlurm:
             self._cand_rank[constraint] = [n.rank for n in c]
         return c
 
+    def open_candidates(self, constraint: frozenset[str]) -> list[SimNode]:
+        """``candidates`` with at least one free GPU, in the same order."""
+        c = self._ocand.get(constraint)
+        if c is None:
+            c = self._ocand[constraint] = [n for n in self.candidates(constraint) if n.free > 0]
+            self._ocand_rank[constraint] = [n.rank for n in c]
+        return c
+
     def schedule(
         self, now: float, queue: Sequence[tuple[int, frozenset[str], int, int, float]]
     ) -> list[tuple[int, tuple[str, ...]]]:
@@ -360,7 +364,6 @@ class SimSlurm:
         reserved: frozenset[str] = frozenset()
         tested = 0
         taken: dict[str, int] = {}  # GPUs given out in this pass (start() is called by the caller later)
-        opened: dict[frozenset[str], list[SimNode]] = {}  # candidates with free GPUs, per constraint
         failed: dict[frozenset[str], list[tuple[int, int]]] = {}  # (gpn, nodes) short of capacity
         for job_id, constraint, nn, gpn, remaining in queue:
             if tested >= self.bf_max_job_test:
@@ -369,19 +372,8 @@ class SimSlurm:
             worse = failed.get(constraint)
             if worse is not None and any(gpn >= g and nn >= k for g, k in worse):
                 continue  # no easier than a job that found too few nodes: capacity only shrank since
-            if gpn > 0:  # a node without free GPUs cannot take the job: scan only the open ones
-                cand = opened.get(constraint)
-                if cand is None:
-                    cand = opened[constraint] = sorted(
-                        (
-                            n
-                            for n in self._open.values()
-                            if constraint <= n.feature_set and not n.drain and not n.down
-                        ),
-                        key=_rank,
-                    )
-            else:
-                cand = self.candidates(constraint)
+            # a node without free GPUs cannot take a job that needs GPUs: scan only the open ones
+            cand = self.open_candidates(constraint) if gpn > 0 else self.candidates(constraint)
             pick: list[str] = []
             skipped = False
             late = now + remaining
@@ -456,3 +448,29 @@ class SimSlurm:
 
 def _rank(n: SimNode) -> tuple[int, str]:
     return n.rank
+
+
+def _drop(
+    lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[tuple[int, str]]], n: SimNode
+) -> None:
+    """Remove ``n`` from every rank-sorted list of ``lists`` that holds it."""
+    for c, lst in lists.items():
+        r = ranks[c]
+        i = bisect.bisect_left(r, n.rank)
+        if i < len(lst) and lst[i] is n:
+            del lst[i], r[i]
+
+
+def _put(
+    lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[tuple[int, str]]], n: SimNode
+) -> None:
+    """Insert ``n`` into every rank-sorted list of ``lists`` whose constraint it meets (once)."""
+    fs = n.feature_set
+    for c, lst in lists.items():
+        if c <= fs:
+            r = ranks[c]
+            i = bisect.bisect_left(r, n.rank)
+            if i < len(lst) and lst[i] is n:
+                continue
+            lst.insert(i, n)
+            r.insert(i, n.rank)

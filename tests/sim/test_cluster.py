@@ -184,6 +184,12 @@ def test_fast_pass_places_exactly_like_the_plain_rules() -> None:
                 )
             want = _plain_schedule(s, now, queue)
             assert s.schedule(now, queue) == want, (seed, now)
+            for c in {q[1] for q in queue}:  # the kept lists of open nodes are the plain filter's
+                plain = sorted(
+                    (n for n in s.nodes.values() if c <= set(n.features) and not n.drain and not n.down),
+                    key=lambda n: (n.weight, n.name),
+                )
+                assert s.open_candidates(c) == [n for n in plain if n.free > 0], (seed, now, c)
             for job_id, nodes in want:
                 if rng.random() < 0.8:
                     gpn = next(q[3] for q in queue if q[0] == job_id)
