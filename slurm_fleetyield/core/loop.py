@@ -94,7 +94,7 @@ def tick(
     if not obs.slurm_ok:  # Slurm could not be read: acting on a stale view of it is worse than waiting
         return TickResult(state, Plan(), {}, {}, (LogEvent(now, "", "slurm_unreadable", "no plan"),))
     layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
-    sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now)
+    sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = risk.assess(sensed, fatal, state, params, now)
     envelopes = profile.profile(sensed, obs, state, params.profile)

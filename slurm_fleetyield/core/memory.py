@@ -20,7 +20,7 @@ from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker, to_held
 from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory
+from slurm_fleetyield.core.state import ControllerState, NodeMemory, sorted_names
 
 
 def remember(
@@ -53,7 +53,7 @@ def remember(
     # (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
     memo = state.memo.setdefault("remember", {})
     pnodes = priced.nodes
-    for name in sorted(set(decisions) | set(sensed.nodes)):
+    for name in sorted_names(state.memo.setdefault("remember_names", {}), decisions, sensed.nodes):
         old = state.nodes.get(name)
         d = decisions.get(name)
         hit = memo.get(name)
@@ -63,7 +63,7 @@ def remember(
             and hit[0] is d
             and d is not None
             and hit[1] is pnodes[name]
-            and not old.fatal_history
+            and not (old.fatal_history and any(h[0] < oldest for h in old.fatal_history))
             and name not in new_fatal
             and name not in drained_now
         ):

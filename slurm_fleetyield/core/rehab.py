@@ -112,7 +112,7 @@ def rehabilitate(
     for c in obs.canary_results:
         canaries.setdefault(c.node, []).append(c)
     names = sorted(set(state.lifecycle) | set(fatal) | set(approvals))
-    jobs_on = _jobs_index(obs) if names else {}
+    jobs_on = _jobs_index(obs, frozenset(names)) if names else {}
     out = dict(state.lifecycle)
     drain_actions: list[DrainNode] = []
     actions: list[object] = []
@@ -301,12 +301,14 @@ def _remediated(
     return not (nm is not None and any(t > a.started_at + settle for t in nm.fatal_times))
 
 
-def _jobs_index(obs: Observations) -> dict[str, tuple]:
+def _jobs_index(obs: Observations, nodes: frozenset[str]) -> dict[str, tuple]:
+    """The running jobs on each of ``nodes`` (the lifecycle's few, not the fleet's), in queue order."""
     idx: dict[str, list] = {}
     for j in obs.jobs:
-        if j.state in RUNNING_STATES:
+        if j.state in RUNNING_STATES and not nodes.isdisjoint(j.nodes):
             for n in j.nodes:
-                idx.setdefault(n, []).append(j)
+                if n in nodes:
+                    idx.setdefault(n, []).append(j)
     return {n: tuple(js) for n, js in idx.items()}
 
 

@@ -145,7 +145,13 @@ def assess(
     sensed: Sensed, fatal: tuple[Fatal, ...], state: ControllerState, params: Params, now: float
 ) -> Mapping[str, NodeRisk]:
     rp = params.risk
-    scorer = Scorer(compile_signals(params, sensed.layout), params, sensed.layout)
+    # The scorer depends only on the params and the channel layout: built again only when either changed
+    made = state.memo.setdefault("scorer", {})
+    if made.get("params") is params and made.get("layout") == sensed.layout:
+        scorer = made["scorer"]
+    else:
+        scorer = Scorer(compile_signals(params, sensed.layout), params, sensed.layout)
+        made.update(params=params, layout=sensed.layout, scorer=scorer)
     base = rp.base_probability
     mult = state.learn.multipliers if params.learn.enabled else {}
     if mult:  # learned hazard multipliers (core/learn.py): the quiet GPUs' base, and per dominant signal

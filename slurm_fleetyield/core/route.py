@@ -48,6 +48,7 @@ from typing import Any
 from slurm_fleetyield.core.model import FY_PREFIX, Envelope, NodeDecision, Observations, SlurmNode, Tier
 from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
+from slurm_fleetyield.core.state import sorted_names
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
@@ -132,7 +133,7 @@ def route(
     # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
     # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
     # (ControllerState.memo via ``memo``; not persisted).
-    for name in sorted(obs.slurm):
+    for name in sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, obs.slurm):
         slurm = obs.slurm[name]
         pn = priced.nodes[name]
         env = envelopes.get(name, _NO_ENVELOPE)

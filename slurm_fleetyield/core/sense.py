@@ -20,11 +20,12 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import add, ge, itemgetter, sub
+from typing import Any
 
 from slurm_fleetyield.core.model import GpuReading, Health, LogEvent, NodeSample, Observations, fast_init
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS
-from slurm_fleetyield.core.state import Counters, GpuHistory, GpuTrack, NodeHistory
+from slurm_fleetyield.core.state import Counters, GpuHistory, GpuTrack, NodeHistory, sorted_names
 
 
 @fast_init
@@ -55,9 +56,10 @@ class SensedNode:
 
     @property
     def missing_gpus(self) -> int:
-        if not self.fresh or self.expected_gpus is None:
+        expected = self.expected_gpus
+        if expected is None or self.health is Health.UNKNOWN:  # not fresh: no evidence of a missing GPU
             return 0
-        return max(0, self.expected_gpus - len(self.gpus))
+        return max(0, expected - len(self.gpus))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,10 @@ def sense(
     layout: tuple[str, ...],
     params: SenseParams,
     now: float,
+    memo: dict[str, dict[str, Any]] | None = None,
 ) -> Sensed:
+    """``memo``: ``ControllerState.memo`` (kept from tick to tick), where the sorted node names are kept
+    while Slurm's and the samples' node names stay the same, in the same order."""
     events: list[LogEvent] = []
     if old_layout and old_layout != layout:
         # The tracked XIDs changed (config edit): old points do not line up with the new channels.
@@ -92,7 +97,7 @@ def sense(
     timeline = tracker.timeline
     OK = Health.OK
     flagged: list[str] = []
-    for name in sorted(set(slurms) | set(samples)):
+    for name in sorted_names(None if memo is None else memo.setdefault("sense", {}), slurms, samples):
         sample = samples.get(name)
         old = history.get(name, {})
         if sample is None or sample.error or now - sample.time > stale_after_s:
