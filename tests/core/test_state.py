@@ -121,3 +121,26 @@ def test_version_1_state_upgrades_and_adopts_quarantined_nodes():
     assert lc.stage.value == "quarantined" and lc.cause is not None and lc.cause.xid == 48
     assert set(back.lifecycle) == {"gpu003"} and back.lifecycle_drained == {"gpu003"}
     assert ControllerState.from_dict(back.to_dict()) == back
+
+
+def test_sorted_names_is_the_sorted_union_and_follows_every_key_change() -> None:
+    """The kept answer is handed back only while the maps hold the same keys in the same order: a key
+    added, dropped or reordered in either map gives the fresh sorted union."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from slurm_fleetyield.core.state import sorted_names
+
+    keys = st.lists(st.sampled_from(["n1", "n2", "n10", "gpu-a", "gpu-b"]), unique=True)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.tuples(keys, keys), min_size=1, max_size=6))
+    def check(steps: list[tuple[list[str], list[str]]]) -> None:
+        memo: dict[str, object] = {}
+        for a, b in steps:
+            ma, mb = dict.fromkeys(a, 0), dict.fromkeys(b, 0)
+            want = sorted(set(a) | set(b))
+            assert sorted_names(memo, ma, mb) == want
+            assert sorted_names(None, ma, mb) == want
+
+    check()
