@@ -53,6 +53,7 @@ def remember(
     # (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
     memo = state.memo.setdefault("remember", {})
     pnodes = priced.nodes
+    with_history: list[str] = []  # the nodes remembered with a fatal history (risk.assess reads the index)
     for name in sorted_names(state.memo.setdefault("remember_names", {}), decisions, sensed.nodes):
         old = state.nodes.get(name)
         d = decisions.get(name)
@@ -68,12 +69,16 @@ def remember(
             and name not in drained_now
         ):
             nodes[name] = old
+            if old.fatal_history:
+                with_history.append(name)
             continue
         history = old.fatal_history if old else ()
         if name in new_fatal:
             history = (*history, *sorted(new_fatal[name]))
         if history and any(h[0] < oldest for h in history):  # most nodes have none to trim
             history = tuple(h for h in history if h[0] >= oldest)
+        if history:
+            with_history.append(name)
         if d is None:  # sampled but unknown to Slurm: keep only what we knew
             if old is not None:
                 nodes[name] = old if history is old.fatal_history else _replace(old, fatal_history=history)
@@ -121,6 +126,8 @@ def remember(
     ids = state.processed_events
     if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
         ids = tuple(processed[-qp.max_processed_event_ids :])
+    # which remembered nodes have a fatal history, for the very mapping handed on (not persisted)
+    state.memo["fatal_history_index"] = (nodes, frozenset(with_history))
     return ControllerState(
         nodes=nodes,
         history=sensed.history,

@@ -21,8 +21,9 @@ WARN at or above yellow_threshold, else OK. A node without fresh data has health
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk
 from slurm_fleetyield.core.params import Params
@@ -168,13 +169,13 @@ def assess(
     fatal_by_node: dict[str, list[Fatal]] = {}
     for f in fatal:
         fatal_by_node.setdefault(f.node, []).append(f)
-    out: dict[str, NodeRisk] = {}
     # A node whose sensed GPUs are the very objects of its last scoring, with the same fatal history, no
     # fatal evidence then or now, the same params, base and learned multipliers, scores the same: reuse it.
     memo = state.memo.setdefault("risk", {})
     mkey = (params, base, sensed.layout, mult)
     memories = state.nodes
-    for name, node in sensed.nodes.items():
+    out, items = _carried(sensed, fatal_by_node, state, mkey)
+    for name, node in items:
         mem = memories.get(name)
         if mem is not None and mem.fatal_history:
             events = fatal_events(state, name, params, now)
@@ -243,7 +244,42 @@ def assess(
             memo[name] = (node.gpus, mkey, nr, (history, decay))
         else:
             memo.pop(name, None)
+    state.memo["risk_last"] = {
+        "since": sensed.nodes,
+        "out": out,
+        "mkey": mkey,
+        "fatal": frozenset(fatal_by_node),
+    }
     return out
+
+
+def _carried(
+    sensed: Sensed, fatal_by_node: Mapping[str, list[Fatal]], state: ControllerState, mkey: tuple[Any, ...]
+) -> tuple[dict[str, NodeRisk], Iterable[tuple[str, SensedNode]]]:
+    """The answer to start from and the nodes to assess: last tick's answer and only the nodes that may
+    differ from it, when that is known; else nothing and every node.
+
+    Known when sense found the nodes that changed against the very nodes last tick's answer was assessed
+    from (``Sensed.changed``), the params, base, layout and multipliers are the same, and ``state.nodes``
+    is the very mapping ``memory.remember`` indexed (``fatal_history_index``: its nodes with a fatal
+    history). Assessed again: the changed nodes, the nodes with fatal evidence now or last tick, and those
+    with a fatal history (its decay moves with time). Every other node is fresh now and was then, with the
+    very same GPUs and staleness, no evidence and no history: the per-node memo would hand back its last
+    NodeRisk anyway."""
+    nodes = sensed.nodes
+    last = state.memo.get("risk_last")
+    hist = state.memo.get("fatal_history_index")
+    if (
+        sensed.changed is None
+        or last is None
+        or last["since"] is not sensed.since
+        or last["mkey"] != mkey
+        or hist is None
+        or hist[0] is not state.nodes
+    ):
+        return {}, nodes.items()
+    todo = {*sensed.changed, *fatal_by_node, *last["fatal"], *hist[1]}
+    return dict(last["out"]), [(n, nodes[n]) for n in sorted(todo) if n in nodes]
 
 
 def _weight(c: Contribution) -> float:

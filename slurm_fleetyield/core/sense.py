@@ -71,6 +71,12 @@ class Sensed:
     # The fresh nodes with a GPU whose XID counts grew or with fewer GPUs than expected, by name: the only
     # ones where quarantine.find_fatal can find scrape evidence. None: not indexed (look at every node).
     flagged: tuple[str, ...] | None = None
+    # Against ``since`` (an earlier tick's ``nodes``, with the same names in the same order): the nodes whose
+    # SensedNode differs in more than its sample time (another GPU tuple object, health, staleness or
+    # expected count), by name. Every other node is fresh in both with the very same GPUs, so a stage that
+    # read only those from it may hand back its answer for ``since`` (core/risk.py). None: not known.
+    changed: tuple[str, ...] | None = None
+    since: Mapping[str, SensedNode] | None = None
 
 
 def sense(
@@ -83,7 +89,8 @@ def sense(
     memo: dict[str, dict[str, Any]] | None = None,
 ) -> Sensed:
     """``memo``: ``ControllerState.memo`` (kept from tick to tick), where the sorted node names are kept
-    while Slurm's and the samples' node names stay the same, in the same order."""
+    while Slurm's and the samples' node names stay the same, in the same order, and the last sensed nodes,
+    against which ``Sensed.changed`` is found."""
     events: list[LogEvent] = []
     if old_layout and old_layout != layout:
         # The tracked XIDs changed (config edit): old points do not line up with the new channels.
@@ -97,7 +104,13 @@ def sense(
     timeline = tracker.timeline
     OK = Health.OK
     flagged: list[str] = []
-    for name in sorted_names(None if memo is None else memo.setdefault("sense", {}), slurms, samples):
+    sm = None if memo is None else memo.setdefault("sense", {})
+    names = sorted_names(sm, slurms, samples)
+    last = sm.get("last") if sm is not None else None
+    since: Mapping[str, SensedNode] | None = last[1] if last is not None and last[0] is names else None
+    prev = since if since is not None else {}
+    changed: list[str] = []
+    for name in names:
         sample = samples.get(name)
         old = history.get(name, {})
         if sample is None or sample.error or now - sample.time > stale_after_s:
@@ -111,6 +124,7 @@ def sense(
             )
             if old:
                 new_history[name] = old  # keep the trend; the node may come back
+            changed.append(name)
             continue
         assert sample is not None
         slurm = slurms.get(name)
@@ -127,10 +141,30 @@ def sense(
             gpus, node_hist = tracker.node(sample, old)
             new_xids = any(g.new_xids for g in gpus)
         new_history[name] = node_hist
-        nodes[name] = sn = SensedNode(name, OK, "fresh sample", t, now - t, gpus, expected)
+        stale = now - t
+        nodes[name] = sn = SensedNode(name, OK, "fresh sample", t, stale, gpus, expected)
         if new_xids or sn.missing_gpus:
             flagged.append(name)
-    return Sensed(nodes, new_history, layout, tuple(events), tuple(flagged))
+        p = prev.get(name)
+        if (
+            p is None
+            or p.gpus is not gpus
+            or p.health is not OK
+            or p.stale_s != stale
+            or p.expected_gpus != expected
+        ):
+            changed.append(name)
+    if sm is not None:
+        sm["last"] = (names, nodes)
+    return Sensed(
+        nodes,
+        new_history,
+        layout,
+        tuple(events),
+        tuple(flagged),
+        tuple(changed) if since is not None else None,
+        since,
+    )
 
 
 def _unknown_reason(sample: NodeSample | None, stale_after_s: float, now: float) -> str | None:

@@ -58,9 +58,21 @@ def _replay(stream: list[Observations], params: Params) -> TickResult:
     return r
 
 
-def test_reused_results_equal_recomputed_ones() -> None:
+def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from slurm_fleetyield.core import risk
+
     stream = _record()
     params = Params()
+    carried = []  # (nodes assessed, nodes in all) of each risk stage that started from last tick's answer
+    inner = risk._carried
+
+    def spy(sensed, *args):  # type: ignore[no-untyped-def]
+        start, items = inner(sensed, *args)
+        if start:
+            carried.append((len(list(items)), len(sensed.nodes)))
+        return start, items
+
+    monkeypatch.setattr(risk, "_carried", spy)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
@@ -85,6 +97,8 @@ def test_reused_results_equal_recomputed_ones() -> None:
         assert ra.state.to_dict() == rb.state.to_dict(), f"tick {i}: persisted states differ"
         a, b = ra.state, rb.state
     assert reused > len(stream), "the recorded stream must exercise the reuse"
+    # risk carried last tick's answer on most ticks, assessing only some of the nodes again
+    assert len(carried) > len(stream) // 2 and any(k < n for k, n in carried), carried[:5]
     for k, n in stage_reused.items():
         assert n > len(stream), f"the recorded stream must exercise the {k} reuse ({n})"
 
