@@ -151,7 +151,7 @@ def price(
             and hit[6] == dr
             and hit[7] == mkey
             and hit[11] is fence
-            and (hit[0] is slurm or hit[8] == (slurm.states, slurm.reason, slurm.weight))
+            and (hit[0] is slurm or hit[8] == (slurm.drained, slurm.reason, slurm.weight))
         ):
             out[name] = hit[9]
             if hit[10]:
@@ -167,7 +167,7 @@ def price(
             events.append(event)
             memo.pop(name, None)
         else:
-            skey = (slurm.states, slurm.reason, slurm.weight)
+            skey = (slurm.drained, slurm.reason, slurm.weight)  # all _price_node reads of Slurm's view
             memo[name] = (slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red, fence)
     return Priced(out, tuple(events), tuple(sorted(reds)))
 

@@ -285,7 +285,7 @@ def decide(
         by_node.setdefault(f.node, []).append(f)
     fleet = len(obs.slurm)
     cap_nodes = max(qp.drain_cap_min_nodes, math.floor(qp.drain_cap_fraction * fleet))
-    drained_by_us = sum(1 for n in obs.slurm.values() if n.drained_by_us)
+    drained_by_us = sum(1 for n in obs.slurm.values() if n.reason and n.drained_by_us)  # most have no reason
     if exempt:
         drained_by_us -= sum(1 for n in exempt if (s := obs.slurm.get(n)) is not None and s.drained_by_us)
     recent = sum(1 for t in state.drain_times if t > now - qp.window_s)

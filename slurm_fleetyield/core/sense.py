@@ -56,10 +56,14 @@ class SensedNode:
 
     @property
     def missing_gpus(self) -> int:
-        expected = self.expected_gpus
-        if expected is None or self.health is Health.UNKNOWN:  # not fresh: no evidence of a missing GPU
+        if self.health is Health.UNKNOWN:  # not fresh: no evidence of a missing GPU
             return 0
-        return max(0, expected - len(self.gpus))
+        return missing(self.expected_gpus, len(self.gpus))
+
+
+def missing(expected: int | None, visible: int) -> int:
+    """GPUs missing from a fresh sample: how many fewer are visible than expected (none when nothing is)."""
+    return 0 if expected is None or visible >= expected else expected - visible
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +146,8 @@ def sense(
             new_xids = any(g.new_xids for g in gpus)
         new_history[name] = node_hist
         stale = now - t
-        nodes[name] = sn = SensedNode(name, OK, "fresh sample", t, stale, gpus, expected)
-        if new_xids or sn.missing_gpus:
+        nodes[name] = SensedNode(name, OK, "fresh sample", t, stale, gpus, expected)
+        if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
             flagged.append(name)
         p = prev.get(name)
         if (

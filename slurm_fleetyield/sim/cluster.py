@@ -453,8 +453,12 @@ def _rank(n: SimNode) -> tuple[int, str]:
 def _drop(
     lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[tuple[int, str]]], n: SimNode
 ) -> None:
-    """Remove ``n`` from every rank-sorted list of ``lists`` that holds it."""
+    """Remove ``n`` from every rank-sorted list of ``lists`` that holds it (only a list whose constraint its
+    features meet can: callers drop a node before its features change)."""
+    fs = n.feature_set
     for c, lst in lists.items():
+        if not c <= fs:
+            continue
         r = ranks[c]
         i = bisect.bisect_left(r, n.rank)
         if i < len(lst) and lst[i] is n:
