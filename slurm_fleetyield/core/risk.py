@@ -174,13 +174,14 @@ def assess(
     memo = state.memo.setdefault("risk", {})
     mkey = (params, base, sensed.layout, mult)
     memories = state.nodes
-    out, items = _carried(sensed, fatal_by_node, state, mkey)
+    out, items, due = _carried(sensed, fatal_by_node, state, mkey, now)
     for name, node in items:
         mem = memories.get(name)
         if mem is not None and mem.fatal_history:
             events = fatal_events(state, name, params, now)
             history = [u for _, u in events]
             decay = history_decay(events, params, now)
+            due[name] = (mem.fatal_history, _history_due(mem.fatal_history, events, params, now))
         else:
             history, decay = [], 1.0
         node_fatal = fatal_by_node.get(name, ())
@@ -249,13 +250,36 @@ def assess(
         "out": out,
         "mkey": mkey,
         "fatal": frozenset(fatal_by_node),
+        "due": due,
     }
     return out
 
 
+def _history_due(
+    history: tuple[tuple[float, str], ...], events: list[tuple[float, str]], params: Params, now: float
+) -> float:
+    """When the risk of a node with this fatal history can next change with time alone: a report leaves
+    the ``fatal_history_days`` window (``fatal_events``' answer changes), or the single-fault decay moves to
+    its next step (``history_decay``). Until then its GPUs, evidence and params decide alone."""
+    span = params.risk.fatal_history_days * 86_400.0
+    due = min((t for t, _ in history if t >= now - span), default=math.inf) + span
+    if params.risk.single_fault_half_life_days is not None and len(events) == 1:
+        step = params.risk.single_fault_decay_step_hours * 3_600.0
+        if step <= 0:
+            return now  # continuous decay: moves every tick
+        t0 = events[0][0]
+        age = max(0.0, now - t0)
+        due = min(due, t0 + (age // step + 1.0) * step)
+    return due
+
+
 def _carried(
-    sensed: Sensed, fatal_by_node: Mapping[str, list[Fatal]], state: ControllerState, mkey: tuple[Any, ...]
-) -> tuple[dict[str, NodeRisk], Iterable[tuple[str, SensedNode]]]:
+    sensed: Sensed,
+    fatal_by_node: Mapping[str, list[Fatal]],
+    state: ControllerState,
+    mkey: tuple[Any, ...],
+    now: float,
+) -> tuple[dict[str, NodeRisk], Iterable[tuple[str, SensedNode]], dict[str, tuple[Any, float]]]:
     """The answer to start from and the nodes to assess: last tick's answer and only the nodes that may
     differ from it, when that is known; else nothing and every node.
 
@@ -263,9 +287,10 @@ def _carried(
     from (``Sensed.changed``), the params, base, layout and multipliers are the same, and ``state.nodes``
     is the very mapping ``memory.remember`` indexed (``fatal_history_index``: its nodes with a fatal
     history). Assessed again: the changed nodes, the nodes with fatal evidence now or last tick, and those
-    with a fatal history (its decay moves with time). Every other node is fresh now and was then, with the
-    very same GPUs and staleness, no evidence and no history: the per-node memo would hand back its last
-    NodeRisk anyway."""
+    with a fatal history that is another object than when last assessed or whose due time
+    (``_history_due``) has come. Every other node is fresh now and was then, with the very same GPUs and
+    staleness, no evidence, and no history or the very same one with nothing due: the per-node memo would
+    hand back its last NodeRisk anyway. The third value: per node with a history, (that history, due)."""
     nodes = sensed.nodes
     last = state.memo.get("risk_last")
     hist = state.memo.get("fatal_history_index")
@@ -277,9 +302,15 @@ def _carried(
         or hist is None
         or hist[0] is not state.nodes
     ):
-        return {}, nodes.items()
-    todo = {*sensed.changed, *fatal_by_node, *last["fatal"], *hist[1]}
-    return dict(last["out"]), [(n, nodes[n]) for n in sorted(todo) if n in nodes]
+        return {}, nodes.items(), {}
+    todo = {*sensed.changed, *fatal_by_node, *last["fatal"]}
+    due = last["due"]
+    memories = state.nodes
+    for n in hist[1]:
+        d = due.get(n)
+        if d is None or d[0] is not memories[n].fatal_history or now >= d[1] - 1.0:  # a second early: floats
+            todo.add(n)
+    return dict(last["out"]), [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due)
 
 
 def _weight(c: Contribution) -> float:

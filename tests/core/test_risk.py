@@ -299,3 +299,51 @@ def test_fast_scorer_and_explain_path_agree_on_decayed_history():
         fast = {c.signal: c.weight for c in res.risks["gpu000"].gpus[i].contributions}
         assert slow == pytest.approx(fast), (i, slow, fast)
         assert fast  # every GPU carries a (decayed) history term
+
+
+def test_history_due_is_no_later_than_the_next_change_of_the_history_inputs() -> None:
+    """Between a node's assessment and its due time (``risk._history_due``), the fatal events in the window
+    and the single-fault decay (all that time changes in a node's risk) stay what they were; a due time
+    later than a change would let the carried answer go stale."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from slurm_fleetyield.core.risk import _fatal_events, _history_due, history_decay
+
+    day = 86_400.0
+    report = st.tuples(st.floats(0.0, 40 * day), st.sampled_from(["", "GPU-a", "GPU-b"]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(report, min_size=1, max_size=4),
+        st.floats(0.0, 60 * day),
+        st.floats(0.0, 1.0),
+        st.sampled_from([(30.0, 6.0), (10.0, 1.0), (5.0, 0.0)]),
+        st.sampled_from([80.0, None]),
+    )
+    def check(hist, now, frac, window_step, half_life):  # type: ignore[no-untyped-def]
+        days, step_h = window_step
+        p = Params(
+            risk={
+                "fatal_history_days": days,
+                "single_fault_decay_step_hours": step_h,
+                "single_fault_half_life_days": half_life,
+            }
+        )
+        history = tuple(sorted(hist))
+        dedup = p.learn.lemon_dedup_s
+
+        def inputs(t: float):  # type: ignore[no-untyped-def]
+            ev = _fatal_events(history, t - days * day, dedup)
+            return ev, history_decay(ev, p, t)
+
+        events, _ = inputs(now)
+        due = _history_due(history, events, p, now)
+        assert due >= now
+        until = min(due - 1.0, now + 100 * day)  # the carried answer is used while now < due - 1 s
+        if until <= now:
+            return
+        later = now + frac * (until - now)
+        assert inputs(later) == inputs(now), (history, now, later, due)
+
+    check()

@@ -67,10 +67,10 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     inner = risk._carried
 
     def spy(sensed, *args):  # type: ignore[no-untyped-def]
-        start, items = inner(sensed, *args)
+        start, items, due = inner(sensed, *args)
         if start:
             carried.append((len(list(items)), len(sensed.nodes)))
-        return start, items
+        return start, items, due
 
     monkeypatch.setattr(risk, "_carried", spy)
     a, b = ControllerState.empty(), ControllerState.empty()
