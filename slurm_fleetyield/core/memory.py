@@ -77,12 +77,14 @@ def remember(
             history = (*history, *sorted(new_fatal[name]))
         if history and any(h[0] < oldest for h in history):  # most nodes have none to trim
             history = tuple(h for h in history if h[0] >= oldest)
-        if history:
-            with_history.append(name)
         if d is None:  # sampled but unknown to Slurm: keep only what we knew
             if old is not None:
                 nodes[name] = old if history is old.fatal_history else _replace(old, fatal_history=history)
+                if history:
+                    with_history.append(name)
             continue
+        if history:
+            with_history.append(name)
         pn = priced.nodes[name]
         fresh_features = pn.keep_fy is None and pn.feature_tier is None and d.managed
         tier = d.tier if d.tier is not Tier.UNKNOWN or old is None else old.tier

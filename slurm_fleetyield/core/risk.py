@@ -308,7 +308,8 @@ def _carried(
     memories = state.nodes
     for n in hist[1]:
         d = due.get(n)
-        if d is None or d[0] is not memories[n].fatal_history or now >= d[1] - 1.0:  # a second early: floats
+        m = memories.get(n)
+        if d is None or m is None or d[0] is not m.fatal_history or now >= d[1] - 1.0:  # 1 s early: floats
             todo.add(n)
     return dict(last["out"]), [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due)
 

@@ -28,21 +28,6 @@ from slurm_fleetyield.core.lifecycle import Cause, LifecycleMemory, Stage
 from slurm_fleetyield.core.model import FatalEvent, Tier, fast_init
 
 STATE_VERSION = 2
-
-
-def sorted_names(memo: dict[str, Any] | None, *maps: Mapping[str, object]) -> list[str]:
-    """Every key of ``maps``, sorted: a stage's node order. ``memo`` (an entry of ``ControllerState.memo``)
-    keeps the answer while every map has the same keys in the same order, the common case from tick to tick;
-    the list handed back is shared: read it, never change it."""
-    if memo is None:
-        return sorted(set().union(*maps))
-    key = tuple(tuple(m) for m in maps)
-    if memo.get("keys") != key:
-        memo["keys"], memo["names"] = key, sorted(set().union(*maps))
-    names: list[str] = memo["names"]
-    return names
-
-
 READABLE_VERSIONS = (1, 2)
 
 Counters = tuple[float | None, ...]  # one value per channel of ``ControllerState.layout``; None: not exported
@@ -555,3 +540,16 @@ def _reclaim_from_dict(d: Mapping[str, Any]) -> ReclaimMemory:
         tuple((int(j), float(t)) for j, t in d.get("requeued", ())),
         tuple((int(j), float(t)) for j, t in d.get("served", ())),
     )
+
+
+def sorted_names(memo: dict[str, Any] | None, *maps: Mapping[str, object]) -> list[str]:
+    """Every key of ``maps``, sorted: a stage's node order. ``memo`` (an entry of ``ControllerState.memo``)
+    keeps the answer while every map has the same keys in the same order, the common case from tick to tick;
+    the list handed back is shared: read it, never change it."""
+    if memo is None:
+        return sorted(set().union(*maps))
+    key = tuple(tuple(m) for m in maps)
+    if memo.get("keys") != key:
+        memo["keys"], memo["names"] = key, sorted(set().union(*maps))
+    names: list[str] = memo["names"]
+    return names

@@ -347,3 +347,27 @@ def test_history_due_is_no_later_than_the_next_change_of_the_history_inputs() ->
         assert inputs(later) == inputs(now), (history, now, later, due)
 
     check()
+
+
+def test_carried_risk_survives_a_fatal_event_on_a_node_slurm_does_not_know() -> None:
+    """A sampled node unknown to Slurm gets a pushed fatal event: remember keeps no memory for it, so the
+    history index must not name it, and the following ticks (risk starting from last tick's answer) equal a
+    recompute from an empty memo."""
+    from dataclasses import replace
+
+    from slurm_fleetyield.core.loop import tick
+
+    fleet = Fleet(3)
+    fleet.nodes["gpu002"].slurm = None  # sampled, not in Slurm
+    run = Runner(fleet)
+    run.ticks(3)
+    fleet.push("gpu002", 79, 1, run.now)
+    fleet.push("gpu000", 79, 2, run.now)
+    for _ in range(4):
+        before = run.state
+        r = run.tick()
+        fresh = tick(replace(before, memo={}), fleet.observe(run.now), run.params, run.now, random.Random(7))
+        assert dict(r.risks) == dict(fresh.risks)
+        index = run.state.memo["fatal_history_index"]
+        assert index[0] is run.state.nodes and set(index[1]) <= set(run.state.nodes), index[1]
+    assert "gpu000" in index[1]
