@@ -53,7 +53,6 @@ def remember(
     # (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
     memo = state.memo.setdefault("remember", {})
     pnodes = priced.nodes
-    with_history: list[str] = []  # the nodes remembered with a fatal history (risk.assess reads the index)
     for name in sorted_names(state.memo.setdefault("remember_names", {}), decisions, sensed.nodes):
         old = state.nodes.get(name)
         d = decisions.get(name)
@@ -69,8 +68,6 @@ def remember(
             and name not in drained_now
         ):
             nodes[name] = old
-            if old.fatal_history:
-                with_history.append(name)
             continue
         history = old.fatal_history if old else ()
         if name in new_fatal:
@@ -80,11 +77,7 @@ def remember(
         if d is None:  # sampled but unknown to Slurm: keep only what we knew
             if old is not None:
                 nodes[name] = old if history is old.fatal_history else _replace(old, fatal_history=history)
-                if history:
-                    with_history.append(name)
             continue
-        if history:
-            with_history.append(name)
         pn = priced.nodes[name]
         fresh_features = pn.keep_fy is None and pn.feature_tier is None and d.managed
         tier = d.tier if d.tier is not Tier.UNKNOWN or old is None else old.tier
@@ -128,8 +121,8 @@ def remember(
     ids = state.processed_events
     if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
         ids = tuple(processed[-qp.max_processed_event_ids :])
-    # which remembered nodes have a fatal history, for the very mapping handed on (not persisted)
-    state.memo["fatal_history_index"] = (nodes, frozenset(with_history))
+    # the remembered nodes with a fatal history (risk.assess), for the very mapping handed on (not persisted)
+    state.memo["fatal_history_index"] = (nodes, frozenset(n for n, m in nodes.items() if m.fatal_history))
     return ControllerState(
         nodes=nodes,
         history=sensed.history,
