@@ -51,7 +51,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import Envelope, LogEvent, NodeRisk, Observations, Tier, WorkloadClass
+from slurm_fleetyield.core.model import (
+    Envelope,
+    LogEvent,
+    NodeRisk,
+    Observations,
+    Tier,
+    WorkloadClass,
+    job_index,
+)
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import best_fit, idle_gpus, node_pieces
 from slurm_fleetyield.core.price import Priced, PricedNode
@@ -99,7 +107,9 @@ def widen(
     wanted: tuple[WorkloadClass | None, ...] = tuple(WorkloadClass(c) for c in gp.classes)
     if gp.unclassified:
         wanted = (*wanted, None)
-    waiting = [j for j in obs.jobs if j.state == "PENDING" and j.workload in wanted and j.gpus > 0]
+    # by class, in queue order within one (the pick below does not depend on the order: lowest id wins ties)
+    pending = job_index(obs.jobs).pending_by
+    waiting = [j for w in dict.fromkeys(wanted) for j in pending.get(w, ()) if j.gpus > 0]
     if not waiting:
         return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage
-from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations
+from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import ProposeDrain, WithdrawProposal
-from slurm_fleetyield.core.quarantine import RUNNING_STATES, Drains
+from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.state import ControllerState, Denial, OpenProposal
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def propose(
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(
                 g.index for g in r.gpus if g.contributions
             )
-            jobs = tuple(sorted(j.job_id for j in obs.jobs if j.state in RUNNING_STATES and node in j.nodes))
+            jobs = tuple(sorted(j.job_id for j in job_index(obs.jobs).holding if node in j.nodes))
             p = OpenProposal(pid, node, r.probability, now, now + gp.proposal_ttl_s, gpus)
             out[node] = p
             actions.append(ProposeDrain(pid, node, gpus, r.probability, evidence(node), jobs, p.expires_at))

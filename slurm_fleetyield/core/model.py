@@ -378,6 +378,68 @@ class Observations:
     in_flight: frozenset[str] = frozenset()  # nodes whose remediation still runs off the tick: not judged yet
 
 
+# Job states in which a job holds its nodes (squeue): every stage's notion of "running" is one of these.
+HOLDING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
+
+
+class JobIndex:
+    """One tick's queue (``Observations.jobs``) split once, in queue order, for the stages that each looked
+    for a few jobs in all of it (a backlogged simulated fleet holds thousands of pending jobs and a few
+    hundred running ones). Every list keeps the queue's order; a stage still applies its own test to them.
+
+    ``pending``: state PENDING; ``pending_by``: those by workload class (None: unclassified); ``holding``:
+    a state of ``HOLDING_STATES``; ``placed``: jobs with nodes, any state; ``by``: every job by class."""
+
+    __slots__ = ("by", "holding", "jobs", "pending", "pending_by", "placed")
+
+    def __init__(self, jobs: tuple[JobView, ...]) -> None:
+        pending: list[JobView] = []
+        holding: list[JobView] = []
+        placed: list[JobView] = []
+        pending_by: dict[WorkloadClass | None, list[JobView]] = {}
+        by: dict[WorkloadClass | None, list[JobView]] = {}
+        for j in jobs:
+            w = j.workload
+            if j.state == "PENDING":
+                pending.append(j)
+                pl = pending_by.get(w)
+                if pl is None:
+                    pending_by[w] = [j]
+                else:
+                    pl.append(j)
+            elif j.state in HOLDING_STATES:
+                holding.append(j)
+            if j.nodes:
+                placed.append(j)
+            bl = by.get(w)
+            if bl is None:
+                by[w] = [j]
+            else:
+                bl.append(j)
+        self.jobs = jobs
+        self.pending: tuple[JobView, ...] = tuple(pending)
+        self.holding: tuple[JobView, ...] = tuple(holding)
+        self.placed: tuple[JobView, ...] = tuple(placed)
+        self.pending_by: Mapping[WorkloadClass | None, tuple[JobView, ...]] = {
+            w: tuple(js) for w, js in pending_by.items()
+        }
+        self.by: Mapping[WorkloadClass | None, tuple[JobView, ...]] = {w: tuple(js) for w, js in by.items()}
+
+
+_JOB_INDEX: list[JobIndex] = []  # the last index built: the stages of one tick share it
+
+
+def job_index(jobs: tuple[JobView, ...]) -> JobIndex:
+    """``JobIndex(jobs)``, built once per queue: a tuple of frozen jobs cannot change, so the index of the
+    very same tuple object is reused (the last one is kept, and holds its tuple, so its id is not reused)."""
+    if _JOB_INDEX and _JOB_INDEX[0].jobs is jobs:
+        return _JOB_INDEX[0]
+    idx = JobIndex(jobs)
+    if type(jobs) is tuple:  # anything else could change under the index: not kept
+        _JOB_INDEX[:] = [idx]
+    return idx
+
+
 # --------------------------------------------------------------------------------------------------------
 # Settle and learn (outputs of a tick besides the plan)
 # --------------------------------------------------------------------------------------------------------

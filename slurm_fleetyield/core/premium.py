@@ -67,6 +67,7 @@ from slurm_fleetyield.core.model import (
     SlurmNode,
     Tier,
     WorkloadClass,
+    job_index,
 )
 from slurm_fleetyield.core.params import Params, PremiumParams
 from slurm_fleetyield.core.price import Priced, PricedNode
@@ -117,9 +118,15 @@ def decode_eligible(pn: PricedNode, env: Envelope) -> bool:
 
 def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[JobView]:
     """PENDING jobs of a premium-needing class (``settle.premium_needing_classes``) asking for GPUs, by job
-    id (submission order: Slurm's default age priority)."""
+    id (submission order: Slurm's default age priority; a job id is unique in a queue)."""
     return sorted(
-        (j for j in obs.jobs if j.state == "PENDING" and j.workload and j.workload in classes and j.gpus > 0),
+        (
+            j
+            for w, js in job_index(obs.jobs).pending_by.items()
+            if w and w in classes
+            for j in js
+            if j.gpus > 0
+        ),
         key=lambda j: j.job_id,
     )
 
@@ -127,23 +134,32 @@ def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[Job
 def idle_gpus(obs: Observations) -> dict[str, int]:
     """Idle GPUs per schedulable node: IDLE -> all, ALLOCATED -> none, else Gres minus running jobs' share.
 
-    ``JobView.gpus`` is the job's total; a multi-node job uses gpus / len(nodes) on each of its nodes."""
-    used: dict[str, float] = {}
-    for j in obs.jobs:
-        if j.state in _RUNNING and j.nodes and j.gpus > 0:
-            share = j.gpus / len(j.nodes)
-            for n in j.nodes:
-                used[n] = used.get(n, 0.0) + share
+    ``JobView.gpus`` is the job's total; a multi-node job uses gpus / len(nodes) on each of its nodes (the
+    running jobs are read only when some node is neither IDLE nor ALLOCATED)."""
     out: dict[str, int] = {}
+    partly: list[str] = []  # in queue order, filled in below
+    isdisjoint = _OUT.isdisjoint
     for name, s in obs.slurm.items():
-        if s.states & _OUT or not s.states:
+        states = s.states
+        if not states or not isdisjoint(states):
             continue
-        if "IDLE" in s.states:
+        if "IDLE" in states:
             out[name] = s.gpu_count
-        elif "ALLOCATED" in s.states:
+        elif "ALLOCATED" in states:
             out[name] = 0
         else:
-            out[name] = max(0, s.gpu_count - math.ceil(used.get(name, 0.0) - 1e-9))
+            out[name] = 0
+            partly.append(name)
+    if partly:
+        used: dict[str, float] = {}
+        for j in job_index(obs.jobs).holding:
+            if j.state in _RUNNING and j.nodes and j.gpus > 0:
+                share = j.gpus / len(j.nodes)
+                for n in j.nodes:
+                    used[n] = used.get(n, 0.0) + share
+        slurm = obs.slurm
+        for name in partly:
+            out[name] = max(0, slurm[name].gpu_count - math.ceil(used.get(name, 0.0) - 1e-9))
     return out
 
 
@@ -164,14 +180,10 @@ def widen(
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
     classes = frozenset(params.settle.premium_needing_classes)
     pending_premium = pending_premium_jobs(obs, classes)
-    pending_decode = [
-        j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.DECODE and j.gpus > 0
-    ]
-    pending_batch = (
-        [j for j in obs.jobs if j.state == "PENDING" and j.workload is WorkloadClass.BATCH and j.gpus > 0]
-        if pp.batch
-        else []
-    )
+    jobs = job_index(obs.jobs)
+    pending_decode = [j for j in jobs.pending_by.get(WorkloadClass.DECODE, ()) if j.gpus > 0]
+    batch = jobs.pending_by.get(WorkloadClass.BATCH, ()) if pp.batch else ()
+    pending_batch = [j for j in batch if j.gpus > 0]
     homeless = pp.keep_decode_open and (
         not _decode_home(obs, priced, envelopes)
         or (pp.batch and not _home(obs, priced, envelopes, batch_home))
@@ -182,7 +194,7 @@ def widen(
     ):  # fmt: skip
         if mem.claims:
             mem = replace(mem, claims=())
-        if any(j.workload and j.workload in classes and len(j.nodes) > 1 for j in obs.jobs):
+        if any(j.workload and j.workload in classes and len(j.nodes) > 1 for j in jobs.placed):
             gang, seen = _largest_gang(obs, classes, 0, mem, pp, now)
             return Widening(memory=replace(mem, gang_nodes=gang, gang_seen=seen))
         return Widening(memory=mem)  # the common case: nothing pending, nothing lent
@@ -248,7 +260,7 @@ def widen(
     # (premium.batch: batch on an eligible, i.e. green, premium node too; a yellow one takes batch unlent)
     eligible_now = frozenset(eligible)
     held = {
-        n for j in obs.jobs if j.state in _RUNNING for n in j.nodes
+        n for j in jobs.holding if j.state in _RUNNING for n in j.nodes
         if (j.workload is WorkloadClass.DECODE and n in obs.slurm and _premium(envelopes.get(n)))
         or (pp.batch and j.workload is WorkloadClass.BATCH and n in eligible_now)
     }  # fmt: skip
@@ -319,8 +331,10 @@ def _largest_gang(
 ) -> tuple[int, float | None]:
     """Nodes of the largest premium-needing job seen within ``gang_memory_s`` (pending: GPUs / node size)."""
     size = 0
-    for j in obs.jobs:
-        if j.workload and j.workload in classes:
+    for w, js in job_index(obs.jobs).by.items():
+        if not (w and w in classes):
+            continue
+        for j in js:
             n = len(j.nodes) if j.nodes else (math.ceil(j.gpus / max_node) if max_node > 0 else 1)
             size = max(size, n)
     if mem.gang_seen is not None and now - mem.gang_seen < pp.gang_memory_s and mem.gang_nodes >= size:
@@ -426,7 +440,7 @@ def _premium(env: Envelope | None) -> bool:
 
 
 def out_of_service(s: SlurmNode) -> bool:
-    return bool(s.states & _OUT) or not s.states
+    return not s.states or not _OUT.isdisjoint(s.states)
 
 
 def node_pieces(j: JobView, max_node: int) -> list[int]:

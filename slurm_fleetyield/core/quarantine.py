@@ -26,12 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slurm_fleetyield.core.model import (
+    HOLDING_STATES,
     OUR_REASON_PREFIX,
     FatalEvent,
     JobView,
     LogEvent,
     Observations,
     SlurmNode,
+    job_index,
 )
 from slurm_fleetyield.core.params import QuarantineParams
 from slurm_fleetyield.core.plan import DrainNode, Hold
@@ -62,7 +64,7 @@ PUSHED_XID_PREFIX = "pushed:"
 """Processed-evidence marker of a pushed XID, ``pushed:<node>:<gpu>:<xid>:<time>``: the same XID growing in
 a later scrape is that event seen again, not new evidence (else a node resumed right after the drain is
 drained a second time for the fault already acted on)."""
-RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
+RUNNING_STATES = HOLDING_STATES  # a job in one of these holds its node
 MAX_REASON_LEN = 120
 
 
@@ -324,7 +326,9 @@ def decide(
             )
             continue
         gpus = None if qp.requeue_whole_node else faulted_gpus(findings)
-        drains.append(DrainNode(name, first.reason, _requeue(obs.jobs, name, gpus), cause="fatal"))
+        drains.append(
+            DrainNode(name, first.reason, _requeue(job_index(obs.jobs).holding, name, gpus), cause="fatal")
+        )
         processed.extend(findings)
         events.append(LogEvent(now, name, "drain", first.reason, data))
     return Drains(

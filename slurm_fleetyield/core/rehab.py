@@ -40,10 +40,10 @@ from slurm_fleetyield.core.lifecycle import (
     Stage,
     step,
 )
-from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations
+from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold, ResumeNode, SubmitCanary
-from slurm_fleetyield.core.quarantine import RUNNING_STATES, Drains, Fatal
+from slurm_fleetyield.core.quarantine import Drains, Fatal
 from slurm_fleetyield.core.quarantine import _most_specific as most_specific
 from slurm_fleetyield.core.sense import Sensed
 from slurm_fleetyield.core.state import ControllerState
@@ -304,8 +304,8 @@ def _remediated(
 def _jobs_index(obs: Observations, nodes: frozenset[str]) -> dict[str, tuple]:
     """The running jobs on each of ``nodes`` (the lifecycle's few, not the fleet's), in queue order."""
     idx: dict[str, list] = {}
-    for j in obs.jobs:
-        if j.state in RUNNING_STATES and not nodes.isdisjoint(j.nodes):
+    for j in job_index(obs.jobs).holding:
+        if not nodes.isdisjoint(j.nodes):
             for n in j.nodes:
                 if n in nodes:
                     idx.setdefault(n, []).append(j)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage
-from slurm_fleetyield.core.model import JobOutcome, LedgerEntry, Observations
+from slurm_fleetyield.core.model import JobOutcome, LedgerEntry, Observations, job_index
 from slurm_fleetyield.core.params import SettleParams
 from slurm_fleetyield.core.state import ControllerState, SettleMemory
 
@@ -165,9 +165,7 @@ def _track_pending(
     intervals: tuple[tuple[float, float | None], ...], obs: Observations, sp: SettleParams, now: float
 ) -> tuple[tuple[float, float | None], ...]:
     classes = sp.premium_needing_classes
-    waiting = any(
-        j.state == "PENDING" and j.workload is not None and j.workload.value in classes for j in obs.jobs
-    )
+    waiting = any(w is not None and w.value in classes for w in job_index(obs.jobs).pending_by)
     open_ = bool(intervals) and intervals[-1][1] is None
     out = intervals
     if waiting and not open_:

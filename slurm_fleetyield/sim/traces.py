@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from slurm_fleetyield.core.model import fast_init
+
 CLASSES = ("decode", "pretrain", "finetune", "batch")
 BATCH_CKPT_S = 1800.0  # assumption: batch/eval jobs checkpoint every 30 min
 TRAIN_CKPT_S = 3600.0  # assumption: training checkpoints hourly
@@ -73,6 +75,7 @@ class TraceError(ValueError):
         self.source, self.line, self.problem = source, line, problem
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Job:
     job_id: int
@@ -208,14 +211,15 @@ def fill(
     per_replica = sum(min(j.duration, horizon_s) * j.gpus for j in trace) / 3600.0
     target = load * fleet_gpus * horizon_s / 3600.0
     replicas = max(1, round(target / per_replica)) if per_replica > 0 else 1
-    out: list[Job] = []
+    placed: list[tuple[float, Job]] = []  # (new submit time, trace job): each Job is built once, at the end
     for _ in range(replicas):
         shift = rng.uniform(0.0, horizon_s)
-        for j in trace:
-            t = (j.submit * squeeze + shift) % horizon_s
-            out.append(replace(j, submit=t))
-    out.sort(key=lambda j: (j.submit, j.workload, j.duration, j.nodes))
-    return [replace(j, job_id=i + 1) for i, j in enumerate(out)]
+        placed.extend([((j.submit * squeeze + shift) % horizon_s, j) for j in trace])
+    placed.sort(key=lambda p: (p[0], p[1].workload, p[1].duration, p[1].nodes))
+    return [
+        Job(i, t, j.duration, j.nodes, j.gpus_per_node, j.workload, j.checkpoint_s, j.censored)
+        for i, (t, j) in enumerate(placed, 1)
+    ]
 
 
 # ---- synthetic ---------------------------------------------------------------------------------------------
