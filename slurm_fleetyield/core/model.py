@@ -388,15 +388,17 @@ class JobIndex:
     hundred running ones). Every list keeps the queue's order; a stage still applies its own test to them.
 
     ``pending``: state PENDING; ``pending_by``: those by workload class (None: unclassified); ``holding``:
-    a state of ``HOLDING_STATES``; ``placed``: jobs with nodes, any state; ``by``: every job by class."""
+    a state of ``HOLDING_STATES``, ``holding_by`` by class; ``placed``: jobs with nodes, any state; ``by``:
+    every job by class."""
 
-    __slots__ = ("by", "holding", "jobs", "pending", "pending_by", "placed")
+    __slots__ = ("by", "holding", "holding_by", "jobs", "pending", "pending_by", "placed")
 
     def __init__(self, jobs: tuple[JobView, ...]) -> None:
         pending: list[JobView] = []
         holding: list[JobView] = []
         placed: list[JobView] = []
         pending_by: dict[WorkloadClass | None, list[JobView]] = {}
+        holding_by: dict[WorkloadClass | None, list[JobView]] = {}
         by: dict[WorkloadClass | None, list[JobView]] = {}
         for j in jobs:
             w = j.workload
@@ -409,6 +411,11 @@ class JobIndex:
                     pl.append(j)
             elif j.state in HOLDING_STATES:
                 holding.append(j)
+                hl = holding_by.get(w)
+                if hl is None:
+                    holding_by[w] = [j]
+                else:
+                    hl.append(j)
             if j.nodes:
                 placed.append(j)
             bl = by.get(w)
@@ -422,6 +429,9 @@ class JobIndex:
         self.placed: tuple[JobView, ...] = tuple(placed)
         self.pending_by: Mapping[WorkloadClass | None, tuple[JobView, ...]] = {
             w: tuple(js) for w, js in pending_by.items()
+        }
+        self.holding_by: Mapping[WorkloadClass | None, tuple[JobView, ...]] = {
+            w: tuple(js) for w, js in holding_by.items()
         }
         self.by: Mapping[WorkloadClass | None, tuple[JobView, ...]] = {w: tuple(js) for w, js in by.items()}
 

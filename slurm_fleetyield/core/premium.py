@@ -181,9 +181,10 @@ def widen(
     classes = frozenset(params.settle.premium_needing_classes)
     pending_premium = pending_premium_jobs(obs, classes)
     jobs = job_index(obs.jobs)
-    pending_decode = [j for j in jobs.pending_by.get(WorkloadClass.DECODE, ()) if j.gpus > 0]
-    batch = jobs.pending_by.get(WorkloadClass.BATCH, ()) if pp.batch else ()
-    pending_batch = [j for j in batch if j.gpus > 0]
+    DECODE, BATCH = WorkloadClass.DECODE, WorkloadClass.BATCH
+    pending_decode = [j for j in jobs.pending_by.get(DECODE, ()) if j.workload is DECODE and j.gpus > 0]
+    batch = jobs.pending_by.get(BATCH, ()) if pp.batch else ()
+    pending_batch = [j for j in batch if j.workload is BATCH and j.gpus > 0]
     homeless = pp.keep_decode_open and (
         not _decode_home(obs, priced, envelopes)
         or (pp.batch and not _home(obs, priced, envelopes, batch_home))
@@ -260,10 +261,14 @@ def widen(
     # (premium.batch: batch on an eligible, i.e. green, premium node too; a yellow one takes batch unlent)
     eligible_now = frozenset(eligible)
     held = {
-        n for j in jobs.holding if j.state in _RUNNING for n in j.nodes
-        if (j.workload is WorkloadClass.DECODE and n in obs.slurm and _premium(envelopes.get(n)))
-        or (pp.batch and j.workload is WorkloadClass.BATCH and n in eligible_now)
+        n for j in jobs.holding_by.get(DECODE, ()) if j.workload is DECODE and j.state in _RUNNING
+        for n in j.nodes if n in obs.slurm and _premium(envelopes.get(n))
     }  # fmt: skip
+    if pp.batch:
+        held.update(
+            n for j in jobs.holding_by.get(BATCH, ()) if j.workload is BATCH and j.state in _RUNNING
+            for n in j.nodes if n in eligible_now
+        )  # fmt: skip
     keep = [n for n in mem.lent if n in eligible_set]
     if not waiting and (last is None or now - last >= pp.hysteresis_s):
         keep = []

@@ -57,6 +57,7 @@ def test_index_lists_are_the_plain_filters_in_queue_order(jobs: tuple[JobView, .
     for w in CLASSES:
         assert idx.pending_by.get(w, ()) == tuple(j for j in jobs if j.state == "PENDING" and j.workload is w)
         assert idx.by.get(w, ()) == tuple(j for j in jobs if j.workload is w)
+        assert idx.holding_by.get(w, ()) == tuple(j for j in idx.holding if j.workload is w)
     assert job_index(jobs) is idx  # the very same queue: built once
     other = (*jobs[:1], *jobs[1:])  # equal, but another tuple object (tuple(jobs) would be jobs itself)
     if jobs:
