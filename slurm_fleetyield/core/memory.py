@@ -86,7 +86,7 @@ def remember(
             d.slurm_state != "" and "DRAIN" in d.slurm_state and d.reason.startswith("fleetyield:")
         )
         last = first_fatal.get(name) if name in drained_now else None
-        nodes[name] = NodeMemory(
+        nodes[name] = new = NodeMemory(
             tier=tier,
             since=since,
             reason=d.reason,
@@ -97,10 +97,14 @@ def remember(
             fy_features=d.fy_features if fresh_features else (old.fy_features if old else ()),
             weight=d.weight if fresh_features else (old.weight if old else None),
         )
+        if old is not None and new == old:
+            # e.g. only the Slurm state moved: hand on the very memory (a stage that starts from last
+            # tick's answer, core/price.py, looks again only at nodes whose memory is another object)
+            nodes[name] = new = old
         if name in drained_now:  # drained_by_us and the last XID came from this tick's drain: not reusable
             memo.pop(name, None)
         else:
-            memo[name] = (d, pn, nodes[name])
+            memo[name] = (d, pn, new)
     qp = params.quarantine
     processed = list(state.processed_events)
     dropped = False

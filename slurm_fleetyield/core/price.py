@@ -27,8 +27,9 @@ A lemon (core/learn.py) keeps its tier; route withholds gang and premium-class f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from slurm_fleetyield.core.learn import is_lemon
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage, tier_for
@@ -47,7 +48,7 @@ from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold
 from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory
+from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys
 
 # --- Shadow prices: Slurm allocates the LOWEST weight first ---------------------------------------------
 # Yellow first: the work allowed there (batch, by feature) should use marginal nodes before healthy ones,
@@ -120,25 +121,45 @@ def price(
         drain_reason.setdefault(d.node, d.reason)
     lifecycle = state.lifecycle if lifecycle is None else lifecycle
     lp = params.learn
-    out: dict[str, PricedNode] = {}
     events: list[LogEvent] = []
     reds: list[str] = []
     held, fenced = drains.held, drains.fenced
+    slurms, memories = obs.slurm, state.nodes
     # A node whose inputs are the very objects of its last pricing (risk, envelope, lifecycle memory, hold,
     # params; equal Slurm drain state, reason and weight, drain reason, fence, and last tier / weight /
     # features / lemon verdict) is priced the same: its PricedNode is reused (ControllerState.memo, not
     # persisted).
     # Nodes whose pricing logged a tier change are not memoized (their next memory differs anyway).
+    # The memory's key is compared only when the memory is another object than last time (frozen: the very
+    # same memory has the same tier, weight and features) or when its lemon verdict moved.
     memo = state.memo.setdefault("price", {})
-    for name, slurm in obs.slurm.items():
+    # Last tick's answer is the start when it is known which nodes may differ from it (_todo); only those
+    # go through the per-node memo below.
+    keys = tuple(slurms)
+    last = state.memo.get("price_last")
+    # Slurm's view is the shell's mapping, which may be updated in place from tick to tick (the simulator's
+    # is): kept as a copy. The others are the core's own, never changed once handed on.
+    inputs = (dict(slurms), risks, envelopes, memories, lifecycle, drain_reason, held, fenced)
+    todo = _todo(last, keys, inputs, params, state)
+    items: Iterable[tuple[str, SlurmNode]]
+    if todo is None or last is None:
+        out: dict[str, PricedNode] = {}
+        items = slurms.items()
+        pos = {n: i for i, n in enumerate(keys)}
+    else:
+        out = dict(last["out"])
+        pos = last["pos"]
+        items = [(n, slurms[n]) for n in sorted(todo & pos.keys(), key=pos.__getitem__)]
+        reds = [n for n in last["reds"] if n not in todo]
+    unmemo: list[str] = []
+    for name, slurm in items:
         risk = risks.get(name)
         env = envelopes.get(name, _NO_ENVELOPE)
-        memory = state.nodes.get(name)
+        memory = memories.get(name)
         lc = lifecycle.get(name) if lifecycle else None
         lemon = memory is not None and bool(memory.fatal_history) and is_lemon(memory, now, lp)
-        mkey = None if memory is None else (memory.tier, memory.weight, memory.fy_features, lemon)
-        dr = drain_reason.get(name)
-        hold = held.get(name)
+        dr = drain_reason.get(name) if drain_reason else None
+        hold = held.get(name) if held else None
         fence = name in fenced
         hit = memo.get(name)
         if (
@@ -149,14 +170,15 @@ def price(
             and hit[4] is hold
             and hit[5] is params
             and hit[6] == dr
-            and hit[7] == mkey
             and hit[11] is fence
+            and ((hit[12] is memory and hit[13] is lemon) or hit[7] == _mkey(memory, lemon))
             and (hit[0] is slurm or hit[8] == (slurm.drained, slurm.reason, slurm.weight))
         ):
             out[name] = hit[9]
             if hit[10]:
                 reds.append(name)
             continue
+        mkey = _mkey(memory, lemon)
         pn, event, is_red = _price_node(
             name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, fence
         )
@@ -166,10 +188,54 @@ def price(
         if event is not None:
             events.append(event)
             memo.pop(name, None)
+            unmemo.append(name)
         else:
             skey = (slurm.drained, slurm.reason, slurm.weight)  # all _price_node reads of Slurm's view
-            memo[name] = (slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red, fence)
+            memo[name] = (
+                slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red, fence, memory, lemon
+            )  # fmt: skip
+    state.memo["price_last"] = {
+        "keys": keys, "pos": pos, "inputs": inputs, "params": params, "out": out, "reds": tuple(reds),
+        "unmemo": frozenset(unmemo),
+    }  # fmt: skip
     return Priced(out, tuple(events), tuple(sorted(reds)))
+
+
+def _todo(
+    last: dict[str, Any] | None,
+    keys: tuple[str, ...],
+    inputs: tuple[Any, ...],
+    params: Params,
+    state: ControllerState,
+) -> set[str] | None:
+    """The nodes whose pricing may differ from last tick's answer, or None (not known: price every node).
+
+    Known when Slurm's nodes are the same, in the same order, and the params the very same object. Then a
+    node is priced again when any input of the per-node memo is another object than last tick (its Slurm
+    view, risk, envelope, memory, lifecycle memory), when it has a drain, hold or fence now or had one last
+    tick, when last tick's pricing logged an event (not memoized), or when it has a fatal history (its
+    lemon verdict moves with time). Every other node has the very inputs of its memo entry, whose
+    PricedNode is last tick's answer."""
+    if last is None or last["params"] is not params or last["keys"] != keys:
+        return None
+    todo: set[str] = set()
+    before = last["inputs"]
+    for new, old in zip(inputs[:5], before[:5], strict=True):
+        todo |= changed_keys(new, old)
+    for new, old in zip(inputs[5:], before[5:], strict=True):
+        todo.update(new, old)  # drain reasons, holds and fences: their keys, now and last tick
+    todo |= last["unmemo"]
+    hist = state.memo.get("fatal_history_index")
+    if hist is not None and hist[0] is state.nodes:
+        todo |= hist[1]
+    else:
+        todo.update(n for n, m in state.nodes.items() if m.fatal_history)
+    return todo
+
+
+def _mkey(memory: NodeMemory | None, lemon: bool) -> tuple[object, ...] | None:
+    """What pricing reads of a node's memory: last tier, weight and features, and the lemon verdict."""
+    return None if memory is None else (memory.tier, memory.weight, memory.fy_features, lemon)
 
 
 def _price_node(

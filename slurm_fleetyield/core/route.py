@@ -133,14 +133,15 @@ def route(
     # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
     # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
     # (ControllerState.memo via ``memo``; not persisted).
-    for name in sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, obs.slurm):
-        slurm = obs.slurm[name]
-        pn = priced.nodes[name]
+    slurms, pnodes = obs.slurm, priced.nodes
+    for name in sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms):
+        slurm = slurms[name]
+        pn = pnodes[name]
         env = envelopes.get(name, _NO_ENVELOPE)
         is_lent = name in lent
         gang = name in train_lent
-        extra = opened.get(name, ())
-        wall = walled.get(name)
+        extra = opened.get(name, ()) if opened else ()
+        wall = walled.get(name) if walled else None
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None

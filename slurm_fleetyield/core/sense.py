@@ -132,14 +132,22 @@ def sense(
             continue
         assert sample is not None
         slurm = slurms.get(name)
-        expected = max(sample.expected_gpus or 0, slurm.gpu_count if slurm else 0) or None
+        expected = sample.expected_gpus or 0  # the larger of the agent's and Slurm's count, None for 0
+        if slurm is not None and slurm.gpu_count > expected:
+            expected = slurm.gpu_count
+        expected = expected or None
         quiet = old.quiet if type(old) is NodeHistory else None
         t = sample.time
         if quiet is not None and quiet[0] is sample.gpus and t > old.last_time:
             # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick);
-            # a quiet node's GPUs moved no counter, so none has new XIDs
+            # a quiet node's GPUs moved no counter, so none has new XIDs. The timeline's memo, inlined too.
             gpus = quiet[1]
-            node_hist = NodeHistory(t, timeline(t, old.times)[0], old.gpus, quiet)
+            times = old.times
+            if t == tracker._memo_t and times is tracker._memo_src:
+                new_times = tracker._memo[0]
+            else:
+                new_times = timeline(t, times)[0]
+            node_hist = NodeHistory(t, new_times, old.gpus, quiet)
             new_xids = False
         else:
             gpus, node_hist = tracker.node(sample, old)
@@ -147,7 +155,8 @@ def sense(
         new_history[name] = node_hist
         stale = now - t
         nodes[name] = SensedNode(name, OK, "fresh sample", t, stale, gpus, expected)
-        if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
+        # sn.missing_gpus (fresh), without the property: missing(expected, len(gpus)) > 0
+        if new_xids or (expected is not None and len(gpus) < expected):
             flagged.append(name)
         p = prev.get(name)
         if (

@@ -553,3 +553,20 @@ def sorted_names(memo: dict[str, Any] | None, *maps: Mapping[str, object]) -> li
         memo["keys"], memo["names"] = key, sorted(set().union(*maps))
     names: list[str] = memo["names"]
     return names
+
+
+_ABSENT = object()
+
+
+def changed_keys(new: Mapping[str, object], old: Mapping[str, object]) -> set[str]:
+    """The keys whose value in ``new`` is not the very object it is in ``old``, and the keys only one of them
+    has: what a stage that starts from its last answer must look at again (the values are frozen, so the
+    same object is the same value). One C-level pass over ``new``; ``old`` is read again only when it has a
+    key ``new`` lacks."""
+    if new is old:
+        return set()
+    get = old.get
+    out = {k for k, v in new.items() if get(k, _ABSENT) is not v}
+    if len(old) != len(new) - sum(1 for k in out if k not in old):  # old has keys new lacks
+        out.update(k for k in old if k not in new)
+    return out

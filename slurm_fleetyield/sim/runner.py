@@ -790,16 +790,18 @@ class Simulation:
         self.active_eps = still
         out = {}
         gpn = self.cfg.gpus_per_node
+        now = self.now
+        node_gpus = self.node_gpus
         for name in self.inp.nodes:
-            gpus = self.node_gpus.get(name)
+            gpus = node_gpus.get(name)
             if gpus is None:
                 prem = name in self.premium
                 model = PREMIUM_MODEL if prem else OTHER_MODEL
                 gpus = tuple(
                     self._reading((name, g), model, prem) for g in range(gpn) if (name, g) not in self.hidden
                 )
-                self.node_gpus[name] = gpus
-            out[name] = NodeSample(name, self.now, gpus, gpn)
+                node_gpus[name] = gpus
+            out[name] = NodeSample(name, now, gpus, gpn)
         return out
 
     def _tick(self, why: str) -> None:

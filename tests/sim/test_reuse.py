@@ -29,7 +29,7 @@ def _record() -> list[Observations]:
     original = runner.tick
 
     def spy(state, obs, params, now, rng):  # type: ignore[no-untyped-def]
-        seen.append(obs)
+        seen.append(replace(obs, slurm=dict(obs.slurm)))  # the simulator updates its Slurm view in place
         return original(state, obs, params, now, rng)
 
     runner.tick = spy  # type: ignore[assignment]
@@ -73,6 +73,18 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         return start, items, due
 
     monkeypatch.setattr(risk, "_carried", spy)
+    from slurm_fleetyield.core import price
+
+    priced_again = []  # (nodes priced again, nodes in all) of each price stage that started from last tick's
+    inner_todo = price._todo
+
+    def spy_todo(last, keys, *args):  # type: ignore[no-untyped-def]
+        todo = inner_todo(last, keys, *args)
+        if todo is not None:
+            priced_again.append((len(todo & set(keys)), len(keys)))
+        return todo
+
+    monkeypatch.setattr(price, "_todo", spy_todo)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
@@ -99,6 +111,8 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     assert reused > len(stream), "the recorded stream must exercise the reuse"
     # risk carried last tick's answer on most ticks, assessing only some of the nodes again
     assert len(carried) > len(stream) // 2 and any(k < n for k, n in carried), carried[:5]
+    # so did price
+    assert len(priced_again) > len(stream) // 2 and any(k < n for k, n in priced_again), priced_again[:5]
     for k, n in stage_reused.items():
         assert n > len(stream), f"the recorded stream must exercise the {k} reuse ({n})"
 
@@ -159,7 +173,13 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert all(p1.nodes[n] is e[9] for n, e in state.memo["price"].items() if n in p1.nodes)
     name = next(n for n, pn in p1.nodes.items() if pn.tier is Tier.GREEN and pn.managed)
     old = state.nodes[name]
-    assert priced(replace(state, nodes={**state.nodes, name: replace(old, tier=Tier.YELLOW)})).events
+    yellow = replace(state, nodes={**state.nodes, name: replace(old, tier=Tier.YELLOW)})
+    assert priced(yellow).events
+    assert priced(yellow).events, "a node whose pricing logged an event is priced again, event and all"
+    # a lemon verdict moves with time alone: the same inputs an hour after the window hold no lemon (the
+    # nodes with a fatal history from remember's index, or found in the memories when there is none)
+    for index in (True, False):
+        _lemon_follows_time(obs, sensed, r.risks, envs, state, params, now, name, index)
     dark = {n: v for n, v in r.risks.items() if n != name}  # no risk: UNKNOWN, keeps the last weight
     priced(state, dark)
     heavier = replace(state, nodes={**state.nodes, name: replace(old, weight=12_345)})
@@ -169,6 +189,12 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     by_admin = price.price(replace(obs, slurm={**obs.slurm, name: other}), sensed, r.risks, envs, none,
                            state, params, now)  # fmt: skip
     assert not by_admin.nodes[name].managed, "a Slurm view drained by someone else is priced anew"
+    views = dict(obs.slurm)  # a shell that updates one Slurm mapping in place, as the simulator does
+    in_place = replace(obs, slurm=views)
+    assert price.price(in_place, sensed, r.risks, envs, none, state, params, now).nodes[name].managed
+    views[name] = other
+    again = price.price(in_place, sensed, r.risks, envs, none, state, params, now)
+    assert not again.nodes[name].managed, "the same mapping, updated in place, is priced anew too"
     drained = Drains(drains=(DrainNode(name, "fleetyield: test drain"),))
     assert priced(state, drains=drained).nodes[name].tier is Tier.QUARANTINED
     hold = Hold(name, "drain", "drain_cap", "test hold")  # one Hold object, fenced or not: priced apart
@@ -196,3 +222,30 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
 
     assert remembered(none).nodes[name] is state.nodes[name]  # reused: same sample time
     assert remembered(drained).nodes[name].drained_by_us
+
+
+def _lemon_follows_time(obs, sensed, risks, envs, state, params, now, name, index):  # type: ignore[no-untyped-def]
+    """Price a node whose only changing input is time, as its lemon verdict ends, with and without the
+    fatal-history index; each call equals the same call on an empty memo."""
+    from slurm_fleetyield.core import price
+    from slurm_fleetyield.core.quarantine import Drains
+
+    none = Drains()
+    lp = params.learn
+    old = state.nodes[name]
+    failures = tuple((now - 7200.0 * k, "GPU-x") for k in range(lp.lemon_failures, 0, -1))  # 2 h apart
+    nodes = {**state.nodes, name: replace(old, fatal_history=failures)}
+    lemony = replace(state, nodes=nodes, memo=dict(state.memo))
+    if index:  # as memory.remember indexes the nodes it hands on: the fatal-history nodes, by name
+        lemony.memo["fatal_history_index"] = (
+            nodes,
+            frozenset(n for n, m in nodes.items() if m.fatal_history),
+        )
+    lemons = []
+    oldest = 7200.0 * lp.lemon_failures  # the verdict ends when the oldest failure leaves the window
+    for t in (now, now + lp.lemon_window_s - oldest - 3600.0, now + lp.lemon_window_s - oldest + 3600.0):
+        got = price.price(obs, sensed, risks, envs, none, lemony, params, t)
+        want = price.price(obs, sensed, risks, envs, none, replace(lemony, memo={}), params, t)
+        assert repr(got) == repr(want), t
+        lemons.append(got.nodes[name].lemon)
+    assert lemons == [True, True, False], lemons
