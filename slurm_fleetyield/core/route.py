@@ -48,7 +48,7 @@ from typing import Any
 from slurm_fleetyield.core.model import FY_PREFIX, Envelope, NodeDecision, Observations, SlurmNode, Tier
 from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
-from slurm_fleetyield.core.state import sorted_names
+from slurm_fleetyield.core.state import changed_keys, sorted_names
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
@@ -124,17 +124,27 @@ def route(
     fy_ok_decode only to keep decode submittable)."""
     opened = opened or {}
     walled = walled or {}
-    decisions: dict[str, NodeDecision] = {}
     seen = memo.setdefault("route", {}) if memo is not None else None
-    groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
     cache: dict[
         tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
     ] = {}  # most nodes share a handful of these
     # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
     # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
-    # (ControllerState.memo via ``memo``; not persisted).
+    # (ControllerState.memo via ``memo``; not persisted). Last call's answer is the start when it is known
+    # which nodes may differ from it (_todo); only those go through the per-node memo.
     slurms, pnodes = obs.slurm, priced.nodes
-    for name in sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms):
+    names = sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms)
+    loans = (frozenset(lent), frozenset(train_lent), opened, walled)
+    last = memo.get("route_last") if memo is not None else None
+    snapshot = dict(slurms)  # the shell's mapping may be updated in place (the simulator's is)
+    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, batch_wall)
+    decisions: dict[str, NodeDecision]
+    if todo is None or last is None:
+        decisions, differ, items = {}, set(), names
+    else:
+        decisions, differ = dict(last["out"]), {n for n in last["differ"] if n not in todo}
+        items = sorted(n for n in todo if n in slurms)
+    for name in items:
         slurm = slurms[name]
         pn = pnodes[name]
         env = envelopes.get(name, _NO_ENVELOPE)
@@ -158,7 +168,9 @@ def route(
         ):
             decisions[name] = hit[5]
             if hit[6]:
-                groups.setdefault((hit[5].features, pn.weight), []).append(name)
+                differ.add(name)
+            else:
+                differ.discard(name)
             continue
         reason = pn.reason
         if pn.keep_fy is not None:
@@ -203,7 +215,9 @@ def route(
         )
         differs = managed and _differs(slurm, features, pn.weight)
         if differs:
-            groups.setdefault((features, pn.weight), []).append(name)
+            differ.add(name)
+        else:
+            differ.discard(name)
         if seen is not None:
             seen[name] = (
                 slurm,
@@ -219,9 +233,40 @@ def route(
                 batch_wall,
                 wall,
             )
+    if memo is not None:
+        memo["route_last"] = {
+            "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans, "wall": batch_wall,
+            "out": decisions, "differ": frozenset(differ),
+        }  # fmt: skip
+    groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
+    for name in sorted(differ):  # the nodes whose Slurm view differs from their decision, by name
+        groups.setdefault((decisions[name].features, pnodes[name].weight), []).append(name)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
     updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
     return decisions, updates
+
+
+def _todo(
+    last: dict[str, Any] | None,
+    names: list[str],
+    inputs: tuple[Mapping[str, object], ...],
+    loans: tuple[frozenset[str], frozenset[str], Mapping[str, object], Mapping[str, object]],
+    batch_wall: bool,
+) -> set[str] | None:
+    """The nodes whose routing may differ from the last call's answer, or None (not known: route every
+    node). Known when the node names are the very list of the last call (the same keys, core/state.py
+    ``sorted_names``) and ``batch_wall`` is the same. Then a node is routed again when its Slurm view,
+    priced node or envelope is another object, or when it carries a loan, an opened feature or a wall now
+    or did in the last call (their reasons are compared by the per-node memo). Every other node has the very
+    inputs of its memo entry, whose decision is the last answer."""
+    if last is None or last["names"] is not names or last["wall"] is not batch_wall:
+        return None
+    todo: set[str] = set()
+    for new, old in zip(inputs, last["inputs"], strict=True):
+        todo |= changed_keys(new, old)
+    for new_loan, old_loan in zip(loans, last["loans"], strict=True):
+        todo.update(new_loan, old_loan)
+    return todo
 
 
 def _slurm_known(slurm: SlurmNode) -> bool:

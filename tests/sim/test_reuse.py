@@ -85,6 +85,18 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         return todo
 
     monkeypatch.setattr(price, "_todo", spy_todo)
+    from slurm_fleetyield.core import route
+
+    routed_again = []  # (nodes routed again, nodes in all) of each route call that started from the last
+    inner_route = route._todo
+
+    def spy_route(last, names, *args):  # type: ignore[no-untyped-def]
+        todo = inner_route(last, names, *args)
+        if todo is not None:
+            routed_again.append((len(todo & set(names)), len(names)))
+        return todo
+
+    monkeypatch.setattr(route, "_todo", spy_route)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
@@ -111,8 +123,9 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     assert reused > len(stream), "the recorded stream must exercise the reuse"
     # risk carried last tick's answer on most ticks, assessing only some of the nodes again
     assert len(carried) > len(stream) // 2 and any(k < n for k, n in carried), carried[:5]
-    # so did price
+    # so did price and route
     assert len(priced_again) > len(stream) // 2 and any(k < n for k, n in priced_again), priced_again[:5]
+    assert len(routed_again) > len(stream) // 2 and any(k < n for k, n in routed_again), routed_again[:5]
     for k, n in stage_reused.items():
         assert n > len(stream), f"the recorded stream must exercise the {k} reuse ({n})"
 
@@ -214,6 +227,13 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert "lent" in routed(frozenset({name}), "a")[0][name].reason
     assert "(premium widening: b)" in routed(frozenset({name}), "b")[0][name].reason
     assert d1[name] is r.nodes[name]  # the tick's own decision: its remembered memory is reusable
+    views = dict(obs.slurm)  # a Slurm mapping updated in place between two calls, as the simulator does
+    in_place = replace(obs, slurm=views)
+    route.route(in_place, p1, envs, frozenset(), "", state.memo)
+    views[name] = replace(views[name], states=frozenset({"ALLOCATED"}), weight=7)
+    moved, updates = route.route(in_place, p1, envs, frozenset(), "", state.memo)
+    assert (moved, updates) == route.route(in_place, p1, envs, frozenset(), "", None)
+    assert moved[name].slurm_state == "ALLOCATED" and any(name in u.nodes for u in updates)
 
     def remembered(drains: Drains) -> ControllerState:
         got = memory.remember(state, sensed, d1, p1, (), drains, params, now)
