@@ -12,6 +12,7 @@ once it is acted on (drained or moot); held evidence is reconsidered next tick a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from slurm_fleetyield.core import quarantine
 from slurm_fleetyield.core.model import NodeDecision, Tier
@@ -20,7 +21,7 @@ from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker, to_held
 from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory, sorted_names
+from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys, sorted_names
 
 
 def remember(
@@ -53,7 +54,16 @@ def remember(
     # (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
     memo = state.memo.setdefault("remember", {})
     pnodes = priced.nodes
-    for name in sorted_names(state.memo.setdefault("remember_names", {}), decisions, sensed.nodes):
+    names = sorted_names(state.memo.setdefault("remember_names", {}), decisions, sensed.nodes)
+    # Last tick's memories are the start when it is known which nodes may differ (_todo); only those go
+    # through the per-node memo above.
+    carried = state.memo.get("remember_last")
+    todo = _todo(carried, names, decisions, pnodes, state, {*new_fatal, *drained_now})
+    items: list[str] = names
+    if todo is not None and carried is not None:
+        nodes = dict(carried["out"])
+        items = sorted(n for n in todo if n in decisions or n in sensed.nodes)  # the names' order
+    for name in items:
         old = state.nodes.get(name)
         d = decisions.get(name)
         hit = memo.get(name)
@@ -125,8 +135,19 @@ def remember(
     ids = state.processed_events
     if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
         ids = tuple(processed[-qp.max_processed_event_ids :])
+    if todo is not None and carried is not None:
+        if len(nodes) != len(carried["out"]):  # a node remembered for the first time: keep names' order
+            nodes = {n: nodes[n] for n in names if n in nodes}
+        kept = carried["history"] - todo
+        histories = frozenset({*kept, *(n for n in todo if n in nodes and nodes[n].fatal_history)})
+    else:
+        histories = frozenset(n for n, m in nodes.items() if m.fatal_history)
     # the remembered nodes with a fatal history (risk.assess), for the very mapping handed on (not persisted)
-    state.memo["fatal_history_index"] = (nodes, frozenset(n for n, m in nodes.items() if m.fatal_history))
+    state.memo["fatal_history_index"] = (nodes, histories)
+    state.memo["remember_last"] = {
+        "names": names, "decisions": decisions, "pnodes": pnodes, "out": nodes, "history": histories,
+        "drained": frozenset(drained_now),
+    }  # fmt: skip
     return ControllerState(
         nodes=nodes,
         history=sensed.history,
@@ -142,3 +163,28 @@ def _replace(m: NodeMemory, **changes: object) -> NodeMemory:
     from dataclasses import replace
 
     return replace(m, **changes)  # type: ignore[arg-type]
+
+
+def _todo(
+    last: dict[str, Any] | None,
+    names: list[str],
+    decisions: Mapping[str, NodeDecision],
+    pnodes: Mapping[str, object],
+    state: ControllerState,
+    acted: set[str],
+) -> set[str] | None:
+    """The nodes whose memory may differ from last tick's, or None (not known: every node).
+
+    Known when the node names are the very list of last tick (``sorted_names``) and the memories are the
+    very mapping remember handed on. Then a node is remembered again when its decision or priced node is
+    another object, when it has fatal evidence acted on or a drain now (``acted``) or had a drain last tick
+    (not memoized), or when it has a fatal history (old reports leave it with time). Every other node has the
+    very inputs of its memo entry, whose memory is last tick's; or it is sampled but unknown to Slurm and
+    keeps its memory (no history to trim) or has none, as the per-node rule would."""
+    if last is None or last["names"] is not names or last["out"] is not state.nodes:
+        return None
+    todo = changed_keys(decisions, last["decisions"]) | changed_keys(pnodes, last["pnodes"])
+    todo |= acted
+    todo |= last["drained"]
+    todo |= last["history"]
+    return todo

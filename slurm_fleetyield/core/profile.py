@@ -16,8 +16,9 @@ Workload classes and the envelope each needs (``route`` turns these into admissi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from slurm_fleetyield.core.model import Envelope, Observations, WorkloadClass
 from slurm_fleetyield.core.params import ProfileParams
@@ -33,7 +34,7 @@ from slurm_fleetyield.core.signals import (
     REMAP_PENDING,
     ROWS_UNCORR,
 )
-from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.state import ControllerState, changed_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,18 @@ def profile(
     # A fresh node whose sensed GPUs are the very objects of its last envelope (same GPU type, expected
     # count and params) has the same envelope: reused (ControllerState.memo, not persisted).
     last = state.memo.setdefault("profile", {})
-    for name, node in sensed.nodes.items():
+    # Last tick's answer is the start when sense knows which nodes changed against the very nodes it was
+    # built from (``Sensed.changed``): only those, and the nodes whose Slurm view is another object (its
+    # GPU type), go through the memo above; every other node is fresh now and was then, with the very
+    # same GPUs, expected count and GPU type.
+    snapshot = dict(obs.slurm)  # the shell's mapping may be updated in place (the simulator's is)
+    todo = _todo(state.memo.get("profile_last"), sensed, snapshot, pp)
+    items: Iterable[tuple[str, SensedNode]] = sensed.nodes.items()
+    if todo is not None:
+        nodes = sensed.nodes
+        out = dict(state.memo["profile_last"]["out"])
+        items = [(n, nodes[n]) for n in sorted(todo) if n in nodes]
+    for name, node in items:
         slurm = obs.slurm.get(name)
         gpu_type = (slurm.gpu_type or "") if slurm else ""
         hit = last.get(name)
@@ -93,7 +105,19 @@ def profile(
             continue
         env = out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
         last[name] = (node.gpus, (gpu_type, node.expected_gpus, pp), env)
+    state.memo["profile_last"] = {"since": sensed.nodes, "params": pp, "slurm": snapshot, "out": out}
     return out
+
+
+def _todo(
+    carried: dict[str, Any] | None, sensed: Sensed, snapshot: Mapping[str, object], pp: ProfileParams
+) -> set[str] | None:
+    """The nodes whose envelope may differ from last tick's answer, or None (not known: every node)."""
+    if carried is None or sensed.changed is None or carried["since"] is not sensed.since:
+        return None
+    if carried["params"] is not pp:
+        return None
+    return {*sensed.changed, *changed_keys(snapshot, carried["slurm"])}
 
 
 def _envelope(

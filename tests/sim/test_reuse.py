@@ -41,6 +41,24 @@ def _record() -> list[Observations]:
     return seen
 
 
+def _retyped(stream: list[Observations]) -> list[Observations]:
+    """From the middle of the stream on, Slurm reports another GPU type for one node (re-imaged with other
+    GPUs): only its Slurm view changes, which the envelope (premium or not) reads."""
+    premium = [m.lower() for m in Params().profile.premium_gpu_models]
+
+    def is_premium(t: str | None) -> bool:
+        return any(m in (t or "").lower() for m in premium)
+
+    views = sorted(stream[-1].slurm.items())
+    name = next(n for n, v in views if not is_premium(v.gpu_type))  # becomes premium by its GPU type
+    other = next(v.gpu_type for _, v in views if is_premium(v.gpu_type))
+    half = len(stream) // 2
+    return stream[:half] + [
+        replace(o, slurm={**o.slurm, name: replace(o.slurm[name], gpu_type=other)}) if name in o.slurm else o
+        for o in stream[half:]
+    ]
+
+
 def _fresh(obs: Observations) -> Observations:
     samples = {n: replace(s, gpus=tuple(copy.deepcopy(g) for g in s.gpus)) for n, s in obs.samples.items()}
     return replace(obs, samples=samples)
@@ -61,7 +79,7 @@ def _replay(stream: list[Observations], params: Params) -> TickResult:
 def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from slurm_fleetyield.core import risk
 
-    stream = _record()
+    stream = _retyped(_record())
     params = Params()
     carried = []  # (nodes assessed, nodes in all) of each risk stage that started from last tick's answer
     inner = risk._carried
@@ -97,6 +115,28 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         return todo
 
     monkeypatch.setattr(route, "_todo", spy_route)
+    from slurm_fleetyield.core import profile
+
+    profiled_again = []  # (nodes profiled again, nodes in all) of each profile that started from the last
+    inner_profile = profile._todo
+
+    def spy_profile(carried, sensed, *args):  # type: ignore[no-untyped-def]
+        todo = inner_profile(carried, sensed, *args)
+        if todo is not None:
+            profiled_again.append((len(todo & set(sensed.nodes)), len(sensed.nodes)))
+        return todo
+
+    monkeypatch.setattr(profile, "_todo", spy_profile)
+    remembered_again = []  # (nodes remembered again, nodes in all) of each remember starting from the last
+    inner_remember = memory._todo
+
+    def spy_remember(last, names, *args):  # type: ignore[no-untyped-def]
+        todo = inner_remember(last, names, *args)
+        if todo is not None:
+            remembered_again.append((len(todo & set(names)), len(names)))
+        return todo
+
+    monkeypatch.setattr(memory, "_todo", spy_remember)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
@@ -123,9 +163,11 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     assert reused > len(stream), "the recorded stream must exercise the reuse"
     # risk carried last tick's answer on most ticks, assessing only some of the nodes again
     assert len(carried) > len(stream) // 2 and any(k < n for k, n in carried), carried[:5]
-    # so did price and route
+    # so did price, route, profile and remember
     assert len(priced_again) > len(stream) // 2 and any(k < n for k, n in priced_again), priced_again[:5]
     assert len(routed_again) > len(stream) // 2 and any(k < n for k, n in routed_again), routed_again[:5]
+    assert len(profiled_again) > len(stream) // 2 and any(k < n for k, n in profiled_again)
+    assert len(remembered_again) > len(stream) // 2 and any(k < n for k, n in remembered_again)
     for k, n in stage_reused.items():
         assert n > len(stream), f"the recorded stream must exercise the {k} reuse ({n})"
 
@@ -269,3 +311,56 @@ def _lemon_follows_time(obs, sensed, risks, envs, state, params, now, name, inde
         assert repr(got) == repr(want), t
         lemons.append(got.nodes[name].lemon)
     assert lemons == [True, True, False], lemons
+
+
+def test_remember_from_last_tick_follows_its_inputs() -> None:
+    """remember starting from last tick's memories (``memory._todo``) equals the per-node rule on an empty
+    memo when the decisions and priced nodes are the very same objects but a drain, acted-on fatal evidence,
+    last tick's drain or the passing of time (fatal history leaving its window) changes a memory."""
+    from slurm_fleetyield.core.plan import DrainNode
+    from slurm_fleetyield.core.price import Priced
+    from slurm_fleetyield.core.quarantine import Drains, Fatal
+
+    stream = _record()
+    params = Params()
+    r = _replay(stream, params)
+    assert r.sensed is not None
+    state, sensed, now = r.state, r.sensed, stream[-1].time
+    last = state.memo["remember_last"]
+    assert last["out"] is state.nodes
+    decisions, priced = last["decisions"], Priced(last["pnodes"])
+    carried: list[int] = []
+    inner = memory._todo
+
+    def call(st: ControllerState, drains: Drains, t: float) -> ControllerState:
+        todo = inner(st.memo.get("remember_last"), *_names_and(st, decisions, sensed, priced))
+        carried.append(-1 if todo is None else len(todo))
+        got = memory.remember(st, sensed, decisions, priced, (), drains, params, t)
+        want = memory.remember(replace(st, memo={}), sensed, decisions, priced, (), drains, params, t)
+        assert got == want and list(got.nodes) == list(want.nodes)
+        return replace(got, memo=st.memo)  # as the loop hands the memo on
+
+    name = next(n for n, d in decisions.items() if d.managed and not state.nodes[n].fatal_history)
+    call(replace(state, memo=dict(state.memo)), Drains(), now)
+    drain = DrainNode(name, "fleetyield: test drain")
+    drained = call(replace(state, memo=dict(state.memo)), Drains(drains=(drain,)), now)
+    assert drained.nodes[name].drained_by_us
+    after = call(drained, Drains(), now + 60.0)  # the drained node was not memoized: remembered again
+    assert after.nodes[name] == call(replace(state, memo=dict(state.memo)), Drains(), now + 60.0).nodes[name]
+    fatal = Fatal(name, now, "xid", f"test:{name}", "push", 0, "GPU-test", 79)
+    acted = call(replace(state, memo=dict(state.memo)), Drains(processed=(fatal,)), now)
+    assert acted.nodes[name].fatal_history[-1] == (now, "GPU-test")
+    history = [n for n, m in state.nodes.items() if m.fatal_history]
+    assert history, "the fault-heavy stream must leave a fatal history"
+    later = now + params.risk.fatal_history_days * 86_400.0 + 1.0  # every report has left the window
+    aged = call(replace(state, memo=dict(state.memo)), Drains(), later)
+    assert all(not aged.nodes[n].fatal_history for n in history)
+    assert all(k >= 0 for k in carried), f"every call must start from last tick's memories: {carried}"
+
+
+def _names_and(st, decisions, sensed, priced):  # type: ignore[no-untyped-def]
+    """The arguments ``memory.remember`` hands ``_todo`` after the last-tick memory (as it computes them)."""
+    from slurm_fleetyield.core.state import sorted_names
+
+    names = sorted_names(st.memo.setdefault("remember_names", {}), decisions, sensed.nodes)
+    return names, decisions, priced.nodes, st, set()
