@@ -404,25 +404,13 @@ class JobIndex:
             w = j.workload
             if j.state == "PENDING":
                 pending.append(j)
-                pl = pending_by.get(w)
-                if pl is None:
-                    pending_by[w] = [j]
-                else:
-                    pl.append(j)
+                pending_by.setdefault(w, []).append(j)
             elif j.state in HOLDING_STATES:
                 holding.append(j)
-                hl = holding_by.get(w)
-                if hl is None:
-                    holding_by[w] = [j]
-                else:
-                    hl.append(j)
+                holding_by.setdefault(w, []).append(j)
             if j.nodes:
                 placed.append(j)
-            bl = by.get(w)
-            if bl is None:
-                by[w] = [j]
-            else:
-                bl.append(j)
+            by.setdefault(w, []).append(j)
         self.jobs = jobs
         self.pending: tuple[JobView, ...] = tuple(pending)
         self.holding: tuple[JobView, ...] = tuple(holding)

@@ -64,6 +64,23 @@ def _fresh(obs: Observations) -> Observations:
     return replace(obs, samples=samples)
 
 
+def _spy_todo(monkeypatch, module, names_of):  # type: ignore[no-untyped-def]
+    """Wrap ``module._todo`` (whose second argument holds the node names, read by ``names_of``): the list
+    it returns gets (nodes listed, nodes in all) for every call that started from last tick's answer."""
+    seen: list[tuple[int, int]] = []
+    inner = module._todo
+
+    def spy(last, second, *args):  # type: ignore[no-untyped-def]
+        todo = inner(last, second, *args)
+        if todo is not None:
+            names = set(names_of(second))
+            seen.append((len(todo & names), len(names)))
+        return todo
+
+    monkeypatch.setattr(module, "_todo", spy)
+    return seen
+
+
 def _replay(stream: list[Observations], params: Params) -> TickResult:
     """Tick through ``stream`` from an empty state; the last tick's result."""
     state = ControllerState.empty()
@@ -91,52 +108,13 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         return start, items, due
 
     monkeypatch.setattr(risk, "_carried", spy)
-    from slurm_fleetyield.core import price
+    from slurm_fleetyield.core import price, profile, route
 
-    priced_again = []  # (nodes priced again, nodes in all) of each price stage that started from last tick's
-    inner_todo = price._todo
-
-    def spy_todo(last, keys, *args):  # type: ignore[no-untyped-def]
-        todo = inner_todo(last, keys, *args)
-        if todo is not None:
-            priced_again.append((len(todo & set(keys)), len(keys)))
-        return todo
-
-    monkeypatch.setattr(price, "_todo", spy_todo)
-    from slurm_fleetyield.core import route
-
-    routed_again = []  # (nodes routed again, nodes in all) of each route call that started from the last
-    inner_route = route._todo
-
-    def spy_route(last, names, *args):  # type: ignore[no-untyped-def]
-        todo = inner_route(last, names, *args)
-        if todo is not None:
-            routed_again.append((len(todo & set(names)), len(names)))
-        return todo
-
-    monkeypatch.setattr(route, "_todo", spy_route)
-    from slurm_fleetyield.core import profile
-
-    profiled_again = []  # (nodes profiled again, nodes in all) of each profile that started from the last
-    inner_profile = profile._todo
-
-    def spy_profile(carried, sensed, *args):  # type: ignore[no-untyped-def]
-        todo = inner_profile(carried, sensed, *args)
-        if todo is not None:
-            profiled_again.append((len(todo & set(sensed.nodes)), len(sensed.nodes)))
-        return todo
-
-    monkeypatch.setattr(profile, "_todo", spy_profile)
-    remembered_again = []  # (nodes remembered again, nodes in all) of each remember starting from the last
-    inner_remember = memory._todo
-
-    def spy_remember(last, names, *args):  # type: ignore[no-untyped-def]
-        todo = inner_remember(last, names, *args)
-        if todo is not None:
-            remembered_again.append((len(todo & set(names)), len(names)))
-        return todo
-
-    monkeypatch.setattr(memory, "_todo", spy_remember)
+    # (nodes done again, nodes in all) of each call of a stage that started from last tick's answer
+    priced_again = _spy_todo(monkeypatch, price, lambda keys: keys)
+    routed_again = _spy_todo(monkeypatch, route, lambda names: names)
+    profiled_again = _spy_todo(monkeypatch, profile, lambda sensed: sensed.nodes)
+    remembered_again = _spy_todo(monkeypatch, memory, lambda names: names)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
