@@ -136,8 +136,8 @@ def remember(
     if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
         ids = tuple(processed[-qp.max_processed_event_ids :])
     if todo is not None and carried is not None:
-        if len(nodes) != len(carried["out"]):  # a node remembered for the first time: keep names' order
-            nodes = {n: nodes[n] for n in names if n in nodes}
+        # the same keys as last tick, in the same order: the names are the very list, so every node with a
+        # decision had a memory then, and a node without one only keeps what it had
         kept = carried["history"] - todo
         histories = frozenset({*kept, *(n for n in todo if n in nodes and nodes[n].fatal_history)})
     else:

@@ -137,11 +137,11 @@ def idle_gpus(obs: Observations) -> dict[str, int]:
     ``JobView.gpus`` is the job's total; a multi-node job uses gpus / len(nodes) on each of its nodes (the
     running jobs are read only when some node is neither IDLE nor ALLOCATED)."""
     out: dict[str, int] = {}
-    partly: list[str] = []  # in queue order, filled in below
+    partly: list[str] = []  # partly allocated, in Slurm's node order: filled in below
     isdisjoint = _OUT.isdisjoint
     for name, s in obs.slurm.items():
         states = s.states
-        if not states or not isdisjoint(states):
+        if not states or not isdisjoint(states):  # out_of_service(s), inlined: every node, every tick
             continue
         if "IDLE" in states:
             out[name] = s.gpu_count

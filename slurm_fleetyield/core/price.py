@@ -171,14 +171,13 @@ def price(
             and hit[5] is params
             and hit[6] == dr
             and hit[11] is fence
-            and ((hit[12] is memory and hit[13] is lemon) or hit[7] == _mkey(memory, lemon))
+            and ((hit[7] is memory and hit[12] is lemon) or _mkey(hit[7], hit[12]) == _mkey(memory, lemon))
             and (hit[0] is slurm or hit[8] == (slurm.drained, slurm.reason, slurm.weight))
         ):
             out[name] = hit[9]
             if hit[10]:
                 reds.append(name)
             continue
-        mkey = _mkey(memory, lemon)
         pn, event, is_red = _price_node(
             name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, fence
         )
@@ -192,7 +191,7 @@ def price(
         else:
             skey = (slurm.drained, slurm.reason, slurm.weight)  # all _price_node reads of Slurm's view
             memo[name] = (
-                slurm, risk, env, lc, hold, params, dr, mkey, skey, pn, is_red, fence, memory, lemon
+                slurm, risk, env, lc, hold, params, dr, memory, skey, pn, is_red, fence, lemon
             )  # fmt: skip
     state.memo["price_last"] = {
         "keys": keys, "pos": pos, "inputs": inputs, "params": params, "out": out, "reds": tuple(reds),

@@ -64,7 +64,6 @@ PUSHED_XID_PREFIX = "pushed:"
 """Processed-evidence marker of a pushed XID, ``pushed:<node>:<gpu>:<xid>:<time>``: the same XID growing in
 a later scrape is that event seen again, not new evidence (else a node resumed right after the drain is
 drained a second time for the fault already acted on)."""
-RUNNING_STATES = HOLDING_STATES  # a job in one of these holds its node
 MAX_REASON_LEN = 120
 
 
@@ -407,7 +406,7 @@ def _requeue(jobs: tuple[JobView, ...], node: str, gpus: frozenset[int] | None =
             j.job_id
             for j in jobs
             if j.requeue
-            and j.state in RUNNING_STATES
+            and j.state in HOLDING_STATES
             and j.state != "COMPLETING"
             and node in j.nodes
             and (gpus is None or j.holds_gpu(node, gpus))

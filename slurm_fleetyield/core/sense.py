@@ -140,14 +140,9 @@ def sense(
         t = sample.time
         if quiet is not None and quiet[0] is sample.gpus and t > old.last_time:
             # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick);
-            # a quiet node's GPUs moved no counter, so none has new XIDs. The timeline's memo, inlined too.
+            # a quiet node's GPUs moved no counter, so none has new XIDs
             gpus = quiet[1]
-            times = old.times
-            if t == tracker._memo_t and times is tracker._memo_src:
-                new_times = tracker._memo[0]
-            else:
-                new_times = timeline(t, times)[0]
-            node_hist = NodeHistory(t, new_times, old.gpus, quiet)
+            node_hist = NodeHistory(t, timeline(t, old.times)[0], old.gpus, quiet)
             new_xids = False
         else:
             gpus, node_hist = tracker.node(sample, old)
@@ -155,8 +150,7 @@ def sense(
         new_history[name] = node_hist
         stale = now - t
         nodes[name] = SensedNode(name, OK, "fresh sample", t, stale, gpus, expected)
-        # sn.missing_gpus (fresh), without the property: missing(expected, len(gpus)) > 0
-        if new_xids or (expected is not None and len(gpus) < expected):
+        if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
             flagged.append(name)
         p = prev.get(name)
         if (
