@@ -1,7 +1,7 @@
 # FleetYield developer entry points.
 #   make test   unit + integration tests (brings the docker Slurm cluster up if it is not)
 #   make up / make down / make demo   the docker Slurm cluster (contrib/slurm-docker-cluster)
-#   make lint   ruff + import-linter
+#   make lint   ruff + import-linter + mypy (the decision core)
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
@@ -26,6 +26,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy slurm_fleetyield/core
 
 up: $(STAMP)
 	$(CLUSTER)/up.sh

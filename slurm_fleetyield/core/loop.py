@@ -103,7 +103,7 @@ def tick(
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
-    pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled))
+    pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, state, params, now)
@@ -159,7 +159,7 @@ def _next_state(
     pw: premium.Widening,
     ko: keep_open.Opened,
     rc: reclaim.Reclaim,
-    memo: dict[str, dict[str, object]],
+    memo: dict[str, Any],
 ) -> ControllerState:
     return replace(
         remembered,

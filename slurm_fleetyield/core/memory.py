@@ -21,7 +21,7 @@ from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker, to_held
 from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys, sorted_names
+from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys, note_changes, sorted_names
 
 
 def remember(
@@ -45,8 +45,8 @@ def remember(
     for f in drains.processed:
         new_fatal.setdefault(f.node, []).append((f.time, f.uuid or ""))
     drained_now = {d.node: d for d in drains.drains}
-    for d in extra_drains:
-        drained_now.setdefault(d.node, d)
+    for dn in extra_drains:
+        drained_now.setdefault(dn.node, dn)
     first_fatal = {f.node: f for f in reversed(drains.processed)}
     nodes: dict[str, NodeMemory] = {}
     # A node whose previous memory is the very one remembered from this decision and priced node last tick,
@@ -148,6 +148,8 @@ def remember(
         "names": names, "decisions": decisions, "pnodes": pnodes, "out": nodes, "history": histories,
         "drained": frozenset(drained_now),
     }  # fmt: skip
+    base = carried["out"] if todo is not None and carried is not None else None  # the answer carried
+    note_changes(state.memo, "remember", nodes, base, items)
     return ControllerState(
         nodes=nodes,
         history=sensed.history,
@@ -183,7 +185,8 @@ def _todo(
     keeps its memory (no history to trim) or has none, as the per-node rule would."""
     if last is None or last["names"] is not names or last["out"] is not state.nodes:
         return None
-    todo = changed_keys(decisions, last["decisions"]) | changed_keys(pnodes, last["pnodes"])
+    memo = state.memo
+    todo = changed_keys(decisions, last["decisions"], memo) | changed_keys(pnodes, last["pnodes"], memo)
     todo |= acted
     todo |= last["drained"]
     todo |= last["history"]

@@ -44,7 +44,7 @@ def fast_init(cls: type[_T]) -> type[_T]:
     exec(src, ns)
     init: Callable[..., None] = ns["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
     return cls
 
 
@@ -362,7 +362,10 @@ class ConfirmedAction:
 
 @dataclass(frozen=True, slots=True)
 class Observations:
-    """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O."""
+    """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O.
+
+    One per tick: a shell may update its mappings in place between ticks (the simulator's Slurm view is
+    one such mapping) but not while a tick reads them; stages copy what they keep (``state.slurm_view``)."""
 
     time: float
     slurm: Mapping[str, SlurmNode]

@@ -56,8 +56,9 @@ waited first.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from slurm_fleetyield.core.model import (
     Envelope,
@@ -72,7 +73,7 @@ from slurm_fleetyield.core.model import (
 from slurm_fleetyield.core.params import Params, PremiumParams
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.route import OK_BATCH_TIERS
-from slurm_fleetyield.core.state import PremiumMemory
+from slurm_fleetyield.core.state import PremiumMemory, changed_keys
 
 _RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
 _OUT = frozenset(
@@ -171,10 +172,12 @@ def widen(
     params: Params,
     now: float,
     walled: frozenset[str] = frozenset(),
+    memo: dict[str, Any] | None = None,
 ) -> Widening:
     """``params.premium`` drives the rule; ``params.settle.premium_needing_classes`` names premium work;
     ``walled``: premium nodes premium reclaim (core/reclaim.py) keeps for a premium job: never lent to
-    waiting decode, and the keep-open loan (rule 6) only when no other node can take it."""
+    waiting decode, and the keep-open loan (rule 6) only when no other node can take it; ``memo``:
+    ``ControllerState.memo``, where the supply of the last call is kept (``_supply``)."""
     pp = params.premium
     if not pp.enabled:
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
@@ -200,25 +203,7 @@ def widen(
             return Widening(memory=replace(mem, gang_nodes=gang, gang_seen=seen))
         return Widening(memory=mem)  # the common case: nothing pending, nothing lent
     idle = idle_gpus(obs)
-    base: list[int] = []  # idle GPUs of nodes that carry fy_ok_decode without lending
-    batch_base: list[int] = []  # ... and of those that carry fy_ok_batch without lending (premium.batch)
-    eligible: list[str] = []  # premium nodes that could be lent
-    pnodes = priced.nodes
-    for name in sorted(idle):  # the nodes not _out (idle_gpus skips exactly those), by name
-        env = envelopes.get(name)
-        if env is None or not (env.premium or idle[name] > 0):
-            continue
-        pn = pnodes.get(name)
-        if pn is None:
-            continue
-        if pending_batch and idle[name] > 0 and batch_home(pn, env):
-            batch_base.append(idle[name])
-        if not decode_eligible(pn, env):
-            continue
-        if env.premium:
-            eligible.append(name)
-        else:
-            base.append(idle[name])
+    base, batch_base, eligible = _supply(idle, envelopes, priced.nodes, memo)
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     gang, gang_seen = _largest_gang(obs, classes, max_node, mem, pp, now)
     gang_cap = math.floor(pp.gang_reserve_max_fraction * len(eligible) + 1e-9)
@@ -229,11 +214,11 @@ def widen(
     )
     cap = max(0, len(eligible) - reserve)
     chunks = sorted((c for j in pending_decode for c in node_pieces(j, max_node)), reverse=True)
-    unfit = best_fit(chunks, base)
+    unfit = _best_fit(chunks, dict(base))
     decode_unfit = sum(unfit)
     if pending_batch:
         batch_chunks = sorted((c for j in pending_batch for c in node_pieces(j, max_node)), reverse=True)
-        unfit = sorted(unfit + best_fit(batch_chunks, batch_base), reverse=True)
+        unfit = sorted(unfit + _best_fit(batch_chunks, dict(batch_base)), reverse=True)
     waiting = bool(unfit)
     since = (mem.waiting_since if mem.waiting_since is not None else now) if waiting else None
     last = now if waiting else mem.last_waiting
@@ -308,14 +293,14 @@ def widen(
             "premium node(s) kept in reserve"
         )
     elif waiting:
-        batch = (
+        batch_note = (
             f", {fig.batch_waiting_gpus} of {fig.batch_pending_gpus} pending batch GPUs no fy_ok_batch node"
             if pp.batch
             else ""
         )
         why = (
             f"{work} waiting: {fig.decode_waiting_gpus} of {fig.decode_pending_gpus} pending decode GPUs fit "
-            f"no fy_ok_decode node{batch}; {premium}; {reserve} premium node(s) kept in reserve"
+            f"no fy_ok_decode node{batch_note}; {premium}; {reserve} premium node(s) kept in reserve"
         )
     else:
         why = f"{work} not waiting (hysteresis {pp.hysteresis_s:g} s)"
@@ -456,6 +441,85 @@ def node_pieces(j: JobView, max_node: int) -> list[int]:
     return [max_node] * full + ([rest] if rest else [])
 
 
+_NOTHING = (0, 0, False)
+
+
+def _share(n_idle: int, env: Envelope | None, pn: PricedNode | None) -> tuple[int, int, bool]:
+    """What one schedulable node with ``n_idle`` idle GPUs adds to the supply: (idle GPUs on which decode
+    runs without a loan, idle GPUs on which batch runs without a loan under ``premium.batch``, whether it is
+    an eligible premium node); 0 where it adds none."""
+    if env is None or pn is None or not (env.premium or n_idle > 0):
+        return _NOTHING
+    batch = n_idle if n_idle > 0 and batch_home(pn, env) else 0
+    if not decode_eligible(pn, env):
+        return (0, batch, False)
+    if env.premium:
+        return (0, batch, True)
+    return (n_idle, batch, False)
+
+
+def _supply(
+    idle: Mapping[str, int],
+    envelopes: Mapping[str, Envelope],
+    pnodes: Mapping[str, PricedNode],
+    memo: dict[str, Any] | None,
+) -> tuple[dict[int, int], dict[int, int], list[str]]:
+    """Rules 1 and 3 per node (``_share`` of every node ``idle_gpus`` counts, i.e. not out of service): the
+    idle GPUs that carry fy_ok_decode without lending and those that carry fy_ok_batch without lending,
+    as histograms (free count -> nodes, what ``best_fit`` reads of them), and the eligible premium nodes
+    by name.
+
+    ``memo`` (``ControllerState.memo``) keeps the last call's shares and totals: only the nodes whose idle
+    count, envelope or priced node (the very object, ``state.changed_keys``) differs are looked at again;
+    ``tests/core/test_premium.py`` checks the totals against a fresh count."""
+    last = memo.get("premium_supply") if memo is not None else None
+    if last is not None and last["envs"] is envelopes and last["pnodes"] is pnodes and last["idle"] == idle:
+        return last["base"], last["batch"], last["eligible"]
+    if last is None:
+        shares: dict[str, tuple[int, int, bool]] = {}
+        base: dict[int, int] = {}
+        batch: dict[int, int] = {}
+        eligible: set[str] = set()
+        todo: Iterable[str] = idle
+    else:
+        shares, base, batch = dict(last["shares"]), dict(last["base"]), dict(last["batch"])
+        eligible = set(last["eligible"])
+        old_idle = last["idle"]
+        todo = {n for n, v in idle.items() if old_idle.get(n) != v}
+        todo.update(n for n in old_idle if n not in idle)
+        todo |= changed_keys(envelopes, last["envs"], memo) | changed_keys(pnodes, last["pnodes"], memo)
+    for name in todo:
+        n_idle = idle.get(name)
+        new = _NOTHING if n_idle is None else _share(n_idle, envelopes.get(name), pnodes.get(name))
+        old = shares.get(name, _NOTHING)
+        if new == old:
+            continue
+        for hist, was, now in ((base, old[0], new[0]), (batch, old[1], new[1])):
+            if was > 0:
+                left = hist[was] - 1
+                if left:
+                    hist[was] = left
+                else:
+                    del hist[was]  # every count in a histogram stays > 0 (_best_fit)
+            if now > 0:
+                hist[now] = hist.get(now, 0) + 1
+        if new[2]:
+            eligible.add(name)
+        else:
+            eligible.discard(name)
+        if new is _NOTHING:
+            shares.pop(name, None)
+        else:
+            shares[name] = new
+    names = sorted(eligible)
+    if memo is not None:
+        memo["premium_supply"] = {
+            "idle": idle, "envs": envelopes, "pnodes": pnodes, "shares": shares, "base": base, "batch": batch,
+            "eligible": names,
+        }  # fmt: skip
+    return base, batch, names
+
+
 def best_fit(chunks: list[int], free: list[int]) -> list[int]:
     """Best fit of ``chunks`` (largest first) into per-node ``free`` GPUs; returns the chunks that fit
     nowhere. A histogram of free counts keeps this O(chunks x GPUs per node)."""
@@ -465,6 +529,14 @@ def best_fit(chunks: list[int], free: list[int]) -> list[int]:
     for f in free:
         if f > 0:
             hist[f] = hist.get(f, 0) + 1
+    return _best_fit(chunks, hist)
+
+
+def _best_fit(chunks: list[int], hist: dict[int, int]) -> list[int]:
+    """``best_fit`` over ``hist`` (free count > 0 -> nodes with that many free, every count > 0), which it
+    uses up."""
+    if not chunks:
+        return []
     if not hist:
         return list(chunks)
     top = max(hist)  # the largest free count left (hist[top] > 0 while top > 0)

@@ -48,7 +48,7 @@ from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold
 from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys
+from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys, note_changes, slurm_view
 
 # --- Shadow prices: Slurm allocates the LOWEST weight first ---------------------------------------------
 # Yellow first: the work allowed there (batch, by feature) should use marginal nodes before healthy ones,
@@ -139,15 +139,17 @@ def price(
     last = state.memo.get("price_last")
     # Slurm's view is the shell's mapping, which may be updated in place from tick to tick (the simulator's
     # is): kept as a copy. The others are the core's own, never changed once handed on.
-    inputs = (dict(slurms), risks, envelopes, memories, lifecycle, drain_reason, held, fenced)
+    inputs = (slurm_view(state.memo, obs), risks, envelopes, memories, lifecycle, drain_reason, held, fenced)
     todo = _todo(last, keys, inputs, params, state)
     items: Iterable[tuple[str, SlurmNode]]
+    base: Mapping[str, PricedNode] | None = None  # the answer carried, if any
     if todo is None or last is None:
         out: dict[str, PricedNode] = {}
         items = slurms.items()
         pos = {n: i for i, n in enumerate(keys)}
     else:
-        out = dict(last["out"])
+        base = last["out"]
+        out = dict(base)
         pos = last["pos"]
         items = [(n, slurms[n]) for n in sorted(todo & pos.keys(), key=pos.__getitem__)]
         reds = [n for n in last["reds"] if n not in todo]
@@ -197,6 +199,7 @@ def price(
         "keys": keys, "pos": pos, "inputs": inputs, "params": params, "out": out, "reds": tuple(reds),
         "unmemo": frozenset(unmemo),
     }  # fmt: skip
+    note_changes(state.memo, "price", out, base, todo or ())
     return Priced(out, tuple(events), tuple(sorted(reds)))
 
 
@@ -220,7 +223,7 @@ def _todo(
     todo: set[str] = set()
     before = last["inputs"]
     for new, old in zip(inputs[:5], before[:5], strict=True):
-        todo |= changed_keys(new, old)
+        todo |= changed_keys(new, old, state.memo)
     for new, old in zip(inputs[5:], before[5:], strict=True):
         todo.update(new, old)  # drain reasons, holds and fences: their keys, now and last tick
     todo |= last["unmemo"]

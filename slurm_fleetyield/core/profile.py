@@ -34,7 +34,7 @@ from slurm_fleetyield.core.signals import (
     REMAP_PENDING,
     ROWS_UNCORR,
 )
-from slurm_fleetyield.core.state import ControllerState, changed_keys
+from slurm_fleetyield.core.state import ControllerState, changed_keys, note_changes, slurm_view
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +72,13 @@ def profile(
     # built from (``Sensed.changed``): only those, and the nodes whose Slurm view is another object (its
     # GPU type), go through the memo above; every other node is fresh now and was then, with the very
     # same GPUs, expected count and GPU type.
-    snapshot = dict(obs.slurm)  # the shell's mapping may be updated in place (the simulator's is)
-    todo = _todo(state.memo.get("profile_last"), sensed, snapshot, pp)
+    snapshot = slurm_view(state.memo, obs)  # a copy: the shell's mapping may be updated in place
+    carried = state.memo.get("profile_last")
+    todo = _todo(carried, sensed, snapshot, pp, state.memo)
     items: Iterable[tuple[str, SensedNode]] = sensed.nodes.items()
-    if todo is not None:
+    if todo is not None and carried is not None:
         nodes = sensed.nodes
-        out = dict(state.memo["profile_last"]["out"])
+        out = dict(carried["out"])
         items = [(n, nodes[n]) for n in sorted(todo) if n in nodes]
     for name, node in items:
         slurm = obs.slurm.get(name)
@@ -106,18 +107,24 @@ def profile(
         env = out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
         last[name] = (node.gpus, (gpu_type, node.expected_gpus, pp), env)
     state.memo["profile_last"] = {"since": sensed.nodes, "params": pp, "slurm": snapshot, "out": out}
+    base = carried["out"] if todo is not None and carried is not None else None
+    note_changes(state.memo, "profile", out, base, todo or ())
     return out
 
 
 def _todo(
-    carried: dict[str, Any] | None, sensed: Sensed, snapshot: Mapping[str, object], pp: ProfileParams
+    carried: dict[str, Any] | None,
+    sensed: Sensed,
+    snapshot: Mapping[str, object],
+    pp: ProfileParams,
+    memo: dict[str, Any],
 ) -> set[str] | None:
     """The nodes whose envelope may differ from last tick's answer, or None (not known: every node)."""
     if carried is None or sensed.changed is None or carried["since"] is not sensed.since:
         return None
     if carried["params"] is not pp:
         return None
-    return {*sensed.changed, *changed_keys(snapshot, carried["slurm"])}
+    return {*sensed.changed, *changed_keys(snapshot, carried["slurm"], memo)}
 
 
 def _envelope(

@@ -42,7 +42,7 @@ from slurm_fleetyield.core.lifecycle import (
 )
 from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import DrainNode, Hold, ResumeNode, SubmitCanary
+from slurm_fleetyield.core.plan import Action, DrainNode, Hold, ResumeNode, SubmitCanary
 from slurm_fleetyield.core.quarantine import Drains, Fatal
 from slurm_fleetyield.core.quarantine import _most_specific as most_specific
 from slurm_fleetyield.core.sense import Sensed
@@ -70,7 +70,7 @@ CANARY_FAIL = frozenset({"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOO
 class Rehab:
     lifecycle: Mapping[str, LifecycleMemory]
     drains: tuple[DrainNode, ...] = ()
-    actions: tuple[object, ...] = ()  # lifecycle actions other than drains, in decision order
+    actions: tuple[Action, ...] = ()  # lifecycle actions other than drains, in decision order
     holds: tuple[Hold, ...] = ()
     events: tuple[LogEvent, ...] = ()
     approved: Mapping[str, str] = field(default_factory=dict)  # node -> proposal id drained for this tick
@@ -95,6 +95,7 @@ def rehabilitate(
     lp = params.lifecycle
     red = params.risk.red_threshold
     findings: dict[str, list[Fatal]] = {}
+    f: Fatal | None
     for f in drains.processed:
         slurm = obs.slurm.get(f.node)
         if slurm is not None and (f.node in drains.draining or slurm.drained_by_us):
@@ -115,7 +116,7 @@ def rehabilitate(
     jobs_on = _jobs_index(obs, frozenset(names)) if names else {}
     out = dict(state.lifecycle)
     drain_actions: list[DrainNode] = []
-    actions: list[object] = []
+    actions: list[Action] = []
     holds: list[Hold] = []
     events: list[LogEvent] = []
     approved: dict[str, str] = {}
@@ -257,7 +258,7 @@ def _approve(
     now: float,
     params: Params,
     drain_actions: list[DrainNode],
-    actions: list[object],
+    actions: list[Action],
     events: list[LogEvent],
 ) -> LifecycleMemory:
     """Step APPROVED_DRAIN; the drain carries the gate's reason: ``... [approved by <admin> #<id>]``."""

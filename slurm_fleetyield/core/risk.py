@@ -38,7 +38,7 @@ from slurm_fleetyield.core.signals import (
     SignalSpec,
     xid_channel,
 )
-from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.state import ControllerState, note_changes
 
 # A value reader: (gpu, past fatal events of this GPU, past fatal events of the node's other GPUs) -> value.
 Reader = Callable[[SensedGpu, int, int], float | None]
@@ -174,7 +174,8 @@ def assess(
     memo = state.memo.setdefault("risk", {})
     mkey = (params, base, sensed.layout, mult)
     memories = state.nodes
-    out, items, due = _carried(sensed, fatal_by_node, state, mkey, now)
+    base_out, items, due = _carried(sensed, fatal_by_node, state, mkey, now)
+    out: dict[str, NodeRisk] = dict(base_out) if base_out is not None else {}
     for name, node in items:
         mem = memories.get(name)
         if mem is not None and mem.fatal_history:
@@ -196,7 +197,7 @@ def assess(
                     nr = NodeRisk(name, nr.health, nr.probability, nr.gpus, nr.reason, node.stale_s)
                 out[name] = nr
                 continue
-        fatal_gpu = {}
+        fatal_gpu: dict[str, list[Fatal]] = {}
         for f in node_fatal:
             if f.uuid is not None or f.gpu is not None:
                 fatal_gpu.setdefault(f.uuid or f"#{f.gpu}", []).append(f)
@@ -252,6 +253,7 @@ def assess(
         "fatal": frozenset(fatal_by_node),
         "due": due,
     }
+    note_changes(state.memo, "risk", out, base_out, (n for n, _ in items) if base_out is not None else ())
     return out
 
 
@@ -279,7 +281,7 @@ def _carried(
     state: ControllerState,
     mkey: tuple[Any, ...],
     now: float,
-) -> tuple[dict[str, NodeRisk], Iterable[tuple[str, SensedNode]], dict[str, tuple[Any, float]]]:
+) -> tuple[Mapping[str, NodeRisk] | None, Iterable[tuple[str, SensedNode]], dict[str, tuple[Any, float]]]:
     """The answer to start from and the nodes to assess: last tick's answer and only the nodes that may
     differ from it, when that is known; else nothing and every node.
 
@@ -302,7 +304,7 @@ def _carried(
         or hist is None
         or hist[0] is not state.nodes
     ):
-        return {}, nodes.items(), {}
+        return None, nodes.items(), {}
     todo = {*sensed.changed, *fatal_by_node, *last["fatal"]}
     due = last["due"]
     memories = state.nodes
@@ -311,7 +313,7 @@ def _carried(
         m = memories.get(n)
         if d is None or m is None or d[0] is not m.fatal_history or now >= d[1] - 1.0:  # 1 s early: floats
             todo.add(n)
-    return dict(last["out"]), [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due)
+    return last["out"], [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due)
 
 
 def _weight(c: Contribution) -> float:
@@ -361,7 +363,8 @@ class Scorer:
         xid_slots = tuple(slot[xid_channel(x)] for x in params.quarantine.risk_only_xids)
         self.base_logit = logit(rp.base_probability)
         self.slowdown = rp.default_slowdown_temp_c
-        plan = []
+        plan: list[tuple[int, str, Any, float, tuple[tuple[float, float], ...], str]] = []
+        arg: Any  # the fields, (slot indices, rates or growth) or nothing, by code
         for cs in compiled:
             spec = SIGNALS_BY_NAME[cs.name]
             if spec.kind == "level":
@@ -532,7 +535,7 @@ def _fatal_events(
         return hist
     named = [t for t, u in hist if u]
     last: dict[str, float] = {}
-    out: list[str] = []
+    out: list[tuple[float, str]] = []
     for t, u in hist:
         if u in last and t - last[u] <= dedup:
             continue

@@ -48,7 +48,7 @@ from typing import Any
 from slurm_fleetyield.core.model import FY_PREFIX, Envelope, NodeDecision, Observations, SlurmNode, Tier
 from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
-from slurm_fleetyield.core.state import changed_keys, sorted_names
+from slurm_fleetyield.core.state import changed_keys, note_changes, slurm_view, sorted_names
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
@@ -107,7 +107,7 @@ def route(
     envelopes: Mapping[str, Envelope],
     lent: frozenset[str] = frozenset(),
     lent_reason: str = "",
-    memo: dict[str, dict[str, Any]] | None = None,
+    memo: dict[str, Any] | None = None,
     train_lent: frozenset[str] = frozenset(),
     train_reason: str = "",
     opened: Mapping[str, tuple[str, ...]] | None = None,
@@ -136,13 +136,15 @@ def route(
     names = sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms)
     loans = (frozenset(lent), frozenset(train_lent), opened, walled)
     last = memo.get("route_last") if memo is not None else None
-    snapshot = dict(slurms)  # the shell's mapping may be updated in place (the simulator's is)
-    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, batch_wall)
+    snapshot = slurm_view(memo, obs)  # a copy: the shell's mapping may be updated in place
+    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, batch_wall, memo)
     decisions: dict[str, NodeDecision]
+    base: Mapping[str, NodeDecision] | None = None  # the answer carried, if any
     if todo is None or last is None:
         decisions, differ, items = {}, set(), names
     else:
-        decisions, differ = dict(last["out"]), {n for n in last["differ"] if n not in todo}
+        base = last["out"]
+        decisions, differ = dict(base), {n for n in last["differ"] if n not in todo}
         items = sorted(n for n in todo if n in slurms)
     for name in items:
         slurm = slurms[name]
@@ -182,9 +184,10 @@ def route(
         else:
             tier = pn.feature_tier or pn.tier
             key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon, is_lent, gang)
-            fy = cache.get(key)
-            if fy is None:
-                fy = cache[key] = fy_features(tier, env, pn.lemon, is_lent, gang, batch_wall)
+            hit = cache.get(key)
+            if hit is None:
+                hit = cache[key] = fy_features(tier, env, pn.lemon, is_lent, gang, batch_wall)
+            fy = hit
         if is_lent:
             what = "fy_ok_decode and fy_ok_batch" if batch_wall else "fy_ok_decode"
             reason = f"{reason}; {what} lent (premium widening: {lent_reason})"
@@ -238,6 +241,7 @@ def route(
             "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans, "wall": batch_wall,
             "out": decisions, "differ": frozenset(differ),
         }  # fmt: skip
+        note_changes(memo, "route", decisions, base, todo or ())
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
     for name in sorted(differ):  # the nodes whose Slurm view differs from their decision, by name
         groups.setdefault((decisions[name].features, pnodes[name].weight), []).append(name)
@@ -252,6 +256,7 @@ def _todo(
     inputs: tuple[Mapping[str, object], ...],
     loans: tuple[frozenset[str], frozenset[str], Mapping[str, object], Mapping[str, object]],
     batch_wall: bool,
+    memo: dict[str, Any] | None = None,
 ) -> set[str] | None:
     """The nodes whose routing may differ from the last call's answer, or None (not known: route every
     node). Known when the node names are the very list of the last call (the same keys, core/state.py
@@ -263,7 +268,7 @@ def _todo(
         return None
     todo: set[str] = set()
     for new, old in zip(inputs, last["inputs"], strict=True):
-        todo |= changed_keys(new, old)
+        todo |= changed_keys(new, old, memo)
     for new_loan, old_loan in zip(loans, last["loans"], strict=True):
         todo.update(new_loan, old_loan)
     return todo

@@ -90,7 +90,7 @@ def sense(
     layout: tuple[str, ...],
     params: SenseParams,
     now: float,
-    memo: dict[str, dict[str, Any]] | None = None,
+    memo: dict[str, Any] | None = None,
 ) -> Sensed:
     """``memo``: ``ControllerState.memo`` (kept from tick to tick), where the sorted node names are kept
     while Slurm's and the samples' node names stay the same, in the same order, and the last sensed nodes,
@@ -132,17 +132,19 @@ def sense(
             continue
         assert sample is not None
         slurm = slurms.get(name)
-        expected = sample.expected_gpus or 0  # the larger of the agent's and Slurm's count, None for 0
-        if slurm is not None and slurm.gpu_count > expected:
-            expected = slurm.gpu_count
-        expected = expected or None
-        quiet = old.quiet if type(old) is NodeHistory else None
+        count = sample.expected_gpus or 0  # the larger of the agent's and Slurm's count, None for 0
+        if slurm is not None and slurm.gpu_count > count:
+            count = slurm.gpu_count
+        expected = count or None
+        nh = old if type(old) is NodeHistory else None
+        quiet = nh.quiet if nh is not None else None
         t = sample.time
-        if quiet is not None and quiet[0] is sample.gpus and t > old.last_time:
+        node_hist: Mapping[str, GpuHistory]
+        if nh is not None and quiet is not None and quiet[0] is sample.gpus and t > nh.last_time:
             # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick);
             # a quiet node's GPUs moved no counter, so none has new XIDs
             gpus = quiet[1]
-            node_hist = NodeHistory(t, timeline(t, old.times)[0], old.gpus, quiet)
+            node_hist = NodeHistory(t, timeline(t, nh.times)[0], nh.gpus, quiet)
             new_xids = False
         else:
             gpus, node_hist = tracker.node(sample, old)
@@ -289,7 +291,7 @@ class _Tracker:
             raw = raw_of(reading)
             uuid = reading.uuid
             prev = tget(uuid)
-            if type(prev) is not GpuTrack:  # new GPU, or one kept as its own history: the plain path
+            if not isinstance(prev, GpuTrack):  # new GPU, or one kept as its own history: the plain path
                 g, h = self._gpu_plain(reading, raw, prev, t)
                 out.append(g)
                 m = len(h.times)
@@ -349,6 +351,7 @@ class _Tracker:
             return SensedGpu(reading, raw, None, None, (), True), GpuHistory(t, raw, raw, (t,), (raw,))
         last_adj = prev.last_adj
         times, cut, appended, plan = self.timeline(t, prev.times)
+        new_xids: tuple[tuple[int, float], ...]
         if t <= prev.last_time:
             adj, h, new_xids = last_adj, prev, ()
         else:
@@ -460,7 +463,8 @@ def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
         None not in raw
         and None not in last_raw
         and None not in last_adj
-        and all(map(ge, raw, last_raw))  # NaN compares False: such a value takes the general path
+        # NaN compares False: such a value takes the general path
+        and all(map(ge, raw, last_raw))  # type: ignore[arg-type]
     ):
         return tuple(map(add, last_adj, map(sub, raw, last_raw)))
     return tuple(

@@ -409,3 +409,47 @@ def test_batch_wall_on_an_all_premium_fleet_keeps_batch_submittable():
     r = run(fleet(h=3, l=0), 2, params=WALL)
     assert len(batch_on(r)) == 1 and batch_on(r) == lent(r)  # rule 6: one node lent for decode and batch
     assert "decode/batch jobs are accepted" in r.last.nodes[next(iter(lent(r)))].reason
+
+
+def test_supply_from_last_call_equals_a_fresh_count() -> None:
+    """``_supply`` started from the last call's shares (only nodes whose idle count, envelope or priced
+    node changed are looked at again) gives the histograms and eligible nodes of a fresh count, call after
+    call, as nodes come and go, idle counts move and nodes turn premium, yellow, lemon or unmanaged."""
+    from slurm_fleetyield.core.premium import _supply
+
+    names = [f"n{i}" for i in range(6)]
+    envs = [
+        Envelope("H100", premium=True, hbm_full=True),
+        Envelope("L40S", premium=False, hbm_full=True),
+        Envelope("L40S", premium=False, hbm_full=False),
+    ]
+    pns = [
+        PricedNode("x", tier, 1, "", (), managed, lemon=lemon, keep_fy=keep)
+        for tier in (Tier.GREEN, Tier.YELLOW)
+        for managed in (True, False)
+        for lemon in (False, True)
+        for keep in (None, ("fy_ok_batch",))
+    ]
+    node = st.tuples(
+        st.none() | st.integers(0, 8), st.none() | st.sampled_from(envs), st.none() | st.sampled_from(pns)
+    )
+    fleet_ = st.fixed_dictionaries({n: node for n in names})
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(fleet_, min_size=1, max_size=8), st.randoms(use_true_random=False))
+    def check(steps: list[dict[str, tuple]], rnd) -> None:  # type: ignore[no-untyped-def,type-arg]
+        memo: dict[str, object] = {}
+        envelopes: dict[str, Envelope] = {}
+        pnodes: dict[str, PricedNode] = {}
+        for step in steps:
+            idle = {n: v[0] for n, v in step.items() if v[0] is not None}
+            # the next tick's maps: the same objects where a stage carried a node, others where it did not
+            envelopes = {n: (v[1] if rnd.random() < 0.5 else envelopes.get(n, v[1])) for n, v in step.items()
+                         if v[1] is not None}  # fmt: skip
+            pnodes = {n: (v[2] if rnd.random() < 0.5 else pnodes.get(n, v[2])) for n, v in step.items()
+                      if v[2] is not None}  # fmt: skip
+            got = _supply(idle, envelopes, pnodes, memo)  # type: ignore[arg-type]
+            assert got == _supply(idle, envelopes, pnodes, None)
+            assert all(c > 0 for h in got[:2] for c in h.values())
+
+    check()

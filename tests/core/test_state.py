@@ -144,3 +144,59 @@ def test_sorted_names_is_the_sorted_union_and_follows_every_key_change() -> None
             assert sorted_names(None, ma, mb) == want
 
     check()
+
+
+def test_changed_keys_and_noted_changes_are_the_plain_diff() -> None:
+    """``changed_keys`` finds every key whose value is another object, or that only one map has; a stage's
+    note (``note_changes``: a copy of the old answer with some keys set again) hands back the same set,
+    and only for the very pair of maps it was made for. A note for maps of different lengths is dropped."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from slurm_fleetyield.core.state import changed_keys, note_changes
+
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    values = [object() for _ in range(3)]
+    maps = st.dictionaries(st.sampled_from(names), st.sampled_from(values))
+    edits = st.dictionaries(st.sampled_from(names), st.sampled_from(values))
+
+    @settings(max_examples=300, deadline=None)
+    @given(maps, edits, maps)
+    def check(old: dict[str, object], edit: dict[str, object], other: dict[str, object]) -> None:
+        want = {k for k in old.keys() | other.keys() if old.get(k) is not other.get(k)}
+        want |= old.keys() ^ other.keys()
+        assert changed_keys(other, old) == want
+        new = {**old, **edit}  # the stage's answer: last tick's, with the keys it did again
+        memo: dict[str, object] = {}
+        note_changes(memo, "stage", new, old, edit)
+        plain = changed_keys(new, old)
+        if len(new) == len(old):
+            assert set(memo["changes"]["stage"][2]) == plain  # type: ignore[index]
+        else:
+            assert "stage" not in memo["changes"]  # type: ignore[operator]
+        assert changed_keys(new, old, memo) == plain
+        assert changed_keys(new, dict(old), memo) == changed_keys(new, dict(old))  # another old: no note
+        note_changes(memo, "stage", new, None)
+        assert "stage" not in memo["changes"]  # type: ignore[operator]
+
+    check()
+
+
+def test_slurm_view_is_one_copy_per_observations_with_its_changes_noted() -> None:
+    """One copy of Slurm's view per ``Observations`` (stages of one tick share it, even when the shell
+    updates its mapping in place between ticks); the next tick's copy notes its diff against it."""
+    from slurm_fleetyield.core.model import Observations, SlurmNode
+    from slurm_fleetyield.core.state import changed_keys, slurm_view
+
+    view = {n: SlurmNode(n, frozenset({"IDLE"})) for n in ("a", "b", "c")}
+    first = Observations(time=0.0, slurm=view, samples={})
+    memo: dict[str, object] = {}
+    snap = slurm_view(memo, first)
+    assert snap == view and snap is not view and slurm_view(memo, first) is snap
+    view["b"] = SlurmNode("b", frozenset({"ALLOCATED"}))  # the shell updates its mapping in place
+    del view["c"]
+    second = Observations(time=60.0, slurm=view, samples={})
+    snap2 = slurm_view(memo, second)
+    assert snap2 == view and snap == {n: SlurmNode(n, frozenset({"IDLE"})) for n in ("a", "b", "c")}
+    assert changed_keys(snap2, snap, memo) == changed_keys(snap2, snap) == {"b", "c"}
+    assert slurm_view(None, second) == view and slurm_view(None, second) is not view

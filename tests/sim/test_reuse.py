@@ -19,7 +19,7 @@ from slurm_fleetyield.core import memory
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import Observations
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.state import ControllerState, changed_keys
 from slurm_fleetyield.sim import runner
 
 
@@ -118,6 +118,7 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
+    noted: dict[str, int] = {}  # ticks on which each stage noted its changes for the next stages
     # price and route leave a reused node's memo entry as it was; remember keeps a reused node's very memory
     stage_reused = {"price": 0, "route": 0, "remember": 0}
     for i, obs in enumerate(stream):
@@ -137,8 +138,14 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         assert ra.events == rb.events, f"tick {i}: events differ"
         assert ra.state == rb.state, f"tick {i}: states differ"
         assert ra.state.to_dict() == rb.state.to_dict(), f"tick {i}: persisted states differ"
+        for stage, (new, old, keys) in ra.state.memo.get("changes", {}).items():
+            # a stage's note is the very diff a consumer would have found (state.note_changes)
+            assert set(keys) == changed_keys(new, old), f"tick {i}: {stage}'s noted changes"
+            noted[stage] = noted.get(stage, 0) + 1
         a, b = ra.state, rb.state
     assert reused > len(stream), "the recorded stream must exercise the reuse"
+    for stage in ("slurm", "risk", "profile", "price", "route", "remember"):
+        assert noted.get(stage, 0) > len(stream) // 2, f"{stage} noted its changes on too few ticks: {noted}"
     # risk carried last tick's answer on most ticks, assessing only some of the nodes again
     assert len(carried) > len(stream) // 2 and any(k < n for k, n in carried), carried[:5]
     # so did price, route, profile and remember
@@ -225,8 +232,8 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     views = dict(obs.slurm)  # a shell that updates one Slurm mapping in place, as the simulator does
     in_place = replace(obs, slurm=views)
     assert price.price(in_place, sensed, r.risks, envs, none, state, params, now).nodes[name].managed
-    views[name] = other
-    again = price.price(in_place, sensed, r.risks, envs, none, state, params, now)
+    views[name] = other  # between two ticks: the next tick's Observations holds the very same mapping
+    again = price.price(replace(in_place), sensed, r.risks, envs, none, state, params, now)
     assert not again.nodes[name].managed, "the same mapping, updated in place, is priced anew too"
     drained = Drains(drains=(DrainNode(name, "fleetyield: test drain"),))
     assert priced(state, drains=drained).nodes[name].tier is Tier.QUARANTINED
@@ -250,7 +257,8 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     views = dict(obs.slurm)  # a Slurm mapping updated in place between two calls, as the simulator does
     in_place = replace(obs, slurm=views)
     route.route(in_place, p1, envs, frozenset(), "", state.memo)
-    views[name] = replace(views[name], states=frozenset({"ALLOCATED"}), weight=7)
+    views[name] = replace(views[name], states=frozenset({"ALLOCATED"}), weight=7)  # the next tick
+    in_place = replace(in_place)  # its Observations: the very same mapping, updated in place
     moved, updates = route.route(in_place, p1, envs, frozenset(), "", state.memo)
     assert (moved, updates) == route.route(in_place, p1, envs, frozenset(), "", None)
     assert moved[name].slurm_state == "ALLOCATED" and any(name in u.nodes for u in updates)
