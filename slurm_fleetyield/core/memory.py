@@ -58,7 +58,7 @@ def remember(
     # Last tick's memories are the start when it is known which nodes may differ (_todo); only those go
     # through the per-node memo above.
     carried = state.memo.get("remember_last")
-    todo = _todo(carried, names, decisions, pnodes, state, {*new_fatal, *drained_now})
+    todo = _todo(carried, names, decisions, pnodes, state, {*new_fatal, *drained_now}, oldest)
     items: list[str] = names
     if todo is not None and carried is not None:
         nodes = dict(carried["out"])
@@ -135,17 +135,23 @@ def remember(
     ids = state.processed_events
     if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
         ids = tuple(processed[-qp.max_processed_event_ids :])
+    # the earliest report of each node with a fatal history (when it must be trimmed next: _todo)
     if todo is not None and carried is not None:
         # the same keys as last tick, in the same order: the names are the very list, so every node with a
         # decision had a memory then, and a node without one only keeps what it had
-        kept = carried["history"] - todo
-        histories = frozenset({*kept, *(n for n in todo if n in nodes and nodes[n].fatal_history)})
+        first = dict(carried["first"])
+        for name in items:
+            nm = nodes.get(name)
+            if nm is not None and nm.fatal_history:
+                first[name] = min(h[0] for h in nm.fatal_history)
+            else:
+                first.pop(name, None)
     else:
-        histories = frozenset(n for n, m in nodes.items() if m.fatal_history)
+        first = {n: min(h[0] for h in m.fatal_history) for n, m in nodes.items() if m.fatal_history}
     # the remembered nodes with a fatal history (risk.assess), for the very mapping handed on (not persisted)
-    state.memo["fatal_history_index"] = (nodes, histories)
+    state.memo["fatal_history_index"] = (nodes, frozenset(first))
     state.memo["remember_last"] = {
-        "names": names, "decisions": decisions, "pnodes": pnodes, "out": nodes, "history": histories,
+        "names": names, "decisions": decisions, "pnodes": pnodes, "out": nodes, "first": first,
         "drained": frozenset(drained_now),
     }  # fmt: skip
     base = carried["out"] if todo is not None and carried is not None else None  # the answer carried
@@ -174,20 +180,23 @@ def _todo(
     pnodes: Mapping[str, object],
     state: ControllerState,
     acted: set[str],
+    oldest: float,
 ) -> set[str] | None:
     """The nodes whose memory may differ from last tick's, or None (not known: every node).
 
     Known when the node names are the very list of last tick (``sorted_names``) and the memories are the
     very mapping remember handed on. Then a node is remembered again when its decision or priced node is
     another object, when it has fatal evidence acted on or a drain now (``acted``) or had a drain last tick
-    (not memoized), or when it has a fatal history (old reports leave it with time). Every other node has the
-    very inputs of its memo entry, whose memory is last tick's; or it is sampled but unknown to Slurm and
-    keeps its memory (no history to trim) or has none, as the per-node rule would."""
+    (not memoized), or when its fatal history holds a report older than ``oldest`` (to trim; 1 s early:
+    floats). Every other node has the very inputs of its memo entry, whose memory is last tick's; or it is
+    sampled but unknown to Slurm and keeps its memory (nothing to trim) or has none, as the per-node rule
+    would."""
     if last is None or last["names"] is not names or last["out"] is not state.nodes:
         return None
     memo = state.memo
     todo = changed_keys(decisions, last["decisions"], memo) | changed_keys(pnodes, last["pnodes"], memo)
     todo |= acted
     todo |= last["drained"]
-    todo |= last["history"]
+    due = oldest + 1.0
+    todo.update(n for n, t in last["first"].items() if t < due)
     return todo

@@ -48,6 +48,46 @@ def fast_init(cls: type[_T]) -> type[_T]:
     return cls
 
 
+def fast_new(cls: type[_T]) -> Callable[..., _T]:
+    """A constructor of ``cls`` (a frozen, slotted dataclass) for the hottest call sites: same signature,
+    defaults and result as ``cls(...)``, about twice as fast as even ``fast_init``'s ``__init__``.
+
+    The fields are stored with plain attribute stores into an instance of a twin class that has the very
+    same slots and no frozen ``__setattr__``; the instance then becomes a ``cls`` by ``__class__``
+    assignment, which CPython allows between classes of the same layout (checked here once). What comes
+    back is an ordinary ``cls`` instance -- frozen, equal, hashable, picklable like any other;
+    ``tests/core/test_model.py`` checks each type it is used for against ``cls(...)``."""
+    slots = tuple(cls.__slots__)  # type: ignore[attr-defined]
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    if sorted(slots) != sorted(names) or cls.__bases__ != (object,):
+        raise TypeError(f"{cls.__name__}: fast_new needs a slotted dataclass whose slots are its fields")
+    twin = type(f"_{cls.__name__}Fields", (object,), {"__slots__": slots})
+    ns: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls, "_MISSING": MISSING}
+    params, body = [], []
+    for f in fields(cls):  # type: ignore[arg-type]
+        n = f.name
+        if f.default is not MISSING:
+            ns[f"_d_{n}"] = f.default
+            params.append(f"{n}=_d_{n}")
+        elif f.default_factory is not MISSING:
+            ns[f"_f_{n}"] = f.default_factory
+            params.append(f"{n}=_MISSING")
+            body.append(f" if {n} is _MISSING: {n} = _f_{n}()")
+        else:
+            params.append(n)
+        body.append(f" self.{n} = {n}")
+    src = (
+        f"def new_{cls.__name__}({', '.join(params)}):\n self = _new(_twin)\n"
+        + "\n".join(body)
+        + "\n self.__class__ = _cls\n return self\n"
+    )
+    exec(src, ns)
+    make: Callable[..., _T] = ns[f"new_{cls.__name__}"]
+    probe: Any = object.__new__(twin)
+    probe.__class__ = cls  # raises TypeError now, not at the first call, if the layouts differ
+    return make
+
+
 FY_PREFIX = "fy_"
 """Every Slurm node feature FleetYield owns starts with this prefix; all others belong to the admin."""
 

@@ -486,14 +486,16 @@ def _supply(
         eligible = set(last["eligible"])
         old_idle = last["idle"]
         todo = {n for n, v in idle.items() if old_idle.get(n) != v}
-        todo.update(n for n in old_idle if n not in idle)
+        todo.update(old_idle.keys() - idle.keys())
         todo |= changed_keys(envelopes, last["envs"], memo) | changed_keys(pnodes, last["pnodes"], memo)
+    moved = last is None  # an eligible node came or went: sorted again
     for name in todo:
         n_idle = idle.get(name)
         new = _NOTHING if n_idle is None else _share(n_idle, envelopes.get(name), pnodes.get(name))
         old = shares.get(name, _NOTHING)
         if new == old:
             continue
+        moved = moved or new[2] is not old[2]
         for hist, was, now in ((base, old[0], new[0]), (batch, old[1], new[1])):
             if was > 0:
                 left = hist[was] - 1
@@ -511,7 +513,7 @@ def _supply(
             shares.pop(name, None)
         else:
             shares[name] = new
-    names = sorted(eligible)
+    names = sorted(eligible) if moved or last is None else last["eligible"]
     if memo is not None:
         memo["premium_supply"] = {
             "idle": idle, "envs": envelopes, "pnodes": pnodes, "shares": shares, "base": base, "batch": batch,

@@ -154,12 +154,16 @@ def price(
         items = [(n, slurms[n]) for n in sorted(todo & pos.keys(), key=pos.__getitem__)]
         reds = [n for n in last["reds"] if n not in todo]
     unmemo: list[str] = []
+    # the nodes whose lemon verdict is True (the only ones whose pricing time alone may change, _todo)
+    lemons = set() if todo is None or last is None else {n for n in last["lemons"] if n not in todo}
     for name, slurm in items:
         risk = risks.get(name)
         env = envelopes.get(name, _NO_ENVELOPE)
         memory = memories.get(name)
         lc = lifecycle.get(name) if lifecycle else None
         lemon = memory is not None and bool(memory.fatal_history) and is_lemon(memory, now, lp)
+        if lemon:
+            lemons.add(name)
         dr = drain_reason.get(name) if drain_reason else None
         hold = held.get(name) if held else None
         fence = name in fenced
@@ -197,7 +201,7 @@ def price(
             )  # fmt: skip
     state.memo["price_last"] = {
         "keys": keys, "pos": pos, "inputs": inputs, "params": params, "out": out, "reds": tuple(reds),
-        "unmemo": frozenset(unmemo),
+        "unmemo": frozenset(unmemo), "lemons": frozenset(lemons),
     }  # fmt: skip
     note_changes(state.memo, "price", out, base, todo or ())
     return Priced(out, tuple(events), tuple(sorted(reds)))
@@ -215,9 +219,11 @@ def _todo(
     Known when Slurm's nodes are the same, in the same order, and the params the very same object. Then a
     node is priced again when any input of the per-node memo is another object than last tick (its Slurm
     view, risk, envelope, memory, lifecycle memory), when it has a drain, hold or fence now or had one last
-    tick, when last tick's pricing logged an event (not memoized), or when it has a fatal history (its
-    lemon verdict moves with time). Every other node has the very inputs of its memo entry, whose
-    PricedNode is last tick's answer."""
+    tick, when last tick's pricing logged an event (not memoized), or when it was a lemon last tick (its
+    verdict moves with time). Every other node has the very inputs of its memo entry, whose PricedNode is
+    last tick's answer: with the very same memory, a node that was no lemon is none now either (learn's
+    ``is_lemon`` counts the failures in a window that only moves forward over a fixed history: the count
+    of failures more than ``lemon_dedup_s`` apart can only fall as old reports leave it)."""
     if last is None or last["params"] is not params or last["keys"] != keys:
         return None
     todo: set[str] = set()
@@ -227,11 +233,7 @@ def _todo(
     for new, old in zip(inputs[5:], before[5:], strict=True):
         todo.update(new, old)  # drain reasons, holds and fences: their keys, now and last tick
     todo |= last["unmemo"]
-    hist = state.memo.get("fatal_history_index")
-    if hist is not None and hist[0] is state.nodes:
-        todo |= hist[1]
-    else:
-        todo.update(n for n, m in state.nodes.items() if m.fatal_history)
+    todo |= last["lemons"]
     return todo
 
 

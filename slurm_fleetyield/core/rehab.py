@@ -305,11 +305,11 @@ def _remediated(
 def _jobs_index(obs: Observations, nodes: frozenset[str]) -> dict[str, tuple]:
     """The running jobs on each of ``nodes`` (the lifecycle's few, not the fleet's), in queue order."""
     idx: dict[str, list] = {}
-    for j in job_index(obs.jobs).holding:
-        if not nodes.isdisjoint(j.nodes):
-            for n in j.nodes:
-                if n in nodes:
-                    idx.setdefault(n, []).append(j)
+    isdisjoint = nodes.isdisjoint
+    for j in [j for j in job_index(obs.jobs).holding if not isdisjoint(j.nodes)]:  # the few, in C
+        for n in j.nodes:
+            if n in nodes:
+                idx.setdefault(n, []).append(j)
     return {n: tuple(js) for n, js in idx.items()}
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk
+from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk, fast_new
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.quarantine import Fatal
 from slurm_fleetyield.core.sense import Sensed, SensedGpu, SensedNode
@@ -214,7 +214,7 @@ def assess(
                     if temp is None or (
                         quiet_margin is not None and (fget(SLOWDOWN_TEMP) or slowdown) - temp > quiet_margin
                     ):  # nothing fires: the base probability
-                        gr = GpuRisk(name, r.index, r.uuid, r.model, base_health, base, ())
+                        gr = _new_gpu_risk(name, r.index, r.uuid, r.model, base_health, base, ())
                         survive *= 1.0 - base
                         gpus.append(gr)
                         continue
@@ -228,7 +228,7 @@ def assess(
                 if mult and contributions:
                     gp = _adjust(gp, mult.get(max(contributions, key=_weight).signal, 1.0))
                 health = BAD if gp >= red else WARN if gp >= yellow else OK
-                gr = GpuRisk(name, r.index, r.uuid, r.model, health, gp, contributions)
+                gr = _new_gpu_risk(name, r.index, r.uuid, r.model, health, gp, contributions)
             survive *= 1.0 - gr.probability
             gpus.append(gr)
         p = 1.0 - survive
@@ -246,12 +246,24 @@ def assess(
             memo[name] = (node.gpus, mkey, nr, (history, decay))
         else:
             memo.pop(name, None)
+    # the nodes with a GPU whose score read a learned multiplier (one with contributions): the only ones a
+    # change of the signals' multipliers alone can move (_carried)
+    if base_out is None:
+        scored = {n for n, nr in out.items() if any(g.contributions for g in nr.gpus)}
+    else:
+        scored = set(state.memo["risk_last"]["scored"])
+        for n, _ in items:
+            if any(g.contributions for g in out[n].gpus):
+                scored.add(n)
+            else:
+                scored.discard(n)
     state.memo["risk_last"] = {
         "since": sensed.nodes,
         "out": out,
         "mkey": mkey,
         "fatal": frozenset(fatal_by_node),
         "due": due,
+        "scored": frozenset(scored),
     }
     note_changes(state.memo, "risk", out, base_out, (n for n, _ in items) if base_out is not None else ())
     return out
@@ -286,13 +298,14 @@ def _carried(
     differ from it, when that is known; else nothing and every node.
 
     Known when sense found the nodes that changed against the very nodes last tick's answer was assessed
-    from (``Sensed.changed``), the params, base, layout and multipliers are the same, and ``state.nodes``
-    is the very mapping ``memory.remember`` indexed (``fatal_history_index``: its nodes with a fatal
-    history). Assessed again: the changed nodes, the nodes with fatal evidence now or last tick, and those
-    with a fatal history that is another object than when last assessed or whose due time
-    (``_history_due``) has come. Every other node is fresh now and was then, with the very same GPUs and
-    staleness, no evidence, and no history or the very same one with nothing due: the per-node memo would
-    hand back its last NodeRisk anyway. The third value: per node with a history, (that history, due)."""
+    from (``Sensed.changed``), the params, base and layout are the same, and ``state.nodes`` is the very
+    mapping ``memory.remember`` indexed (``fatal_history_index``: its nodes with a fatal history). Assessed
+    again: the changed nodes, the nodes with fatal evidence now or last tick, those with a fatal history
+    that is another object than when last assessed or whose due time (``_history_due``) has come, and,
+    when the learned multipliers changed, the nodes with a GPU whose score read one (``scored``). Every
+    other node is fresh now and was then, with the very same GPUs and staleness, no evidence, and no
+    history or the very same one with nothing due, and read no multiplier that moved: it scores what it
+    scored last tick. The third value: per node with a history, (that history, due)."""
     nodes = sensed.nodes
     last = state.memo.get("risk_last")
     hist = state.memo.get("fatal_history_index")
@@ -300,12 +313,18 @@ def _carried(
         sensed.changed is None
         or last is None
         or last["since"] is not sensed.since
-        or last["mkey"] != mkey
         or hist is None
         or hist[0] is not state.nodes
     ):
         return None, nodes.items(), {}
     todo = {*sensed.changed, *fatal_by_node, *last["fatal"]}
+    was = last["mkey"]
+    if was != mkey:
+        # params, layout and base the same: only the learned multipliers of signals moved, which only a GPU
+        # with contributions reads (a quiet GPU's probability is the base)
+        if was[0] is not mkey[0] or was[1] != mkey[1] or was[2] != mkey[2]:
+            return None, nodes.items(), {}
+        todo |= last["scored"]
     due = last["due"]
     memories = state.nodes
     for n in hist[1]:
@@ -348,6 +367,8 @@ def _gpu_risk(
     health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
     return GpuRisk(node, r.index, r.uuid, r.model, health, p, contributions)
 
+
+_new_gpu_risk: Callable[..., GpuRisk] = fast_new(GpuRisk)  # built once per GPU per tick (model.fast_new)
 
 _LEVEL, _WINDOW, _MARGIN, _THROTTLE, _GPU_HIST, _NODE_HIST = range(6)
 

@@ -42,10 +42,18 @@ unknown or empty.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from slurm_fleetyield.core.model import FY_PREFIX, Envelope, NodeDecision, Observations, SlurmNode, Tier
+from slurm_fleetyield.core.model import (
+    FY_PREFIX,
+    Envelope,
+    NodeDecision,
+    Observations,
+    SlurmNode,
+    Tier,
+    fast_new,
+)
 from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.state import changed_keys, note_changes, slurm_view, sorted_names
@@ -56,6 +64,15 @@ _TRAIN = f"{FY_PREFIX}ok_train"
 _BATCH = f"{FY_PREFIX}ok_batch"
 _GREEN_TIER = f"{FY_PREFIX}tier_green"
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
+_new_decision: Callable[..., NodeDecision] = fast_new(NodeDecision)  # one per node routed (model.fast_new)
+_TEXT_CAP = 10_000
+# route's derived texts, by value: admin features by Slurm's feature list, the state text by Slurm's state
+# set, and whether Slurm's (available, active) lists are the wanted features
+_Text = tuple[
+    dict[tuple[str, ...], tuple[str, ...]],
+    dict[frozenset[str], str],
+    dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], bool],
+]
 
 
 def trainable(env: Envelope, lemon: bool) -> bool:
@@ -128,6 +145,14 @@ def route(
     cache: dict[
         tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
     ] = {}  # most nodes share a handful of these
+    # Slurm's feature lists and state sets repeat across nodes and ticks: what route derives from them
+    # (admin features, the state text, whether Slurm's lists are the wanted ones) is kept by value, in the
+    # memo when there is one (pure functions of their keys; dropped when they grow past _TEXT_CAP entries).
+    kept: _Text = memo.setdefault("route_text", ({}, {}, {})) if memo is not None else ({}, {}, {})
+    if len(kept[0]) + len(kept[1]) + len(kept[2]) > _TEXT_CAP:
+        for d in kept:
+            d.clear()
+    admin_of, state_text, as_wanted = kept
     # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
     # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
     # (ControllerState.memo via ``memo``; not persisted). Last call's answer is the start when it is known
@@ -199,10 +224,16 @@ def route(
         if wall is not None:  # premium: fy_ok_decode only when lent (the loop lends it only to keep open)
             fy = tuple(f for f in fy if f != _BATCH)
             reason = f"{reason}; {wall} (premium reclaim)"
-        admin = slurm.admin_features
+        available = slurm.available_features
+        admin = admin_of.get(available)
+        if admin is None:
+            admin = admin_of[available] = slurm.admin_features
         features = (*admin, *fy)
+        states = state_text.get(slurm.states)
+        if states is None:
+            states = state_text[slurm.states] = "+".join(sorted(slurm.states))
         managed = pn.managed and _slurm_known(slurm)
-        decisions[name] = NodeDecision(
+        decisions[name] = _new_decision(
             name,
             pn.tier,
             pn.health,
@@ -210,13 +241,22 @@ def route(
             fy,
             features,
             pn.weight,
-            "+".join(sorted(slurm.states)),
+            states,
             reason,
             pn.evidence,
             env,
             managed,
         )
-        differs = managed and _differs(slurm, features, pn.weight)
+        differs = False
+        if managed:
+            if slurm.weight != pn.weight:
+                differs = True
+            else:  # _differs, the feature lists by value
+                lists = (available, slurm.active_features, features)
+                same = as_wanted.get(lists)
+                if same is None:
+                    same = as_wanted[lists] = not _differs(slurm, features, pn.weight)
+                differs = not same
         if differs:
             differ.add(name)
         else:

@@ -17,12 +17,20 @@ span), so a short history under-estimates a rate instead of inflating one event 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import add, ge, itemgetter, sub
 from typing import Any
 
-from slurm_fleetyield.core.model import GpuReading, Health, LogEvent, NodeSample, Observations, fast_init
+from slurm_fleetyield.core.model import (
+    GpuReading,
+    Health,
+    LogEvent,
+    NodeSample,
+    Observations,
+    fast_init,
+    fast_new,
+)
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS
 from slurm_fleetyield.core.state import Counters, GpuHistory, GpuTrack, NodeHistory, sorted_names
@@ -59,6 +67,11 @@ class SensedNode:
         if self.health is Health.UNKNOWN:  # not fresh: no evidence of a missing GPU
             return 0
         return missing(self.expected_gpus, len(self.gpus))
+
+
+# the constructors of the two types sense builds once per node / GPU per tick (model.fast_new)
+_new_node: Callable[..., SensedNode] = fast_new(SensedNode)
+_new_gpu: Callable[..., SensedGpu] = fast_new(SensedGpu)
 
 
 def missing(expected: int | None, visible: int) -> int:
@@ -151,7 +164,7 @@ def sense(
             new_xids = any(g.new_xids for g in gpus)
         new_history[name] = node_hist
         stale = now - t
-        nodes[name] = SensedNode(name, OK, "fresh sample", t, stale, gpus, expected)
+        nodes[name] = _new_node(name, OK, "fresh sample", t, stale, gpus, expected)
         if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
             flagged.append(name)
         p = prev.get(name)
@@ -313,7 +326,7 @@ class _Tracker:
                 moved = True
             if len(steps) == 1 and adj == steps[0][1]:
                 # nothing grew within the longest window (the common, healthy case)
-                out.append(SensedGpu(reading, raw, None, None, new_xids, False))
+                out.append(_new_gpu(reading, raw, None, None, new_xids, False))
             else:
                 ring = prev.ring(node_times)
                 points = prev.points(ring)
@@ -321,10 +334,10 @@ class _Tracker:
                 assert plan is not None
                 base_long = points[plan[0]]
                 if adj == base_long:
-                    out.append(SensedGpu(reading, raw, None, None, new_xids, False))
+                    out.append(_new_gpu(reading, raw, None, None, new_xids, False))
                 else:
                     rates, growth = self._trend(adj, points, base_long, plan[1])
-                    out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
+                    out.append(_new_gpu(reading, raw, rates, growth, new_xids, False))
             if appended:
                 if steps[-1][1] is not adj:
                     steps = (*steps, (t, adj))

@@ -50,7 +50,7 @@ import gc
 import heapq
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -68,6 +68,7 @@ from slurm_fleetyield.core.model import (
     Observations,
     Tier,
     WorkloadClass,
+    fast_new,
 )
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Plan, ProposeDrain, RequeueJobs, WithdrawProposal
@@ -292,6 +293,9 @@ def controller_step(
 
 
 # ---- one run -----------------------------------------------------------------------------------------------
+
+
+_new_sample: Callable[..., NodeSample] = fast_new(NodeSample)  # one per node per tick (model.fast_new)
 
 
 class _JobState:
@@ -801,7 +805,7 @@ class Simulation:
                     self._reading((name, g), model, prem) for g in range(gpn) if (name, g) not in self.hidden
                 )
                 node_gpus[name] = gpus
-            out[name] = NodeSample(name, now, gpus, gpn)
+            out[name] = _new_sample(name, now, gpus, gpn)
         return out
 
     def _tick(self, why: str) -> None:

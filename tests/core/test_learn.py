@@ -105,3 +105,25 @@ def test_a_multiplier_is_republished_only_when_it_moved_past_the_tolerance():
     assert new_bucket["base"] == 2.0 and new_bucket["gpu_temp"] == pytest.approx(prior / (prior + 1.0))
     with pytest.raises(ValueError):
         Params(learn={"publish_tolerance": 1.0})
+
+
+def test_no_lemon_stays_no_lemon_as_time_passes() -> None:
+    """Over one fatal history, in any report order, ``is_lemon`` False at some time stays False at every
+    later time (price re-prices only last tick's lemons when nothing but time moved: core/price.py)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from slurm_fleetyield.core.state import NodeMemory
+
+    lp = Params(learn={"lemon_failures": 2, "lemon_window_s": 10_000.0, "lemon_dedup_s": 600.0}).learn
+    times = st.lists(st.floats(0.0, 30_000.0, allow_nan=False), max_size=8)
+
+    @settings(max_examples=400, deadline=None)
+    @given(times, st.lists(st.floats(0.0, 40_000.0, allow_nan=False), min_size=2, max_size=6))
+    def check(history: list[float], clock: list[float]) -> None:
+        m = NodeMemory(Tier.GREEN, 0.0, "", fatal_history=tuple((t, "GPU-a") for t in history))
+        top = max(history, default=0.0)
+        verdicts = [learn.is_lemon(m, now, lp) for now in sorted(c for c in clock if c >= top)]
+        assert verdicts == sorted(verdicts, reverse=True), verdicts  # True ... True, False ... False
+
+    check()

@@ -186,6 +186,45 @@ def test_reuse_follows_fatal_history_and_params() -> None:
     assert isinstance(old, NodeMemory)
 
 
+def test_risk_follows_the_learned_multipliers(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """When only the signals' learned multipliers move between two ticks, risk starts from last tick's
+    answer and scores again only the nodes that read one, which equals a fresh tick; a new base multiplier
+    moves every quiet GPU: every node is scored again."""
+    from slurm_fleetyield.core import risk
+
+    stream = _record()
+    params = Params()
+    r = _replay(stream[:8], params)
+    scored = [n for n, nr in r.risks.items() if any(g.contributions for g in nr.gpus)]
+    assert scored, "the fault-heavy stream must leave nodes with signals"
+    # a GPU's multiplier is its dominant signal's (the largest contribution)
+    gpu = next(g for g in r.risks[scored[0]].gpus if g.contributions)
+    signal = max(gpu.contributions, key=lambda c: c.weight).signal
+    starts: list[bool] = []
+    inner = risk._carried
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        got = inner(*args)
+        starts.append(got[0] is not None)
+        return got
+
+    monkeypatch.setattr(risk, "_carried", spy)
+    obs = stream[8]
+    before = tick(r.state, obs, params, obs.time, random.Random(2))
+    carried = [starts[-1]]
+    for mult in ({signal: 3.0}, {signal: 3.0, "base": 2.0}):
+        r = _replay(stream[:8], params)  # the memo follows one line of ticks: a fresh one per branch
+        learned = replace(r.state.learn, multipliers={**r.state.learn.multipliers, **mult})
+        state = replace(r.state, learn=learned)
+        got = tick(state, obs, params, obs.time, random.Random(2))
+        carried.append(starts[-1])
+        want = tick(replace(state, memo={}), _fresh(obs), params, obs.time, random.Random(2))
+        assert dict(got.risks) == dict(want.risks) and got.plan == want.plan
+        assert got.risks[scored[0]] != before.risks[scored[0]]
+    # unchanged: carried; a signal's multiplier moved: carried too; the base moved: every node again
+    assert carried == [True, True, False], carried
+
+
 def test_price_route_remember_reuse_follows_their_inputs() -> None:
     """Price, route and remember reuse a node's result for the very same inputs, and recompute it when the
     last memory, the drains or the loan changed (compared with the same call on an empty memo)."""
@@ -216,8 +255,8 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     yellow = replace(state, nodes={**state.nodes, name: replace(old, tier=Tier.YELLOW)})
     assert priced(yellow).events
     assert priced(yellow).events, "a node whose pricing logged an event is priced again, event and all"
-    # a lemon verdict moves with time alone: the same inputs an hour after the window hold no lemon (the
-    # nodes with a fatal history from remember's index, or found in the memories when there is none)
+    # a lemon verdict moves with time alone: the same inputs an hour after the window hold no lemon (price
+    # prices last tick's lemons again; remember's fatal-history index in the memo or not changes nothing)
     for index in (True, False):
         _lemon_follows_time(obs, sensed, r.risks, envs, state, params, now, name, index)
     dark = {n: v for n, v in r.risks.items() if n != name}  # no risk: UNKNOWN, keeps the last weight
@@ -273,8 +312,9 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
 
 
 def _lemon_follows_time(obs, sensed, risks, envs, state, params, now, name, index):  # type: ignore[no-untyped-def]
-    """Price a node whose only changing input is time, as its lemon verdict ends, with and without the
-    fatal-history index; each call equals the same call on an empty memo."""
+    """Price a node whose only changing input is time, as its lemon verdict ends, with and without
+    remember's fatal-history index in the memo (price carries its own lemons); each call equals the same
+    call on an empty memo."""
     from slurm_fleetyield.core import price
     from slurm_fleetyield.core.quarantine import Drains
 
@@ -319,7 +359,8 @@ def test_remember_from_last_tick_follows_its_inputs() -> None:
     inner = memory._todo
 
     def call(st: ControllerState, drains: Drains, t: float) -> ControllerState:
-        todo = inner(st.memo.get("remember_last"), *_names_and(st, decisions, sensed, priced))
+        oldest = t - params.risk.fatal_history_days * 86_400.0
+        todo = inner(st.memo.get("remember_last"), *_names_and(st, decisions, sensed, priced), oldest)
         carried.append(-1 if todo is None else len(todo))
         got = memory.remember(st, sensed, decisions, priced, (), drains, params, t)
         want = memory.remember(replace(st, memo={}), sensed, decisions, priced, (), drains, params, t)
@@ -341,6 +382,8 @@ def test_remember_from_last_tick_follows_its_inputs() -> None:
     later = now + params.risk.fatal_history_days * 86_400.0 + 1.0  # every report has left the window
     aged = call(replace(state, memo=dict(state.memo)), Drains(), later)
     assert all(not aged.nodes[n].fatal_history for n in history)
+    # none due before its earliest report leaves the window: carried, as the memories are unchanged
+    assert call(replace(state, memo=dict(state.memo)), Drains(), now + 60.0).nodes == state.nodes
     assert all(k >= 0 for k in carried), f"every call must start from last tick's memories: {carried}"
 
 
