@@ -105,7 +105,7 @@ def tick(
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
-    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept)
+    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)

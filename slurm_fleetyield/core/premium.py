@@ -485,8 +485,9 @@ def _supply(
         shares, base, batch = dict(last["shares"]), dict(last["base"]), dict(last["batch"])
         eligible = set(last["eligible"])
         old_idle = last["idle"]
-        todo = {n for n, v in idle.items() if old_idle.get(n) != v}
-        todo.update(old_idle.keys() - idle.keys())
+        todo = {n for n, v in idle.items() if old_idle.get(n) != v}  # holds the keys new to idle
+        if len(old_idle) != len(idle) - sum(1 for n in todo if n not in old_idle):  # some left idle
+            todo.update(old_idle.keys() - idle.keys())
         todo |= changed_keys(envelopes, last["envs"], memo) | changed_keys(pnodes, last["pnodes"], memo)
     moved = last is None  # an eligible node came or went: sorted again
     for name in todo:

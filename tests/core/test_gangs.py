@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from core.builders import H100, L40S, Fleet, Runner
 from slurm_fleetyield.core import gangs, route
 from slurm_fleetyield.core import signals as s
@@ -270,3 +272,33 @@ def test_the_lowest_risk_yellow_node_is_lent_even_while_busy():
     obs = Observations(0.0, {n: replace(s, states=states[n]) for n, s in obs.slurm.items()}, {}, (), obs.jobs)
     got = gangs.widen(obs, Priced(nodes), envs, {n: _risk(n) for n in nodes}, {}, Params(), 0.0)
     assert got.lent == {"y0"} and got.need_nodes == 1
+
+
+def test_lent_before_from_last_tick_equals_a_fresh_scan() -> None:
+    """``_lent_before`` carried from last tick's answer (reading again only memories that are other
+    objects) equals a scan of every memory, tick after tick, as nodes come, go and change tier or features."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from slurm_fleetyield.core.gangs import OK_TRAIN, _lent_before
+    from slurm_fleetyield.core.model import Tier
+    from slurm_fleetyield.core.state import NodeMemory
+
+    kinds = [
+        NodeMemory(tier, 0.0, "", fy_features=fy)
+        for tier in (Tier.GREEN, Tier.YELLOW)
+        for fy in ((), (OK_TRAIN,), ("fy_tier_yellow", OK_TRAIN))
+    ]
+    # per node: which memory, and whether it is a copy (another object of equal value) or the shared one
+    names = st.sampled_from(["a", "b", "c", "d"])
+    step = st.dictionaries(names, st.tuples(st.sampled_from(kinds), st.booleans()))
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(step, min_size=1, max_size=8))
+    def check(steps: list[dict[str, tuple[NodeMemory, bool]]]) -> None:
+        memo: dict[str, object] = {}
+        for picks in steps:
+            memories = {n: dataclasses.replace(m) if copy else m for n, (m, copy) in picks.items()}
+            assert _lent_before(memories, memo) == _lent_before(memories)  # type: ignore[arg-type]
+
+    check()
