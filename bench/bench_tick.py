@@ -13,9 +13,12 @@ Each warm tick is timed with wall time (``perf_counter``) and CPU time (``proces
 shared, so the table reports min and median over the warm ticks. Correctness guard: every tick's result
 (plan, node decisions, risks, events and the persisted state) is digested and compared with
 ``bench/tick_digest.json``, recorded from the unoptimized core (commit 02a9dea) on the same synthetic fleet
-and re-recorded after deliberate behaviour changes (last: 715e469, for 9a625d2's persisted premium claims,
-from that tree with the node-reuse optimisations a9a46ab/8a337f7/715e469 reverted; the optimised one matches);
-a mismatch fails the run. ``--write-digest`` re-records it (only after a deliberate behaviour change).
+and re-recorded after deliberate behaviour changes (715e469, for 9a625d2's persisted premium claims, from that
+tree with the node-reuse optimisations a9a46ab/8a337f7/715e469 reverted; the optimised one matched; last:
+at stop 22, from e6e8b6b: the file had been stale since 761e417, a deliberate change -- held fatal evidence
+kept in the persisted state, decode kept submittable by a premium loan -- found by ``git bisect`` against
+the old file; stop 21's code, 10036a4, gives the same 18 digests as e6e8b6b); a mismatch fails the run.
+``--write-digest`` re-records it (only after a deliberate behaviour change).
 
     .venv/bin/python bench/bench_tick.py [--sizes 1000,10000,100000] [--ticks 6] [--no-check]
 """
