@@ -420,26 +420,30 @@ class SimSlurm:
         self, cand: list[SimNode], nn: int, gpn: int, taken: Mapping[str, int], now: float
     ) -> tuple[float, frozenset[str]]:
         avail: list[tuple[float, tuple[int, str], str]] = []
-        ready = self._ready_times
+        ready, known = self._ready_times, self._ready.get  # _ready_times' cache, read inline (every node)
+        add = avail.append
+        ninf = -math.inf  # a ready time of -inf: free now
         for n in cand:
-            if n.name in taken:
-                free = n.free - taken[n.name]
-                if free >= gpn:
-                    avail.append((now, n.rank, n.name))
-                    continue
-                ends = sorted(
-                    (self.running[j].end, self.running[j].gpus_per_node) for j in self.on_node[n.name]
-                )
-                for end, g in ends:
-                    free += g
-                    if free >= gpn:
-                        avail.append((end, n.rank, n.name))
-                        break
+            name = n.name
+            if name not in taken:
+                r = known(name)
+                if r is None:
+                    r = ready(n)
+                if gpn < len(r):
+                    t = r[gpn]
+                    add((now if t == ninf else t, n.rank, name))
                 continue
-            r = ready(n)
-            if gpn < len(r):
-                t = r[gpn]
-                avail.append((now if t == -math.inf else t, n.rank, n.name))
+            # a node given GPUs earlier in this pass: its ready times less those GPUs
+            free = n.free - taken[name]
+            if free >= gpn:
+                add((now, n.rank, name))
+                continue
+            ends = sorted((self.running[j].end, self.running[j].gpus_per_node) for j in self.on_node[name])
+            for end, g in ends:
+                free += g
+                if free >= gpn:
+                    add((end, n.rank, name))
+                    break
         if len(avail) < nn:
             return float("inf"), frozenset()
         chosen = heapq.nsmallest(nn, avail)
