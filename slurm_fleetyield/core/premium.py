@@ -473,8 +473,6 @@ def _supply(
     count, envelope or priced node (the very object, ``state.changed_keys``) differs are looked at again;
     ``tests/core/test_premium.py`` checks the totals against a fresh count."""
     last = memo.get("premium_supply") if memo is not None else None
-    if last is not None and last["envs"] is envelopes and last["pnodes"] is pnodes and last["idle"] == idle:
-        return last["base"], last["batch"], last["eligible"]
     if last is None:
         shares: dict[str, tuple[int, int, bool]] = {}
         base: dict[int, int] = {}

@@ -67,7 +67,7 @@ _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: froze
 _new_decision: Callable[..., NodeDecision] = fast_new(NodeDecision)  # one per node routed (model.fast_new)
 _TEXT_CAP = 10_000
 # route's derived texts, by value: admin features by Slurm's feature list, the state text by Slurm's state
-# set, and whether Slurm's (available, active) lists are the wanted features
+# set, and whether Slurm's (available, active) lists differ from the wanted features
 _Text = tuple[
     dict[tuple[str, ...], tuple[str, ...]],
     dict[frozenset[str], str],
@@ -146,13 +146,13 @@ def route(
         tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
     ] = {}  # most nodes share a handful of these
     # Slurm's feature lists and state sets repeat across nodes and ticks: what route derives from them
-    # (admin features, the state text, whether Slurm's lists are the wanted ones) is kept by value, in the
-    # memo when there is one (pure functions of their keys; dropped when they grow past _TEXT_CAP entries).
+    # (admin features, the state text, whether Slurm's lists differ from the wanted ones) is kept by value,
+    # in the memo when there is one (pure functions of their keys; dropped past _TEXT_CAP entries).
     kept: _Text = memo.setdefault("route_text", ({}, {}, {})) if memo is not None else ({}, {}, {})
     if len(kept[0]) + len(kept[1]) + len(kept[2]) > _TEXT_CAP:
         for d in kept:
             d.clear()
-    admin_of, state_text, as_wanted = kept
+    admin_of, state_text, lists_differ = kept
     # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
     # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
     # (ControllerState.memo via ``memo``; not persisted). Last call's answer is the start when it is known
@@ -247,16 +247,13 @@ def route(
             env,
             managed,
         )
-        differs = False
-        if managed:
-            if slurm.weight != pn.weight:
-                differs = True
-            else:  # _differs, the feature lists by value
-                lists = (available, slurm.active_features, features)
-                same = as_wanted.get(lists)
-                if same is None:
-                    same = as_wanted[lists] = not _differs(slurm, features, pn.weight)
-                differs = not same
+        differs = managed and slurm.weight != pn.weight
+        if managed and not differs:  # Slurm's feature lists against the wanted ones, kept by value
+            lists = (available, slurm.active_features, features)
+            known = lists_differ.get(lists)
+            if known is None:
+                known = lists_differ[lists] = _lists_differ(*lists)
+            differs = known
         if differs:
             differ.add(name)
         else:
@@ -318,8 +315,7 @@ def _slurm_known(slurm: SlurmNode) -> bool:
     return bool(slurm.states) and "UNKNOWN" not in slurm.states
 
 
-def _differs(slurm: SlurmNode, features: tuple[str, ...], weight: int) -> bool:
+def _lists_differ(available: tuple[str, ...], active: tuple[str, ...], features: tuple[str, ...]) -> bool:
+    """Does either of Slurm's feature lists hold other features than ``features`` (order aside)?"""
     want = set(features)
-    return (
-        slurm.weight != weight or set(slurm.available_features) != want or set(slurm.active_features) != want
-    )
+    return set(available) != want or set(active) != want
