@@ -173,28 +173,25 @@ def find_fatal(
         node = nodes[name]
         if not node.fresh:
             continue  # never act on stale or missing data
+        sample_time = sensed.sample_time(name)
         for g in node.gpus:
             for xid, count in g.new_xids:
                 if xid in qxids:
                     r = g.reading
-                    key = f"scrape:{name}:{r.uuid}:xid{xid}:{node.sample_time!r}"
+                    key = f"scrape:{name}:{r.uuid}:xid{xid}:{sample_time!r}"
                     t_push = pushed.get((name, r.index, xid))
-                    seen_pushed = (
-                        t_push is not None and 0.0 <= (node.sample_time or 0.0) - t_push <= qp.window_s
-                    )
+                    seen_pushed = t_push is not None and 0.0 <= (sample_time or 0.0) - t_push <= qp.window_s
                     if key not in done and not seen_pushed:
                         msg = f"{count:g} new in scrape"
                         out.append(
-                            Fatal(
-                                name, node.sample_time or 0.0, "xid", key, "scrape", r.index, r.uuid, xid, msg
-                            )
+                            Fatal(name, sample_time or 0.0, "xid", key, "scrape", r.index, r.uuid, xid, msg)
                         )
         if qp.gpu_missing_quarantines and node.missing_gpus:
             seen, expected = len(node.gpus), node.expected_gpus
             key = f"{MISSING_KEY_PREFIX}{name}:{seen}/{expected}"
             if key not in done:
                 msg = f"{seen} of {expected} visible"
-                out.append(Fatal(name, node.sample_time or 0.0, "gpu_missing", key, "scrape", message=msg))
+                out.append(Fatal(name, sample_time or 0.0, "gpu_missing", key, "scrape", message=msg))
     if state.held_fatal:
         found = {f.key for f in out}
         for ev in state.held_fatal:

@@ -291,10 +291,11 @@ def _remediated(
     if slurm.states & NOT_RESPONDING or not slurm.states:  # type: ignore[attr-defined]
         return False
     s = sensed.nodes.get(name)
-    if s is None or not s.fresh or s.sample_time is None or s.missing_gpus:
+    sample_time = sensed.sample_time(name)
+    if s is None or not s.fresh or sample_time is None or s.missing_gpus:
         return False
     settle = 0.0 if a.remediation is Remediation.GPU_RESET else lp.reboot_settle_s  # type: ignore[attr-defined]
-    if s.sample_time <= a.started_at + settle:
+    if sample_time <= a.started_at + settle:
         return False
     # Fatal evidence from before the remediation took effect (this tick's own findings are recorded at the
     # attempt's start; a reboot's settle window still shows the pre-reboot node) is what was remediated.

@@ -187,14 +187,15 @@ def assess(
             history, decay = [], 1.0
         node_fatal = fatal_by_node.get(name, ())
         if not node.fresh:
-            out[name] = _unknown(node, node_fatal)
+            out[name] = _unknown(node, node_fatal, sensed.stale_s(name))
             continue
         if not node_fatal:
             hit = memo.get(name)
             if hit is not None and hit[0] is node.gpus and hit[1] == mkey and hit[3] == (history, decay):
                 nr = hit[2]
-                if nr.stale_s != node.stale_s:
-                    nr = NodeRisk(name, nr.health, nr.probability, nr.gpus, nr.reason, node.stale_s)
+                stale = sensed.stale_s(name)
+                if nr.stale_s != stale:
+                    nr = NodeRisk(name, nr.health, nr.probability, nr.gpus, nr.reason, stale)
                 out[name] = nr
                 continue
         fatal_gpu: dict[str, list[Fatal]] = {}
@@ -241,7 +242,7 @@ def assess(
         else:
             health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
             reason = _summary(gpus, p, base)
-        out[name] = nr = NodeRisk(name, health, p, tuple(gpus), reason, node.stale_s)
+        out[name] = nr = NodeRisk(name, health, p, tuple(gpus), reason, sensed.stale_s(name))
         if not node_fatal:
             memo[name] = (node.gpus, mkey, nr, (history, decay))
         else:
@@ -582,11 +583,11 @@ def signal_values(
     return tuple(out)
 
 
-def _unknown(node: SensedNode, fatal: list[Fatal] | tuple[Fatal, ...]) -> NodeRisk:
+def _unknown(node: SensedNode, fatal: list[Fatal] | tuple[Fatal, ...], stale_s: float | None) -> NodeRisk:
     if fatal:  # a pushed event is evidence even without telemetry
         reason = "fatal: " + fatal[0].reason.removeprefix("fleetyield:").strip()
-        return NodeRisk(node.node, Health.BAD, 1.0, (), reason, node.stale_s)
-    return NodeRisk(node.node, Health.UNKNOWN, math.nan, (), f"unknown: {node.reason}", node.stale_s)
+        return NodeRisk(node.node, Health.BAD, 1.0, (), reason, stale_s)
+    return NodeRisk(node.node, Health.UNKNOWN, math.nan, (), f"unknown: {node.reason}", stale_s)
 
 
 def _summary(gpus: list[GpuRisk], p: float, base: float) -> str:

@@ -12,14 +12,22 @@ Trends: counters are reset-adjusted (a decrease is a restart from zero, never a 
 a ring of points at least ``history_resolution_s`` apart, trimmed to the longest window. A window's per-hour
 rate is growth since the oldest point inside the window divided by the window length (never by a shorter
 span), so a short history under-estimates a rate instead of inflating one event into a burst.
+
+Time is kept apart from what a sample brings: ``Sensed.times`` holds each node's sample time, and the
+history (``FleetHistory``) each compact node's clock. A quiet node (no counter moved, nothing grew within
+the longest window) sampled again with the very same readings keeps its very ``SensedNode`` and tracks;
+only its clock moves. When every node is sampled at one time (the simulator), ``_quick`` senses only the
+nodes whose readings or GPU counts changed, or that were not quiet, with C-level passes over the rest
+(tests/core/test_sense_quick.py checks it against a full pass).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from operator import add, ge, itemgetter, sub
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import add, attrgetter, ge, is_not, itemgetter, ne, sub
 from typing import Any
 
 from slurm_fleetyield.core.model import (
@@ -33,7 +41,16 @@ from slurm_fleetyield.core.model import (
 )
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS
-from slurm_fleetyield.core.state import Counters, GpuHistory, GpuTrack, NodeHistory, sorted_names
+from slurm_fleetyield.core.state import (
+    Clock,
+    Counters,
+    FleetHistory,
+    GpuHistory,
+    GpuTrack,
+    NodeHistory,
+    NodeTracks,
+    sorted_names,
+)
 
 
 @fast_init
@@ -53,8 +70,6 @@ class SensedNode:
     node: str
     health: Health  # OK: fresh usable data (not a verdict on the GPUs); UNKNOWN: no usable data
     reason: str
-    sample_time: float | None
-    stale_s: float | None  # age of the newest sample, None: never sampled
     gpus: tuple[SensedGpu, ...] = ()
     expected_gpus: int | None = None
 
@@ -74,6 +89,9 @@ _new_node: Callable[..., SensedNode] = fast_new(SensedNode)
 _new_gpu: Callable[..., SensedGpu] = fast_new(SensedGpu)
 
 
+_NO_NODES: Mapping[str, SensedNode] = {}
+
+
 def missing(expected: int | None, visible: int) -> int:
     """GPUs missing from a fresh sample: how many fewer are visible than expected (none when nothing is)."""
     return 0 if expected is None or visible >= expected else expected - visible
@@ -89,11 +107,25 @@ class Sensed:
     # ones where quarantine.find_fatal can find scrape evidence. None: not indexed (look at every node).
     flagged: tuple[str, ...] | None = None
     # Against ``since`` (an earlier tick's ``nodes``, with the same names in the same order): the nodes whose
-    # SensedNode differs in more than its sample time (another GPU tuple object, health, staleness or
-    # expected count), by name. Every other node is fresh in both with the very same GPUs, so a stage that
-    # read only those from it may hand back its answer for ``since`` (core/risk.py). None: not known.
+    # SensedNode is another object or whose sample age moved. Every other node is fresh in both, the very
+    # same SensedNode (same GPU objects) and as old, so a stage that read only those from it may hand back
+    # its answer for ``since`` (core/risk.py). None: not known.
     changed: tuple[str, ...] | None = None
     since: Mapping[str, SensedNode] | None = None
+    # The time of every node's newest sample (fresh or not; none: never sampled), and the tick's time. The
+    # time lives here, not in ``SensedNode``, so a node whose sample brought nothing new keeps its very
+    # SensedNode from tick to tick.
+    times: Mapping[str, float] = field(default_factory=dict)
+    now: float = 0.0
+
+    def sample_time(self, node: str) -> float | None:
+        """When ``node``'s newest sample was taken; None: it never was."""
+        return self.times.get(node)
+
+    def stale_s(self, node: str) -> float | None:
+        """Age of ``node``'s newest sample; None: never sampled."""
+        t = self.times.get(node)
+        return None if t is None else self.now - t
 
 
 def sense(
@@ -107,86 +139,341 @@ def sense(
 ) -> Sensed:
     """``memo``: ``ControllerState.memo`` (kept from tick to tick), where the sorted node names are kept
     while Slurm's and the samples' node names stay the same, in the same order, and the last sensed nodes,
-    against which ``Sensed.changed`` is found."""
+    against which ``Sensed.changed`` is found, and what ``_quick`` needs to sense only the nodes that may
+    have changed."""
     events: list[LogEvent] = []
     if old_layout and old_layout != layout:
         # The tracked XIDs changed (config edit): old points do not line up with the new channels.
         events.append(LogEvent(now, "", "history_reset", "tracked channels changed; GPU history restarted"))
         history = {}
-    tracker = _Tracker(layout, params, now)
-    nodes: dict[str, SensedNode] = {}
-    new_history: dict[str, Mapping[str, GpuHistory]] = {}
-    stale_after_s = params.stale_after_s
-    samples, slurms = obs.samples, obs.slurm
-    timeline = tracker.timeline
-    OK = Health.OK
-    flagged: list[str] = []
     sm = None if memo is None else memo.setdefault("sense", {})
-    names = sorted_names(sm, slurms, samples)
-    last = sm.get("last") if sm is not None else None
-    since: Mapping[str, SensedNode] | None = last[1] if last is not None and last[0] is names else None
-    prev = since if since is not None else {}
-    changed: list[str] = []
-    for name in names:
-        sample = samples.get(name)
-        old = history.get(name, {})
-        if sample is None or sample.error or now - sample.time > stale_after_s:
-            unknown = _unknown_reason(sample, stale_after_s, now)
-        else:  # fresh (the common case): _unknown_reason would say None
-            unknown = None
-        if unknown is not None:
-            age = None if sample is None else now - sample.time
-            nodes[name] = SensedNode(
-                name, Health.UNKNOWN, unknown, None if sample is None else sample.time, age
-            )
-            if old:
-                new_history[name] = old  # keep the trend; the node may come back
-            changed.append(name)
-            continue
-        assert sample is not None
-        slurm = slurms.get(name)
-        count = sample.expected_gpus or 0  # the larger of the agent's and Slurm's count, None for 0
-        if slurm is not None and slurm.gpu_count > count:
-            count = slurm.gpu_count
-        expected = count or None
-        nh = old if type(old) is NodeHistory else None
-        quiet = nh.quiet if nh is not None else None
-        t = sample.time
-        node_hist: Mapping[str, GpuHistory]
-        if nh is not None and quiet is not None and quiet[0] is sample.gpus and t > nh.last_time:
-            # _node_tracks' reuse of a quiet node, inlined (most nodes of a simulated fleet, every tick);
-            # a quiet node's GPUs moved no counter, so none has new XIDs
-            gpus = quiet[1]
-            node_hist = NodeHistory(t, timeline(t, nh.times)[0], nh.gpus, quiet)
-            new_xids = False
-        else:
-            gpus, node_hist = tracker.node(sample, old)
-            new_xids = any(g.new_xids for g in gpus)
-        new_history[name] = node_hist
-        stale = now - t
-        nodes[name] = _new_node(name, OK, "fresh sample", t, stale, gpus, expected)
-        if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
-            flagged.append(name)
-        p = prev.get(name)
-        if (
-            p is None
-            or p.gpus is not gpus
-            or p.health is not OK
-            or p.stale_s != stale
-            or p.expected_gpus != expected
-        ):
-            changed.append(name)
+    names = sorted_names(sm, obs.slurm, obs.samples)
+    last: _Last | None = sm.get("last") if sm is not None else None
+    since = last.nodes if last is not None and last.names is names else None
+    run = _Pass(obs, history, params, _Tracker(layout, params, now), now, since, last)
+    quick = _quick(run, names, last, history, layout) if since is not None and last is not None else None
+    changed: list[str] | tuple[str, ...]
+    if quick is None:
+        for name in names:
+            run.node(name)
+        changed, flagged = run.changed, run.flagged
+        keep = _keep(run, names)
+    else:
+        changed, flagged, keep = quick
     if sm is not None:
-        sm["last"] = (names, nodes)
+        sm["last"] = _Last(names, run.nodes, run.times, now, run.history, params, layout, *keep)
     return Sensed(
-        nodes,
-        new_history,
+        run.nodes,
+        run.history,
         layout,
         tuple(events),
         tuple(flagged),
         tuple(changed) if since is not None else None,
         since,
+        run.times,
+        now,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    """What one ``sense`` call leaves in the memo for the next. When every node was sampled at one time
+    (``t``; the simulator's case), also the fast-path index ``_quick`` reads: per node in ``names`` order,
+    the readings tuple, agent-expected and Slurm GPU counts that were sensed; ``clock``: the clock every
+    node outside ``slow`` has; ``slow``: the nodes that must be sensed again even when those three do not
+    change; ``missing``: the others that are flagged (fewer GPUs than expected). ``t`` None: no index."""
+
+    names: list[str]
+    nodes: Mapping[str, SensedNode]
+    times: Mapping[str, float]
+    now: float
+    history: FleetHistory
+    params: SenseParams
+    layout: tuple[str, ...]
+    t: float | None = None
+    clock: Clock | None = None
+    gpus: list[Any] | None = None
+    expected: list[int | None] | None = None
+    counts: list[int] | None = None
+    slow: frozenset[str] = frozenset()
+    missing: frozenset[str] = frozenset()
+
+
+_GPUS, _TIME, _ERROR = attrgetter("gpus"), attrgetter("time"), attrgetter("error")
+_EXPECTED, _COUNT = attrgetter("expected_gpus"), attrgetter("gpu_count")
+_NO_INDEX: tuple[Any, ...] = ()
+
+
+class _Pass:
+    """One ``sense`` call's outputs and per-tick constants; ``node(name)`` senses one node into them."""
+
+    __slots__ = (
+        "changed",
+        "clock_memo",
+        "clocks",
+        "flagged",
+        "history",
+        "last_now",
+        "last_times",
+        "nodes",
+        "now",
+        "old_clocks",
+        "old_tracks",
+        "pget",
+        "samples",
+        "slurms",
+        "stale_after_s",
+        "times",
+        "tracker",
+        "tracks",
+    )
+
+    def __init__(
+        self,
+        obs: Observations,
+        history: Mapping[str, Mapping[str, GpuHistory]],
+        params: SenseParams,
+        tracker: _Tracker,
+        now: float,
+        since: Mapping[str, SensedNode] | None,
+        last: _Last | None,
+    ) -> None:
+        self.old_tracks, self.old_clocks = _split(history)
+        self.nodes: dict[str, SensedNode] = {}
+        self.tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]] = {}
+        self.clocks: dict[str, Clock] = {}
+        self.times: dict[str, float] = {}
+        self.history = FleetHistory(self.tracks, self.clocks)
+        self.changed: list[str] = []
+        self.flagged: list[str] = []
+        self.samples, self.slurms = obs.samples, obs.slurm
+        self.stale_after_s = params.stale_after_s
+        self.tracker = tracker
+        self.now = now
+        self.pget = (since if since is not None else _NO_NODES).get
+        self.last_times: Mapping[str, float] = last.times if since is not None and last is not None else {}
+        self.last_now = last.now if since is not None and last is not None else now
+        # the last clock moved by a quiet node and its successor (nodes sampled together share both)
+        self.clock_memo: tuple[Clock | None, float | None, Clock | None] = (None, None, None)
+
+    def set_outputs(
+        self,
+        nodes: dict[str, SensedNode],
+        tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]],
+        clocks: dict[str, Clock],
+        times: dict[str, float],
+    ) -> None:
+        self.nodes, self.tracks, self.clocks, self.times = nodes, tracks, clocks, times
+        self.history = FleetHistory(tracks, clocks)
+
+    def node(self, name: str) -> None:
+        now = self.now
+        sample = self.samples.get(name)
+        tr = self.old_tracks.get(name)
+        if sample is None or sample.error or now - sample.time > self.stale_after_s:
+            if sample is not None:
+                self.times[name] = sample.time
+            self.nodes[name] = _new_node(
+                name, Health.UNKNOWN, _unknown_reason(sample, self.stale_after_s, now)
+            )
+            if tr is not None and (tr.gpus if type(tr) is NodeTracks else tr):
+                self.tracks[name] = tr  # keep the trend; the node may come back
+                if type(tr) is NodeTracks:
+                    self.clocks[name] = self.old_clocks[name]
+            self.changed.append(name)
+            return
+        t = self.times[name] = sample.time
+        slurm = self.slurms.get(name)
+        count = sample.expected_gpus or 0  # the larger of the agent's and Slurm's count, None for 0
+        if slurm is not None and slurm.gpu_count > count:
+            count = slurm.gpu_count
+        expected = count or None
+        clock = self.old_clocks.get(name)
+        if (
+            type(tr) is NodeTracks
+            and (quiet := tr.quiet) is not None
+            and quiet[0] is sample.gpus
+            and clock is not None
+            and t >= clock[0]
+        ):
+            # _node_tracks' reuse of a quiet node, inlined: the same tracks, the clock moved on; a quiet
+            # node's GPUs moved no counter, so none has new XIDs. The very readings again at the time they
+            # were sensed (a second tick at the same time) sense to the same quiet GPUs: _gpu_plain's
+            # same-time path would give them again, by value, and rebuild the same tracks.
+            gpus = quiet[1]
+            c_in, c_t, c_out = self.clock_memo
+            if clock is not c_in or t != c_t:
+                c_out = (t, self.tracker.timeline(t, clock[1])[0])
+                self.clock_memo = (clock, t, c_out)
+            self.clocks[name] = c_out  # type: ignore[assignment]
+            self.tracks[name] = tr
+            new_xids = False
+        else:
+            gpus, self.tracks[name], new_clock = self.tracker.node(sample, tr, clock)
+            if new_clock is not None:
+                self.clocks[name] = new_clock
+            else:
+                self.clocks.pop(name, None)
+            new_xids = any(g.new_xids for g in gpus)
+        p = self.pget(name)
+        if p is not None and p.gpus is gpus and p.health is Health.OK and p.expected_gpus == expected:
+            self.nodes[name] = p  # the same node: only its sample's time moved
+            if now - t != self.last_now - self.last_times[name]:
+                self.changed.append(name)
+        else:
+            self.nodes[name] = _new_node(name, Health.OK, "fresh sample", gpus, expected)
+            self.changed.append(name)
+        if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
+            self.flagged.append(name)
+
+
+def _uniform(run: _Pass, names: list[str]) -> tuple[float, list[Any]] | None:
+    """(the one sample time, the samples in ``names`` order) when every node has a fresh, successful sample
+    taken at the same time and a Slurm view; else None."""
+    samples, n = run.samples, len(names)
+    if len(samples) != n or len(run.slurms) != n or not n:
+        return None  # names is the union of both key sets: equal sizes mean both hold every name
+    svals = list(map(samples.__getitem__, names))
+    times = list(map(_TIME, svals))
+    t = times[0]
+    if times.count(t) != n or any(map(_ERROR, svals)) or run.now - t > run.stale_after_s:
+        return None
+    return t, svals
+
+
+def _fast(run: _Pass, name: str, gpus: Any, clock: Clock) -> bool:
+    """Whether ``name``, just sensed, is in ``_Last``'s fast class: quiet tracks whose readings are these,
+    fresh with the quiet GPUs, and on ``clock`` (by value; the node then shares the object)."""
+    tr = run.tracks.get(name)
+    if type(tr) is not NodeTracks or tr.quiet is None or tr.quiet[0] is not gpus:
+        return False
+    sn = run.nodes[name]
+    c = run.clocks.get(name)
+    if sn.health is not Health.OK or sn.gpus is not tr.quiet[1] or c is None or c != clock:
+        return False
+    run.clocks[name] = clock
+    return True
+
+
+def _keep(run: _Pass, names: list[str]) -> tuple[Any, ...]:
+    """``_Last``'s fast-path index after sensing every node (empty when the samples are not uniform)."""
+    u = _uniform(run, names)
+    if u is None:
+        return _NO_INDEX
+    t, svals = u
+    gpus = list(map(_GPUS, svals))
+    clock = run.clock_memo[2]
+    if clock is None:  # no node took the inline quiet path: any fast-class node's clock will do
+        tracks = run.tracks
+        for name in names:
+            tr = tracks.get(name)
+            if type(tr) is NodeTracks and tr.quiet is not None and name in run.clocks:
+                clock = run.clocks[name]
+                break
+        else:
+            return _NO_INDEX
+    slow, miss = set(), set()
+    flagged = set(run.flagged)
+    for name, g in zip(names, gpus, strict=True):
+        if not _fast(run, name, g, clock):
+            slow.add(name)
+        elif name in flagged:
+            miss.add(name)
+    expected = list(map(_EXPECTED, svals))
+    counts = list(map(_COUNT, map(run.slurms.__getitem__, names)))
+    return t, clock, gpus, expected, counts, frozenset(slow), frozenset(miss)
+
+
+def _quick(
+    run: _Pass,
+    names: list[str],
+    last: _Last,
+    history: Mapping[str, Mapping[str, GpuHistory]],
+    layout: tuple[str, ...],
+) -> tuple[list[str] | tuple[str, ...], list[str], tuple[Any, ...]] | None:
+    """Sense only the nodes that may have changed, when every node is sampled at one time again, after a
+    tick that was, over the very history it left and the same params and layout: (changed, flagged, the
+    next fast-path index); None: sense every node.
+
+    A node of the last tick's fast class (quiet tracks, fresh, on the common clock) whose readings tuple is
+    the very object it was and whose GPU counts did not change is sensed to the very SensedNode, tracks and
+    (moved) common clock as by ``_Pass.node``'s quiet path, and flagged as it was (missing GPUs only: a
+    quiet GPU has no new XIDs); every other node goes through ``_Pass.node``."""
+    if (
+        last.t is None
+        or last.clock is None
+        or last.gpus is None
+        or history is not last.history
+        or run.tracker.params is not last.params
+        or layout != last.layout
+    ):
+        return None
+    u = _uniform(run, names)
+    if u is None:
+        return None
+    t, svals = u
+    if t < last.t:
+        return None
+    gpus = list(map(_GPUS, svals))
+    expected = list(map(_EXPECTED, svals))
+    counts = list(map(_COUNT, map(run.slurms.__getitem__, names)))
+    slow = set(last.slow)
+    slow.update(compress(names, map(is_not, gpus, last.gpus)))
+    if expected != last.expected:
+        slow.update(compress(names, map(ne, expected, last.expected)))  # type: ignore[arg-type]
+    if counts != last.counts:
+        slow.update(compress(names, map(ne, counts, last.counts)))  # type: ignore[arg-type]
+    clock = (t, run.tracker.timeline(t, last.clock[1])[0])
+    run.clock_memo = (last.clock, t, clock)
+    run.set_outputs(
+        dict(last.nodes),
+        dict(run.old_tracks),  # type: ignore[arg-type]
+        dict.fromkeys(names, clock),
+        dict.fromkeys(names, t),
+    )
+    todo = sorted(slow)  # names order
+    for name in todo:
+        run.node(name)
+    if len(run.tracks) != len(run.old_tracks):  # a node gained a history: keep the names order
+        tracks = run.tracks
+        run.set_outputs(run.nodes, {n: tracks[n] for n in names if n in tracks}, run.clocks, run.times)
+    moved = run.now - t != last.now - last.t  # every node's sample age moved: all changed
+    changed: list[str] | tuple[str, ...] = tuple(names) if moved else run.changed
+    index = dict(zip(names, gpus, strict=True))
+    flagged_slow = set(run.flagged)
+    new_slow, miss = set(), set(last.missing - slow)
+    for name in todo:
+        if not _fast(run, name, index[name], clock):
+            new_slow.add(name)
+        elif name in flagged_slow:
+            miss.add(name)
+    flagged = sorted(miss | flagged_slow)
+    return changed, flagged, (t, clock, gpus, expected, counts, frozenset(new_slow), frozenset(miss))
+
+
+def _split(
+    history: Mapping[str, Mapping[str, GpuHistory]],
+) -> tuple[Mapping[str, NodeTracks | Mapping[str, GpuHistory]], Mapping[str, Clock]]:
+    """A history's per-node tracks and clocks (``FleetHistory``'s own; any other mapping's, taken apart)."""
+    if type(history) is FleetHistory:
+        return history.tracks, history.clocks
+    tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]] = {}
+    clocks: dict[str, Clock] = {}
+    for name, h in history.items():
+        if type(h) is NodeHistory:
+            tracks[name] = NodeTracks(h.gpus, h.quiet)
+            clocks[name] = (h.last_time, h.times)
+        else:
+            tracks[name] = h
+    return tracks, clocks
+
+
+def _compact(
+    h: Mapping[str, GpuHistory],
+) -> tuple[NodeTracks | Mapping[str, GpuHistory], Clock | None]:
+    if type(h) is NodeHistory:
+        return NodeTracks(h.gpus, h.quiet), (h.last_time, h.times)
+    return h, None
 
 
 def _unknown_reason(sample: NodeSample | None, stale_after_s: float, now: float) -> str | None:
@@ -211,6 +498,7 @@ class _Tracker:
     """
 
     def __init__(self, layout: tuple[str, ...], params: SenseParams, now: float) -> None:
+        self.params = params
         self.now = now
         self.n_counters = len(COUNTER_CHANNELS)
         self.counter_names = layout[: self.n_counters]
@@ -261,12 +549,20 @@ class _Tracker:
         return memo
 
     def node(
-        self, sample: NodeSample, old: Mapping[str, GpuHistory]
-    ) -> tuple[tuple[SensedGpu, ...], Mapping[str, GpuHistory]]:
-        if isinstance(old, NodeHistory) and sample.time > old.last_time and old.times:
-            return self._node_tracks(sample, old)
-        gpus, hist = self._node_plain(sample, old)
-        return gpus, NodeHistory.of(sample.time, hist)
+        self,
+        sample: NodeSample,
+        old: NodeTracks | Mapping[str, GpuHistory] | None,
+        clock: Clock | None,
+    ) -> tuple[tuple[SensedGpu, ...], NodeTracks | Mapping[str, GpuHistory], Clock | None]:
+        """The sensed GPUs of a fresh sample, and the node's new trend memory: tracks and their clock (None:
+        a plain mapping, no clock)."""
+        if type(old) is NodeTracks:
+            assert clock is not None
+            if sample.time > clock[0] and clock[1]:
+                return self._node_tracks(sample, old, clock)
+            old = NodeHistory(clock[0], clock[1], old.gpus, old.quiet)
+        gpus, hist = self._node_plain(sample, old or {})  # type: ignore[arg-type]
+        return (gpus, *_compact(NodeHistory.of(sample.time, hist)))
 
     def _raw(self, reading: GpuReading) -> Counters:
         fields = reading.fields
@@ -282,16 +578,16 @@ class _Tracker:
         return counters + self.zero_xids
 
     def _node_tracks(
-        self, sample: NodeSample, old: NodeHistory
-    ) -> tuple[tuple[SensedGpu, ...], Mapping[str, GpuHistory]]:
+        self, sample: NodeSample, old: NodeTracks, clock: Clock
+    ) -> tuple[tuple[SensedGpu, ...], NodeTracks | Mapping[str, GpuHistory], Clock]:
         """``_node_plain`` over the compact node history (same values): a GPU whose counters did not move
         keeps its ``GpuTrack`` object, and a node whose GPUs all did keeps its track mapping."""
         t = sample.time
-        node_times = old.times
+        node_times = clock[1]
         new_times, _cut, appended, _plan = self.timeline(t, node_times)
         quiet = old.quiet
         if quiet is not None and quiet[0] is sample.gpus:  # same readings, all quiet: same result
-            return quiet[1], NodeHistory(t, new_times, old.gpus, quiet)
+            return quiet[1], old, (t, new_times)
         first_time = new_times[0]
         n_new = len(new_times)
         tracks = old.gpus
@@ -353,8 +649,8 @@ class _Tracker:
             hist[uuid] = prev
         sensed = tuple(out)
         if kept == len(hist) == len(tracks):
-            return sensed, NodeHistory(t, new_times, tracks, _quiet(sample.gpus, sensed, tracks))
-        return sensed, NodeHistory(t, new_times, hist)
+            return sensed, NodeTracks(tracks, _quiet(sample.gpus, sensed, tracks)), (t, new_times)
+        return sensed, NodeTracks(hist), (t, new_times)
 
     def _gpu_plain(
         self, reading: GpuReading, raw: Counters, prev: GpuHistory | None, t: float

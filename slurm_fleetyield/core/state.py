@@ -167,6 +167,62 @@ class NodeHistory(Mapping[str, GpuHistory]):
         return NodeHistory(last_time, times, gpus)
 
 
+Clock = tuple[float, tuple[float, ...]]
+"""A compact node history's time: (``last_time``, ring of times). Nodes sampled together share one."""
+
+
+class NodeTracks:
+    """``NodeHistory`` without its time (``gpus`` and ``quiet``, the same meaning): what of a node's trend
+    memory a quiet sample leaves as it was, so the sense stage keeps the very object (its time is kept
+    apart, in ``FleetHistory.clocks``)."""
+
+    __slots__ = ("gpus", "quiet")
+
+    def __init__(
+        self,
+        gpus: Mapping[str, GpuTrack | GpuHistory],
+        quiet: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None,
+    ) -> None:
+        self.gpus = gpus
+        self.quiet = quiet
+
+
+class FleetHistory(Mapping[str, Mapping[str, GpuHistory]]):
+    """``ControllerState.history`` as the sense stage builds it: per node, either ``NodeTracks`` with its
+    ``Clock`` in ``clocks`` (read back as the ``NodeHistory`` they make together, built on demand) or a plain
+    ``uuid -> GpuHistory`` mapping. A quiet node's tracks are the same object from tick to tick; only its
+    clock moves, and the clock object is shared by every node sampled at the same times."""
+
+    __slots__ = ("clocks", "tracks")
+
+    def __init__(
+        self,
+        tracks: Mapping[str, NodeTracks | Mapping[str, GpuHistory]],
+        clocks: Mapping[str, Clock],
+    ) -> None:
+        self.tracks = tracks
+        self.clocks = clocks
+
+    def __getitem__(self, node: str) -> Mapping[str, GpuHistory]:
+        h = self.tracks[node]
+        if type(h) is NodeTracks:
+            last, times = self.clocks[node]
+            return NodeHistory(last, times, h.gpus, h.quiet)
+        return h  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tracks)
+
+    def __len__(self) -> int:
+        return len(self.tracks)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.tracks
+
+    def __repr__(self) -> str:
+        return f"FleetHistory({dict(self)!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class OpenProposal:
     """A drain proposal the gate made and no one has decided yet (one per node at most)."""

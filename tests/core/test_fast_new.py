@@ -27,8 +27,8 @@ _SENSED_GPU = SensedGpu(_READING, (1.0, None), (0.5, 0.0), None, ((79, 1.0),))
 CASES: list[tuple[type, tuple[Any, ...], dict[str, Any]]] = [
     (NodeSample, ("n1", 12.5), {}),
     (NodeSample, ("n1", 12.5, (_READING,), 8), {"error": "timeout", "source": "prometheus"}),
-    (SensedNode, ("n1", Health.OK, "fresh sample", 12.5, 0.0, (_SENSED_GPU,), 8), {}),
-    (SensedNode, ("n1", Health.UNKNOWN, "no sample", None, None), {}),
+    (SensedNode, ("n1", Health.OK, "fresh sample", (_SENSED_GPU,), 8), {}),
+    (SensedNode, ("n1", Health.UNKNOWN, "no sample"), {}),
     (SensedGpu, (_READING, (1.0,), None, None), {"baseline": True}),
     (GpuRisk, ("n1", 0, "GPU-a", "H100", Health.WARN, 0.25), {"fatal_xids": (48,)}),
     (NodeDecision, ("n1", Tier.GREEN, Health.OK, 0.01, ("fy_tier_green",), ("a", "fy_tier_green"), 100,
