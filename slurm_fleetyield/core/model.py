@@ -10,7 +10,7 @@ dcgm-exporter fleet and the Prometheus path all feed the same decision code unch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -157,6 +157,40 @@ class NodeSample:
     expected_gpus: int | None = None  # what the agent believes the node should have (None: not exported)
     error: str | None = None
     source: str = "agent"  # agent | dcgm-exporter | prometheus
+
+
+class FleetScrape(Mapping[str, NodeSample]):
+    """Every node of a fleet scraped at one ``time``, each successfully, each agent expecting
+    ``expected_gpus``: ``readings`` per node. Reads as ``node -> NodeSample`` (built on demand), the
+    ``Observations.samples`` of a shell that samples the whole fleet at once (the simulator); the sense stage
+    reads the readings directly, and a readings tuple that is the very one of the last scrape tells it the
+    node brought nothing new."""
+
+    __slots__ = ("expected_gpus", "readings", "source", "time")
+
+    def __init__(
+        self,
+        time: float,
+        readings: Mapping[str, tuple[GpuReading, ...]],
+        expected_gpus: int | None = None,
+        source: str = "agent",
+    ) -> None:
+        self.time = time
+        self.readings = readings
+        self.expected_gpus = expected_gpus
+        self.source = source
+
+    def __getitem__(self, node: str) -> NodeSample:
+        return NodeSample(node, self.time, self.readings[node], self.expected_gpus, None, self.source)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.readings)
+
+    def __len__(self) -> int:
+        return len(self.readings)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.readings
 
 
 @fast_init

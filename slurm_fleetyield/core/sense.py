@@ -31,11 +31,13 @@ from operator import add, attrgetter, ge, is_not, itemgetter, ne, sub
 from typing import Any
 
 from slurm_fleetyield.core.model import (
+    FleetScrape,
     GpuReading,
     Health,
     LogEvent,
     NodeSample,
     Observations,
+    SlurmNode,
     fast_init,
     fast_new,
 )
@@ -49,6 +51,8 @@ from slurm_fleetyield.core.state import (
     GpuTrack,
     NodeHistory,
     NodeTracks,
+    changed_keys,
+    slurm_view,
     sorted_names,
 )
 
@@ -151,13 +155,15 @@ def sense(
     last: _Last | None = sm.get("last") if sm is not None else None
     since = last.nodes if last is not None and last.names is names else None
     run = _Pass(obs, history, params, _Tracker(layout, params, now), now, since, last)
-    quick = _quick(run, names, last, history, layout) if since is not None and last is not None else None
+    quick = None
+    if since is not None and last is not None and memo is not None:
+        quick = _quick(run, names, last, history, layout, memo)
     changed: list[str] | tuple[str, ...]
     if quick is None:
         for name in names:
             run.node(name)
         changed, flagged = run.changed, run.flagged
-        keep = _keep(run, names)
+        keep = _keep(run, names, memo)
     else:
         changed, flagged, keep = quick
     if sm is not None:
@@ -179,8 +185,9 @@ def sense(
 class _Last:
     """What one ``sense`` call leaves in the memo for the next. When every node was sampled at one time
     (``t``; the simulator's case), also the fast-path index ``_quick`` reads: per node in ``names`` order,
-    the readings tuple, agent-expected and Slurm GPU counts that were sensed; ``clock``: the clock every
-    node outside ``slow`` has; ``slow``: the nodes that must be sensed again even when those three do not
+    the readings tuple sensed, and the agents' expected GPU counts (one for all when the samples were a
+    ``FleetScrape``); ``slurm``: the Slurm view read (``state.slurm_view``); ``clock``: the clock every
+    node outside ``slow`` has; ``slow``: the nodes that must be sensed again even when none of those
     change; ``missing``: the others that are flagged (fewer GPUs than expected). ``t`` None: no index."""
 
     names: list[str]
@@ -193,14 +200,14 @@ class _Last:
     t: float | None = None
     clock: Clock | None = None
     gpus: list[Any] | None = None
-    expected: list[int | None] | None = None
-    counts: list[int] | None = None
+    expected: list[int | None] | int | None = None
+    slurm: Mapping[str, SlurmNode] | None = None
     slow: frozenset[str] = frozenset()
     missing: frozenset[str] = frozenset()
 
 
 _GPUS, _TIME, _ERROR = attrgetter("gpus"), attrgetter("time"), attrgetter("error")
-_EXPECTED, _COUNT = attrgetter("expected_gpus"), attrgetter("gpu_count")
+_EXPECTED = attrgetter("expected_gpus")
 _NO_INDEX: tuple[Any, ...] = ()
 
 
@@ -217,6 +224,7 @@ class _Pass:
         "last_times",
         "nodes",
         "now",
+        "obs",
         "old_clocks",
         "old_tracks",
         "pget",
@@ -238,6 +246,7 @@ class _Pass:
         since: Mapping[str, SensedNode] | None,
         last: _Last | None,
     ) -> None:
+        self.obs = obs
         self.old_tracks, self.old_clocks = _split(history)
         self.nodes: dict[str, SensedNode] = {}
         self.tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]] = {}
@@ -327,18 +336,23 @@ class _Pass:
             self.flagged.append(name)
 
 
-def _uniform(run: _Pass, names: list[str]) -> tuple[float, list[Any]] | None:
-    """(the one sample time, the samples in ``names`` order) when every node has a fresh, successful sample
+def _uniform(run: _Pass, names: list[str]) -> tuple[float, list[Any], list[int | None] | int | None] | None:
+    """(the one sample time, the readings tuples in ``names`` order, the agents' expected GPU counts: in
+    ``names`` order, or one for all from a ``FleetScrape``) when every node has a fresh, successful sample
     taken at the same time and a Slurm view; else None."""
     samples, n = run.samples, len(names)
     if len(samples) != n or len(run.slurms) != n or not n:
         return None  # names is the union of both key sets: equal sizes mean both hold every name
+    if type(samples) is FleetScrape:
+        if run.now - samples.time > run.stale_after_s:
+            return None
+        return samples.time, list(map(samples.readings.__getitem__, names)), samples.expected_gpus
     svals = list(map(samples.__getitem__, names))
     times = list(map(_TIME, svals))
     t = times[0]
     if times.count(t) != n or any(map(_ERROR, svals)) or run.now - t > run.stale_after_s:
         return None
-    return t, svals
+    return t, list(map(_GPUS, svals)), list(map(_EXPECTED, svals))
 
 
 def _fast(run: _Pass, name: str, gpus: Any, clock: Clock) -> bool:
@@ -355,13 +369,12 @@ def _fast(run: _Pass, name: str, gpus: Any, clock: Clock) -> bool:
     return True
 
 
-def _keep(run: _Pass, names: list[str]) -> tuple[Any, ...]:
+def _keep(run: _Pass, names: list[str], memo: dict[str, Any] | None) -> tuple[Any, ...]:
     """``_Last``'s fast-path index after sensing every node (empty when the samples are not uniform)."""
-    u = _uniform(run, names)
+    u = _uniform(run, names) if memo is not None else None
     if u is None:
         return _NO_INDEX
-    t, svals = u
-    gpus = list(map(_GPUS, svals))
+    t, gpus, expected = u
     clock = run.clock_memo[2]
     if clock is None:  # no node took the inline quiet path: any fast-class node's clock will do
         tracks = run.tracks
@@ -379,9 +392,7 @@ def _keep(run: _Pass, names: list[str]) -> tuple[Any, ...]:
             slow.add(name)
         elif name in flagged:
             miss.add(name)
-    expected = list(map(_EXPECTED, svals))
-    counts = list(map(_COUNT, map(run.slurms.__getitem__, names)))
-    return t, clock, gpus, expected, counts, frozenset(slow), frozenset(miss)
+    return t, clock, gpus, expected, slurm_view(memo, run.obs), frozenset(slow), frozenset(miss)
 
 
 def _quick(
@@ -390,19 +401,22 @@ def _quick(
     last: _Last,
     history: Mapping[str, Mapping[str, GpuHistory]],
     layout: tuple[str, ...],
+    memo: dict[str, Any],
 ) -> tuple[list[str] | tuple[str, ...], list[str], tuple[Any, ...]] | None:
     """Sense only the nodes that may have changed, when every node is sampled at one time again, after a
     tick that was, over the very history it left and the same params and layout: (changed, flagged, the
     next fast-path index); None: sense every node.
 
     A node of the last tick's fast class (quiet tracks, fresh, on the common clock) whose readings tuple is
-    the very object it was and whose GPU counts did not change is sensed to the very SensedNode, tracks and
-    (moved) common clock as by ``_Pass.node``'s quiet path, and flagged as it was (missing GPUs only: a
-    quiet GPU has no new XIDs); every other node goes through ``_Pass.node``."""
+    the very object it was, with the same expected count and a Slurm view that is the very object it was
+    or has the same GPU count, is sensed to the very SensedNode, tracks and (moved) common clock as by
+    ``_Pass.node``'s quiet path, and flagged as it was (missing GPUs only: a quiet GPU has no new XIDs);
+    every other node goes through ``_Pass.node``."""
     if (
         last.t is None
         or last.clock is None
         or last.gpus is None
+        or last.slurm is None
         or history is not last.history
         or run.tracker.params is not last.params
         or layout != last.layout
@@ -411,18 +425,21 @@ def _quick(
     u = _uniform(run, names)
     if u is None:
         return None
-    t, svals = u
+    t, gpus, expected = u
     if t < last.t:
         return None
-    gpus = list(map(_GPUS, svals))
-    expected = list(map(_EXPECTED, svals))
-    counts = list(map(_COUNT, map(run.slurms.__getitem__, names)))
     slow = set(last.slow)
     slow.update(compress(names, map(is_not, gpus, last.gpus)))
     if expected != last.expected:
-        slow.update(compress(names, map(ne, expected, last.expected)))  # type: ignore[arg-type]
-    if counts != last.counts:
-        slow.update(compress(names, map(ne, counts, last.counts)))  # type: ignore[arg-type]
+        if type(expected) is not list or type(last.expected) is not list:
+            return None
+        slow.update(compress(names, map(ne, expected, last.expected)))
+    view = slurm_view(memo, run.obs)
+    old_view = last.slurm
+    for name in changed_keys(view, old_view, memo):
+        a, b = view.get(name), old_view.get(name)
+        if a is None or b is None or a.gpu_count != b.gpu_count:
+            slow.add(name)
     clock = (t, run.tracker.timeline(t, last.clock[1])[0])
     run.clock_memo = (last.clock, t, clock)
     run.set_outputs(
@@ -439,16 +456,15 @@ def _quick(
         run.set_outputs(run.nodes, {n: tracks[n] for n in names if n in tracks}, run.clocks, run.times)
     moved = run.now - t != last.now - last.t  # every node's sample age moved: all changed
     changed: list[str] | tuple[str, ...] = tuple(names) if moved else run.changed
-    index = dict(zip(names, gpus, strict=True))
     flagged_slow = set(run.flagged)
     new_slow, miss = set(), set(last.missing - slow)
     for name in todo:
-        if not _fast(run, name, index[name], clock):
+        if not _fast(run, name, gpus[bisect_left(names, name)], clock):
             new_slow.add(name)
         elif name in flagged_slow:
             miss.add(name)
     flagged = sorted(miss | flagged_slow)
-    return changed, flagged, (t, clock, gpus, expected, counts, frozenset(new_slow), frozenset(miss))
+    return changed, flagged, (t, clock, gpus, expected, view, frozenset(new_slow), frozenset(miss))
 
 
 def _split(

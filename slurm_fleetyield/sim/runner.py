@@ -50,7 +50,7 @@ import gc
 import heapq
 import math
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -61,6 +61,7 @@ from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import (
     Envelope,
     FatalEvent,
+    FleetScrape,
     GateDecision,
     GpuReading,
     JobView,
@@ -68,7 +69,6 @@ from slurm_fleetyield.core.model import (
     Observations,
     Tier,
     WorkloadClass,
-    fast_new,
 )
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Plan, ProposeDrain, RequeueJobs, WithdrawProposal
@@ -295,9 +295,6 @@ def controller_step(
 # ---- one run -----------------------------------------------------------------------------------------------
 
 
-_new_sample: Callable[..., NodeSample] = fast_new(NodeSample)  # one per node per tick (model.fast_new)
-
-
 class _JobState:
     __slots__ = ("done", "extra", "finished", "first_start", "job", "run_id", "started")
 
@@ -363,7 +360,9 @@ class Simulation:
         self.rng = random.Random(f"tick-{cfg.seed}")
         self.pending_events: list[FatalEvent] = []
         self.readings: dict[tuple[str, int], GpuReading] = {}
-        self.node_gpus: dict[str, tuple[GpuReading, ...]] = {}
+        # node -> its readings tuple, in the nodes' order; None: to build again (``_samples``), as ``stale``
+        self.node_gpus: dict[str, tuple[GpuReading, ...] | None] = dict.fromkeys(inputs.nodes)
+        self.stale_gpus: set[str] = set(inputs.nodes)
         self.last_decisions: Mapping[str, Any] = {}
         self.proposed: dict[str, float] = {}  # node -> when its approval was scheduled
         self.open_proposals: dict[str, tuple[str, float]] = {}  # the gate's view: node -> (id, expires_at)
@@ -760,7 +759,9 @@ class Simulation:
 
     def _dirty_gpu(self, key: tuple[str, int]) -> None:
         self.readings.pop(key, None)
-        self.node_gpus.pop(key[0], None)
+        if key[0] in self.node_gpus:
+            self.node_gpus[key[0]] = None
+            self.stale_gpus.add(key[0])
 
     def _reading(self, key: tuple[str, int], model: str, nvlink: bool) -> GpuReading:
         r = self.readings.get(key)
@@ -781,7 +782,7 @@ class Simulation:
         self.readings[key] = r
         return r
 
-    def _samples(self) -> dict[str, NodeSample]:
+    def _samples(self) -> FleetScrape:
         # episodes that started, or are still moving, invalidate their GPU's cached reading
         while self.ep_ptr < len(self.ep_starts) and self.ep_starts[self.ep_ptr].start <= self.now:
             self.active_eps.append(self.ep_starts[self.ep_ptr])
@@ -792,21 +793,17 @@ class Simulation:
             if e.end + self.cfg.control_interval_s >= self.now:
                 still.append(e)
         self.active_eps = still
-        out = {}
         gpn = self.cfg.gpus_per_node
-        now = self.now
         node_gpus = self.node_gpus
-        for name in self.inp.nodes:
-            gpus = node_gpus.get(name)
-            if gpus is None:
-                prem = name in self.premium
-                model = PREMIUM_MODEL if prem else OTHER_MODEL
-                gpus = tuple(
-                    self._reading((name, g), model, prem) for g in range(gpn) if (name, g) not in self.hidden
-                )
-                node_gpus[name] = gpus
-            out[name] = _new_sample(name, now, gpus, gpn)
-        return out
+        for name in self.stale_gpus:
+            prem = name in self.premium
+            model = PREMIUM_MODEL if prem else OTHER_MODEL
+            node_gpus[name] = tuple(
+                self._reading((name, g), model, prem) for g in range(gpn) if (name, g) not in self.hidden
+            )
+        self.stale_gpus.clear()
+        # one scrape of the whole fleet at ``now``; an unchanged node's readings are the very tuple again
+        return FleetScrape(self.now, dict(node_gpus), gpn)  # type: ignore[arg-type]
 
     def _tick(self, why: str) -> None:
         self.labelled = True

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_fleetyield.core.model import GpuReading, NodeSample, Observations, SlurmNode
+from slurm_fleetyield.core.model import FleetScrape, GpuReading, NodeSample, Observations, SlurmNode
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.sense import Sensed, sense
 from slurm_fleetyield.core.signals import SBE_VOL, channel_layout
@@ -71,8 +71,8 @@ class _Stream:
         if kind in ("bump", "xid", "hide", "same"):
             self.readings.pop(name, None)
 
-    def observe(self, now: float, odd: dict[str, str]) -> Observations:
-        samples = {}
+    def observe(self, now: float, odd: dict[str, str], scrape: bool = False) -> Observations:
+        samples: Any = {}
         for name in self.names:
             how = odd.get(name)
             if how == "absent":
@@ -80,6 +80,8 @@ class _Stream:
             t = now - 400.0 if how == "stale" else now - 7.0 if how == "early" else now
             err = "refused" if how == "error" else None
             samples[name] = NodeSample(name, t, self._gpus(name), self.expected[name], err)
+        if scrape and not odd and len(set(self.expected.values())) == 1:  # the simulator's form
+            samples = FleetScrape(now, {n: self._gpus(n) for n in self.names}, self.expected[self.names[0]])
         slurm = {}
         for name in self.names:
             v = self.slurm.get(name)
@@ -114,6 +116,7 @@ _STEPS = st.lists(
             st.integers(0, 4), st.sampled_from(("absent", "stale", "error", "early")), max_size=2
         ),
         st.booleans(),  # whether the odd samples apply (most ticks: every node fresh at one time)
+        st.booleans(),  # whether a uniform scrape comes as a FleetScrape
     ),
     min_size=1,
     max_size=25,
@@ -129,12 +132,12 @@ def test_quick_path_senses_what_a_full_pass_does(n: int, steps: list[Any]) -> No
     hist_b: Any = {}
     now = 10_000.0
     prev: Sensed | None = None
-    for dt, changes, odd_idx, apply_odd in steps:
+    for dt, changes, odd_idx, apply_odd, scrape in steps:
         now += dt
         for kind, i in changes:
             stream.step(kind, stream.names[i % n])
         odd = {stream.names[i % n]: how for i, how in odd_idx.items()} if apply_odd else {}
-        obs = stream.observe(now, odd)
+        obs = stream.observe(now, odd, scrape)
         a = sense(obs, hist_a, LAYOUT, LAYOUT, PARAMS, now, memo)
         b = sense(obs, _stripped(hist_b), LAYOUT, LAYOUT, PARAMS, now)
         assert dict(a.nodes) == dict(b.nodes)
@@ -162,7 +165,7 @@ def test_quiet_fleet_keeps_its_nodes_and_tracks() -> None:
     seen = []
     for _ in range(6):
         now += 900.0
-        s = sense(stream.observe(now, {}), history, LAYOUT, LAYOUT, PARAMS, now, memo)
+        s = sense(stream.observe(now, {}, scrape=True), history, LAYOUT, LAYOUT, PARAMS, now, memo)
         seen.append(s)
         history = s.history
     last, before = seen[-1], seen[-2]
@@ -184,3 +187,13 @@ def test_quiet_fleet_keeps_its_nodes_and_tracks() -> None:
     s = sense(stream.observe(now, {}), history, LAYOUT, LAYOUT, PARAMS, now, memo)
     assert "n1" in s.changed and s.flagged == ("n1",)
     assert s.nodes["n1"].gpus[0].new_xids == ((79, 1.0),)
+    # every agent now expects one more GPU: each node is sensed again and flagged as missing one
+    for name in stream.names:
+        stream.step("expected", name)
+    history = s.history
+    now += 900.0
+    obs = stream.observe(now, {}, scrape=True)
+    assert type(obs.samples) is FleetScrape
+    s = sense(obs, history, LAYOUT, LAYOUT, PARAMS, now, memo)
+    assert s.changed == tuple(stream.names) and s.flagged == tuple(stream.names)
+    assert all(s.nodes[n].missing_gpus == 1 for n in stream.names)
