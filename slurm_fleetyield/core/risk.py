@@ -21,7 +21,7 @@ WARN at or above yellow_threshold, else OK. A node without fresh data has health
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,8 +174,31 @@ def assess(
     memo = state.memo.setdefault("risk", {})
     mkey = (params, base, sensed.layout, mult)
     memories = state.nodes
-    base_out, items, due = _carried(sensed, fatal_by_node, state, mkey, now)
+    base_out, items, due, rebase = _carried(sensed, fatal_by_node, state, mkey, now)
     out: dict[str, NodeRisk] = dict(base_out) if base_out is not None else {}
+    rebased: list[str] = []
+    if rebase and base_out is not None:
+        # only the learned base moved: a node left out of ``items`` whose GPUs all sat at the old base (no
+        # signal, no fatal evidence, the same GPUs and history) scores every GPU at the new base
+        todo = {n for n, _ in items}
+        old_base = state.memo["risk_last"]["mkey"][1]
+        for name, nr in base_out.items():
+            if name in todo or nr.health is Health.UNKNOWN:
+                continue
+            hit = memo.get(name)
+            if hit is None or hit[2] is not nr or not _at_base(nr.gpus, old_base):
+                items.append((name, sensed.nodes[name]))  # not known to sit at the base: score it
+                continue
+            gpus = []
+            survive = 1.0
+            for g in nr.gpus:
+                gpus.append(_new_gpu_risk(name, g.index, g.uuid, g.model, base_health, base, ()))
+                survive *= 1.0 - base
+            p = 1.0 - survive
+            health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
+            out[name] = new = NodeRisk(name, health, p, tuple(gpus), _summary(gpus, p, base), nr.stale_s)
+            memo[name] = (hit[0], mkey, new, hit[3])
+            rebased.append(name)
     for name, node in items:
         mem = memories.get(name)
         if mem is not None and mem.fatal_history:
@@ -266,7 +289,9 @@ def assess(
         "due": due,
         "scored": frozenset(scored),
     }
-    note_changes(state.memo, "risk", out, base_out, (n for n, _ in items) if base_out is not None else ())
+    note_changes(
+        state.memo, "risk", out, base_out, [*(n for n, _ in items), *rebased] if base_out is not None else ()
+    )
     return out
 
 
@@ -294,7 +319,7 @@ def _carried(
     state: ControllerState,
     mkey: tuple[Any, ...],
     now: float,
-) -> tuple[Mapping[str, NodeRisk] | None, Iterable[tuple[str, SensedNode]], dict[str, tuple[Any, float]]]:
+) -> tuple[Mapping[str, NodeRisk] | None, list[tuple[str, SensedNode]], dict[str, tuple[Any, float]], bool]:
     """The answer to start from and the nodes to assess: last tick's answer and only the nodes that may
     differ from it, when that is known; else nothing and every node.
 
@@ -306,7 +331,9 @@ def _carried(
     when the learned multipliers changed, the nodes with a GPU whose score read one (``scored``). Every
     other node is fresh now and was then, with the very same GPUs and staleness, no evidence, and no
     history or the very same one with nothing due, and read no multiplier that moved: it scores what it
-    scored last tick. The third value: per node with a history, (that history, due)."""
+    scored last tick. The third value: per node with a history, (that history, due). The fourth: whether
+    the learned base moved too (params and layout the same), when every other node whose GPUs all sat at
+    the old base has them at the new one (``assess``)."""
     nodes = sensed.nodes
     last = state.memo.get("risk_last")
     hist = state.memo.get("fatal_history_index")
@@ -317,14 +344,14 @@ def _carried(
         or hist is None
         or hist[0] is not state.nodes
     ):
-        return None, nodes.items(), {}
+        return None, list(nodes.items()), {}, False
     todo = {*sensed.changed, *fatal_by_node, *last["fatal"]}
     was = last["mkey"]
     if was != mkey:
-        # params, layout and base the same: only the learned multipliers of signals moved, which only a GPU
-        # with contributions reads (a quiet GPU's probability is the base)
-        if was[0] is not mkey[0] or was[1] != mkey[1] or was[2] != mkey[2]:
-            return None, nodes.items(), {}
+        # params and layout the same: only learned multipliers moved. A signal's is read only by a GPU with
+        # contributions; the base only by one without (its probability is the base): assess rebases those
+        if was[0] is not mkey[0] or was[2] != mkey[2]:
+            return None, list(nodes.items()), {}, False
         todo |= last["scored"]
     due = last["due"]
     memories = state.nodes
@@ -333,7 +360,12 @@ def _carried(
         m = memories.get(n)
         if d is None or m is None or d[0] is not m.fatal_history or now >= d[1] - 1.0:  # 1 s early: floats
             todo.add(n)
-    return last["out"], [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due)
+    return last["out"], [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due), was[1] != mkey[1]
+
+
+def _at_base(gpus: tuple[GpuRisk, ...], base: float) -> bool:
+    """Whether every GPU was scored at ``base``: no signal moved it and no fatal evidence."""
+    return all(not g.contributions and not g.fatal_xids and g.probability == base for g in gpus)
 
 
 def _weight(c: Contribution) -> float:

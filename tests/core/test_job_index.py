@@ -58,6 +58,10 @@ def test_index_lists_are_the_plain_filters_in_queue_order(jobs: tuple[JobView, .
         assert idx.pending_by.get(w, ()) == tuple(j for j in jobs if j.state == "PENDING" and j.workload is w)
         assert idx.by.get(w, ()) == tuple(j for j in jobs if j.workload is w)
         assert idx.holding_by.get(w, ()) == tuple(j for j in idx.holding if j.workload is w)
+    # each mapping's classes in the order of their first job in the queue (stages iterate them)
+    assert list(idx.pending_by) == list(dict.fromkeys(j.workload for j in idx.pending))
+    assert list(idx.holding_by) == list(dict.fromkeys(j.workload for j in idx.holding))
+    assert list(idx.by) == list(dict.fromkeys(j.workload for j in jobs))
     assert job_index(jobs) is idx  # the very same queue: built once
     other = (*jobs[:1], *jobs[1:])  # equal, but another tuple object (tuple(jobs) would be jobs itself)
     if jobs:

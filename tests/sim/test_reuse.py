@@ -102,10 +102,10 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     inner = risk._carried
 
     def spy(sensed, *args):  # type: ignore[no-untyped-def]
-        start, items, due = inner(sensed, *args)
+        start, items, due, rebase = inner(sensed, *args)
         if start:
-            carried.append((len(list(items)), len(sensed.nodes)))
-        return start, items, due
+            carried.append((len(items), len(sensed.nodes)))
+        return start, items, due, rebase
 
     monkeypatch.setattr(risk, "_carried", spy)
     from slurm_fleetyield.core import price, profile, route
@@ -189,7 +189,8 @@ def test_reuse_follows_fatal_history_and_params() -> None:
 def test_risk_follows_the_learned_multipliers(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """When only the signals' learned multipliers move between two ticks, risk starts from last tick's
     answer and scores again only the nodes that read one, which equals a fresh tick; a new base multiplier
-    moves every quiet GPU: every node is scored again."""
+    moves every quiet GPU: the nodes whose GPUs all sat at the old base are rebased, the rest scored again,
+    which equals a fresh tick too."""
     from slurm_fleetyield.core import risk
 
     stream = _record()
@@ -212,7 +213,8 @@ def test_risk_follows_the_learned_multipliers(monkeypatch) -> None:  # type: ign
     obs = stream[8]
     before = tick(r.state, obs, params, obs.time, random.Random(2))
     carried = [starts[-1]]
-    for mult in ({signal: 3.0}, {signal: 3.0, "base": 2.0}):
+    quiet = next(n for n, nr in r.risks.items() if nr.gpus and not any(g.contributions for g in nr.gpus))
+    for mult in ({signal: 3.0}, {signal: 3.0, "base": 2.0}, {"base": 0.5}):
         r = _replay(stream[:8], params)  # the memo follows one line of ticks: a fresh one per branch
         learned = replace(r.state.learn, multipliers={**r.state.learn.multipliers, **mult})
         state = replace(r.state, learn=learned)
@@ -220,9 +222,12 @@ def test_risk_follows_the_learned_multipliers(monkeypatch) -> None:  # type: ign
         carried.append(starts[-1])
         want = tick(replace(state, memo={}), _fresh(obs), params, obs.time, random.Random(2))
         assert dict(got.risks) == dict(want.risks) and got.plan == want.plan
-        assert got.risks[scored[0]] != before.risks[scored[0]]
-    # unchanged: carried; a signal's multiplier moved: carried too; the base moved: every node again
-    assert carried == [True, True, False], carried
+        if signal in mult:
+            assert got.risks[scored[0]] != before.risks[scored[0]]
+        if "base" in mult:
+            assert got.risks[quiet].probability != before.risks[quiet].probability
+    # unchanged: carried; a signal's multiplier moved: carried too; the base moved: carried and rebased
+    assert carried == [True, True, True, True], carried
 
 
 def test_price_route_remember_reuse_follows_their_inputs() -> None:
