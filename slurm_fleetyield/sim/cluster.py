@@ -62,7 +62,7 @@ class SimNode:
     drain: bool = False
     down: bool = False
     reason: str = ""
-    rank: tuple[int, str] = (1, "")
+    rank: int = 0  # Slurm's order, (weight, name), as one int: weight * len(nodes) + the name's sorted index
     feature_set: frozenset[str] = frozenset()
 
 
@@ -88,9 +88,13 @@ class SimSlurm:
         bf_max_job_test: int = 100,
     ) -> None:
         self.nodes: dict[str, SimNode] = {}
-        for name, gpus, gpu_type, admin in nodes:
+        specs = list(nodes)
+        # (weight, name) packed into one int (same order, cheaper to compare in bisect and heaps)
+        self._name_index = {name: i for i, name in enumerate(sorted(spec[0] for spec in specs))}
+        self._span = len(specs)
+        for name, gpus, gpu_type, admin in specs:
             n = SimNode(name, gpus, gpu_type, admin, admin, 1, gpus)
-            n.rank, n.feature_set = (1, name), frozenset(admin)
+            n.rank, n.feature_set = self._rank_of(1, name), frozenset(admin)
             self.nodes[name] = n
         self.running: dict[int, Placed] = {}
         self.on_node: dict[str, set[int]] = {n: set() for n in self.nodes}
@@ -100,11 +104,12 @@ class SimSlurm:
         self._dirty: set[str] = set(self.nodes)
         self._accepts: dict[frozenset[str], bool] = {}  # constraint -> accepted at submission (accepts)
         self._cand: dict[frozenset[str], list[SimNode]] = {}  # usable nodes per constraint, by rank
-        self._cand_rank: dict[frozenset[str], list[tuple[int, str]]] = {}  # their ranks (bisect)
+        self._cand_rank: dict[frozenset[str], list[int]] = {}  # their ranks (bisect)
         # usable nodes with free GPUs per constraint, by rank, and their ranks: the same upkeep as _cand
         self._ocand: dict[frozenset[str], list[SimNode]] = {}
-        self._ocand_rank: dict[frozenset[str], list[tuple[int, str]]] = {}
-        self._ready: dict[str, list[float]] = {}  # node -> [earliest time >= g GPUs are free], -inf: now
+        self._ocand_rank: dict[frozenset[str], list[int]] = {}
+        # node -> [(earliest time >= g GPUs are free (-inf: now), rank, name)] (_ready_keys)
+        self._ready: dict[str, list[tuple[float, int, str]]] = {}
         self._job_views: dict[int, JobView] = {}  # running job -> its squeue view
         self._started: list[int] = []  # started since the last read_jobs (views still to build)
         self._running_views: tuple[JobView, ...] | None = None  # None: a job started or ended since
@@ -228,9 +233,13 @@ class SimSlurm:
                 self._accepts.clear()
             self._leave(n)
             n.features, n.weight = features, weight
-            n.feature_set, n.rank = frozenset(features), (weight, name)
+            n.feature_set, n.rank = frozenset(features), self._rank_of(weight, name)
             self._dirty.add(name)
             self._enter(n)
+
+    def _rank_of(self, weight: int, name: str) -> int:
+        """``(weight, name)``'s place in Slurm's order (lowest weight first, then name) as one int."""
+        return weight * self._span + self._name_index[name]
 
     def set_drain(self, name: str, reason: str) -> None:
         n = self.nodes[name]
@@ -260,6 +269,7 @@ class SimSlurm:
 
     def _leave(self, n: SimNode) -> None:
         """Take ``n`` out of the cached candidate lists (before its rank, features or usability change)."""
+        self._ready.pop(n.name, None)  # its ready keys carry its rank
         _drop(self._cand, self._cand_rank, n)
         _drop(self._ocand, self._ocand_rank, n)
 
@@ -401,42 +411,51 @@ class SimSlurm:
                 pending = (self.candidates(constraint), nn, gpn, dict(taken))
         return placed
 
-    def _ready_times(self, n: SimNode) -> list[float]:
-        """``[g]``: the earliest time node ``n`` has ``g`` GPUs free (-inf: now), from its jobs' end times;
-        shorter than ``g + 1`` when it never will."""
+    def _ready_keys(self, n: SimNode) -> list[tuple[float, int, str]]:
+        """``[g]``: ``(t, rank, name)``, ``t`` the earliest time node ``n`` has ``g`` GPUs free (-inf: now),
+        from its jobs' end times; shorter than ``g + 1`` when it never will. Cached until a job starts or
+        ends on the node or its rank changes."""
         r = self._ready.get(n.name)
         if r is None:
             free = n.free
-            r = [-math.inf] * (free + 1)
+            times = [-math.inf] * (free + 1)
             running = self.running
             for end, g in sorted((running[j].end, running[j].gpus_per_node) for j in self.on_node[n.name]):
                 free += g
-                while len(r) <= free:
-                    r.append(end)
-            self._ready[n.name] = r
+                while len(times) <= free:
+                    times.append(end)
+            rank, name = n.rank, n.name
+            r = self._ready[name] = [(t, rank, name) for t in times]
         return r
 
     def _reservation(
         self, cand: list[SimNode], nn: int, gpn: int, taken: Mapping[str, int], now: float
     ) -> tuple[float, frozenset[str]]:
-        avail: list[tuple[float, tuple[int, str], str]] = []
-        ready, known = self._ready_times, self._ready.get  # _ready_times' cache, read inline (every node)
+        """EASY backfill's reservation for a blocked job of ``nn`` nodes x ``gpn`` GPUs: (the shadow time,
+        when the ``nn`` earliest candidates are ready, and those nodes), ``taken``: GPUs given out earlier in
+        this pass. The earliest by (ready time, rank), a node free now being ready at ``now``.
+
+        Built from the cached ready keys, where a node free now has ready time -inf: the same choice
+        whenever the last chosen node is ready after ``now`` (every node ready before it is chosen in
+        either order, and at its time both order by rank); else the keys are read again with -inf as
+        ``now``."""
+        avail: list[tuple[float, int, str]] = []
+        keys, known = self._ready_keys, self._ready.get  # the cache, read inline (every node)
         add = avail.append
-        ninf = -math.inf  # a ready time of -inf: free now
+        ninf = -math.inf
         for n in cand:
             name = n.name
             if name not in taken:
                 r = known(name)
                 if r is None:
-                    r = ready(n)
+                    r = keys(n)
                 if gpn < len(r):
-                    t = r[gpn]
-                    add((now if t == ninf else t, n.rank, name))
+                    add(r[gpn])
                 continue
             # a node given GPUs earlier in this pass: its ready times less those GPUs
             free = n.free - taken[name]
             if free >= gpn:
-                add((now, n.rank, name))
+                add((ninf, n.rank, name))
                 continue
             ends = sorted((self.running[j].end, self.running[j].gpus_per_node) for j in self.on_node[name])
             for end, g in ends:
@@ -447,15 +466,19 @@ class SimSlurm:
         if len(avail) < nn:
             return float("inf"), frozenset()
         chosen = heapq.nsmallest(nn, avail)
-        return chosen[-1][0], frozenset(name for _, _, name in chosen)
+        shadow = chosen[-1][0]
+        if shadow <= now:  # the last chosen is ready by now: order with "free now" read as ready at ``now``
+            chosen = heapq.nsmallest(nn, [(now if t == ninf else t, r, name) for t, r, name in avail])
+            shadow = chosen[-1][0]
+        return shadow, frozenset(name for _, _, name in chosen)
 
 
-def _rank(n: SimNode) -> tuple[int, str]:
+def _rank(n: SimNode) -> int:
     return n.rank
 
 
 def _drop(
-    lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[tuple[int, str]]], n: SimNode
+    lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[int]], n: SimNode
 ) -> None:
     """Remove ``n`` from every rank-sorted list of ``lists`` that holds it (only a list whose constraint its
     features meet can: callers drop a node before its features change)."""
@@ -470,7 +493,7 @@ def _drop(
 
 
 def _put(
-    lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[tuple[int, str]]], n: SimNode
+    lists: dict[frozenset[str], list[SimNode]], ranks: dict[frozenset[str], list[int]], n: SimNode
 ) -> None:
     """Insert ``n`` into every rank-sorted list of ``lists`` whose constraint it meets (once)."""
     fs = n.feature_set
