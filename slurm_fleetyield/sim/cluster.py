@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass
+from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass, fast_new
 from slurm_fleetyield.core.plan import (
     CancelCanaries,
     DrainNode,
@@ -48,6 +48,11 @@ from slurm_fleetyield.core.plan import (
     UpdateNodes,
 )
 from slurm_fleetyield.ports import ActionResult, ApplyReport
+
+# the views built per node or job change (model.fast_new), and each class by its name (no enum call)
+_new_node_view: Callable[..., SlurmNode] = fast_new(SlurmNode)
+new_job_view: Callable[..., JobView] = fast_new(JobView)
+WORKLOAD_CLASS: dict[str, WorkloadClass] = {c.value: c for c in WorkloadClass}
 
 
 @dataclass(slots=True)
@@ -135,7 +140,7 @@ class SimSlurm:
                 states.add("DRAIN")
             if n.down:
                 states = {"DOWN"} | ({"DRAIN"} if n.drain else set())
-            self._views[name] = SlurmNode(
+            self._views[name] = _new_node_view(
                 name, frozenset(states), n.reason, n.features, n.features, n.weight, n.gpu_type, n.gpus
             )
         self._dirty.clear()
@@ -149,12 +154,12 @@ class SimSlurm:
             for jid in self._started:
                 p = self.running.get(jid)
                 if p is not None and jid not in views:
-                    views[jid] = JobView(
+                    views[jid] = new_job_view(
                         jid,
                         "RUNNING",
                         p.nodes,
                         p.requeue,
-                        WorkloadClass(p.workload),
+                        WORKLOAD_CLASS[p.workload],
                         p.gpus_per_node * len(p.nodes),
                     )
             self._started.clear()

@@ -68,7 +68,6 @@ from slurm_fleetyield.core.model import (
     NodeSample,
     Observations,
     Tier,
-    WorkloadClass,
 )
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Plan, ProposeDrain, RequeueJobs, WithdrawProposal
@@ -82,7 +81,7 @@ from slurm_fleetyield.core.signals import (
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.sim import faults as fm
 from slurm_fleetyield.sim import traces
-from slurm_fleetyield.sim.cluster import SimSlurm
+from slurm_fleetyield.sim.cluster import WORKLOAD_CLASS, SimSlurm, new_job_view
 from slurm_fleetyield.sim.data import openb_pods
 
 POLICIES = (
@@ -411,8 +410,8 @@ class Simulation:
     def _view(self, j: traces.Job) -> JobView:
         v = self._views.get(j.job_id)
         if v is None:
-            v = self._views[j.job_id] = JobView(
-                j.job_id, "PENDING", (), _requeueable(j), WorkloadClass(j.workload), j.gpus
+            v = self._views[j.job_id] = new_job_view(
+                j.job_id, "PENDING", (), _requeueable(j), WORKLOAD_CLASS[j.workload], j.gpus
             )
         return v
 

@@ -14,9 +14,12 @@ from slurm_fleetyield.core.model import (
     GpuReading,
     GpuRisk,
     Health,
+    JobView,
     NodeDecision,
     NodeSample,
+    SlurmNode,
     Tier,
+    WorkloadClass,
     fast_new,
 )
 from slurm_fleetyield.core.sense import SensedGpu, SensedNode
@@ -30,6 +33,10 @@ CASES: list[tuple[type, tuple[Any, ...], dict[str, Any]]] = [
     (SensedNode, ("n1", Health.OK, "fresh sample", (_SENSED_GPU,), 8), {}),
     (SensedNode, ("n1", Health.UNKNOWN, "no sample"), {}),
     (SensedGpu, (_READING, (1.0,), None, None), {"baseline": True}),
+    (SlurmNode, ("n1", frozenset({"MIXED", "DRAIN"}), "fleetyield: x", ("a",), ("a",), 7, "h100", 8), {}),
+    (SlurmNode, ("n1", frozenset({"IDLE"})), {}),
+    (JobView, (3, "RUNNING", ("n1", "n2"), True, WorkloadClass.PRETRAIN, 16), {}),
+    (JobView, (4, "PENDING"), {"gpu_index": (("n1", (0, 1)),)}),
     (GpuRisk, ("n1", 0, "GPU-a", "H100", Health.WARN, 0.25), {"fatal_xids": (48,)}),
     (NodeDecision, ("n1", Tier.GREEN, Health.OK, 0.01, ("fy_tier_green",), ("a", "fy_tier_green"), 100,
                     "IDLE", "ok"), {}),
@@ -67,7 +74,7 @@ def test_fast_new_keeps_the_signature_and_refuses_what_it_cannot_build() -> None
         make("n1")  # time is required, as for NodeSample(...)
     assert make(node="n1", time=1.0) == NodeSample("n1", 1.0)
     # an implicit default_factory field gets a fresh value per object, as the dataclass does
-    a, b = fast_new(NodeDecision), CASES[6][1]
+    a, b = fast_new(NodeDecision), next(args for cls, args, _ in CASES if cls is NodeDecision)
     assert a(*b).envelope == Envelope() and a(*b).envelope is not a(*b).envelope
 
     @dataclasses.dataclass(frozen=True)
