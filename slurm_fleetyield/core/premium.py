@@ -132,11 +132,24 @@ def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[Job
     )
 
 
+_IDLE: list[tuple[Observations, dict[str, int]]] = []  # the last answer and its Observations (held)
+
+
 def idle_gpus(obs: Observations) -> dict[str, int]:
     """Idle GPUs per schedulable node: IDLE -> all, ALLOCATED -> none, else Gres minus running jobs' share.
 
     ``JobView.gpus`` is the job's total; a multi-node job uses gpus / len(nodes) on each of its nodes (the
-    running jobs are read only when some node is neither IDLE nor ALLOCATED)."""
+    running jobs are read only when some node is neither IDLE nor ALLOCATED). Several stages ask within one
+    tick: the answer for the very same ``Observations`` (one per tick, unchanged while it runs) is counted
+    once and handed out as a copy."""
+    if _IDLE and _IDLE[0][0] is obs:
+        return dict(_IDLE[0][1])
+    out = _idle_gpus(obs)
+    _IDLE[:] = [(obs, out)]
+    return dict(out)
+
+
+def _idle_gpus(obs: Observations) -> dict[str, int]:
     out: dict[str, int] = {}
     partly: list[str] = []  # partly allocated, in Slurm's node order: filled in below
     isdisjoint = _OUT.isdisjoint

@@ -99,6 +99,10 @@ def test_idle_gpus_equals_the_plain_scan(jobs: tuple[JobView, ...], states: list
     want = _idle_plain(obs)
     assert got == want
     assert list(got) == list(want)  # same order: callers iterate it
+    # asked again within the tick (same Observations): the same answer, a copy each time
+    got.clear()
+    again = idle_gpus(obs)
+    assert again == want and again is not idle_gpus(obs)
 
 
 @settings(max_examples=200, deadline=None)
