@@ -235,6 +235,10 @@ def _requeueable(j: traces.Job) -> bool:
 # ---- the controller step (what the daemon does per tick, minus I/O) ---------------------------------------
 
 
+def _submit(j: traces.Job) -> float:
+    return j.submit
+
+
 @contextmanager
 def _long_lived_heap() -> Iterator[None]:
     """Garbage-collector settings for the event loop (results unchanged; only CPU time).
@@ -445,7 +449,12 @@ class Simulation:
         horizon = cfg.horizon_s
         for j in self.inp.jobs:
             self.jobs[j.job_id] = _JobState(j)
-            self.push(j.submit, ARRIVE, j.job_id)
+        # Arrivals are not pushed: they are read in time order beside the heap and win every tie, as they
+        # would in it (pushed first, they would carry the lowest sequence numbers, in the trace's order).
+        # The heap then holds only what the run schedules (thousands of events, not every job).
+        arrivals = sorted(self.inp.jobs, key=_submit)  # stable: the trace's order among equal times
+        arrive_t = [j.submit for j in arrivals]
+        arrive_id = [j.job_id for j in arrivals]
         for f in self.inp.plan.faults:
             self.push(f.time, FAULT, f)
             if self.policy == "oracle":
@@ -464,8 +473,20 @@ class Simulation:
             SWAPPED: self._swapped,
         }
         heap = self.heap
+        arrive = self._arrive
+        i, n = 0, len(arrive_t)
         with _long_lived_heap():
-            while heap and heap[0][0] <= horizon:
+            while True:
+                if i < n and (not heap or arrive_t[i] <= heap[0][0]):
+                    t = arrive_t[i]
+                    if t > horizon:
+                        break
+                    self._advance(t)
+                    arrive(arrive_id[i])
+                    i += 1
+                    continue
+                if not heap or heap[0][0] > horizon:
+                    break
                 t, _, kind, payload = heapq.heappop(heap)
                 self._advance(t)
                 handlers[kind](payload)
