@@ -150,20 +150,9 @@ def idle_gpus(obs: Observations) -> dict[str, int]:
 
 
 def _idle_gpus(obs: Observations) -> dict[str, int]:
-    out: dict[str, int] = {}
-    partly: list[str] = []  # partly allocated, in Slurm's node order: filled in below
-    isdisjoint = _OUT.isdisjoint
-    for name, s in obs.slurm.items():
-        states = s.states
-        if not states or not isdisjoint(states):  # out_of_service(s), inlined: every node, every tick
-            continue
-        if "IDLE" in states:
-            out[name] = s.gpu_count
-        elif "ALLOCATED" in states:
-            out[name] = 0
-        else:
-            out[name] = 0
-            partly.append(name)
+    slurm = obs.slurm
+    base, partly = _idle_base(slurm)
+    out = dict(base)
     if partly:
         used: dict[str, float] = {}
         for j in job_index(obs.jobs).holding:
@@ -171,10 +160,56 @@ def _idle_gpus(obs: Observations) -> dict[str, int]:
                 share = j.gpus / len(j.nodes)
                 for n in j.nodes:
                     used[n] = used.get(n, 0.0) + share
-        slurm = obs.slurm
         for name in partly:
             out[name] = max(0, slurm[name].gpu_count - math.ceil(used.get(name, 0.0) - 1e-9))
     return out
+
+
+# the last Slurm view seen (a copy), its nodes in service (IDLE: all GPUs, else 0) and the partly allocated
+_IDLE_BASE: list[tuple[dict[str, SlurmNode], dict[str, int], frozenset[str]]] = []
+
+
+def _idle_base(slurm: Mapping[str, SlurmNode]) -> tuple[dict[str, int], frozenset[str]]:
+    """Per in-service node, in Slurm's order: its Gres count when IDLE, else 0; and the nodes neither IDLE
+    nor ALLOCATED (their idle GPUs depend on the running jobs). Only the views that are other objects than
+    last time are read again, while no node enters or leaves service (else every view is)."""
+    snapshot = dict(slurm)
+    last = _IDLE_BASE[0] if _IDLE_BASE else None
+    if last is not None:
+        base, partly = dict(last[1]), set(last[2])
+        for name in changed_keys(snapshot, last[0]):
+            s = snapshot.get(name)
+            if s is None or not s.states or not _OUT.isdisjoint(s.states):  # out of service (or gone)
+                if name in base:
+                    break
+                continue
+            if name not in base:
+                break
+            base[name] = s.gpu_count if "IDLE" in s.states else 0
+            if "IDLE" in s.states or "ALLOCATED" in s.states:
+                partly.discard(name)
+            else:
+                partly.add(name)
+        else:
+            frozen = frozenset(partly)
+            _IDLE_BASE[:] = [(snapshot, base, frozen)]
+            return base, frozen
+    base, partly = {}, set()
+    isdisjoint = _OUT.isdisjoint
+    for name, s in snapshot.items():
+        states = s.states
+        if not states or not isdisjoint(states):  # out_of_service(s), inlined
+            continue
+        if "IDLE" in states:
+            base[name] = s.gpu_count
+        elif "ALLOCATED" in states:
+            base[name] = 0
+        else:
+            base[name] = 0
+            partly.add(name)
+    frozen = frozenset(partly)
+    _IDLE_BASE[:] = [(snapshot, base, frozen)]
+    return base, frozen
 
 
 def widen(
