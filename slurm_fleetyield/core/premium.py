@@ -179,37 +179,40 @@ def _idle_base(slurm: Mapping[str, SlurmNode]) -> tuple[dict[str, int], frozense
         base, partly = dict(last[1]), set(last[2])
         for name in changed_keys(snapshot, last[0]):
             s = snapshot.get(name)
-            if s is None or not s.states or not _OUT.isdisjoint(s.states):  # out of service (or gone)
-                if name in base:
-                    break
-                continue
-            if name not in base:
+            kind = None if s is None else _idle_kind(s)  # None: out of service, or gone
+            if (kind is None) is (name in base):  # entered or left service: read every view
                 break
-            base[name] = s.gpu_count if "IDLE" in s.states else 0
-            if "IDLE" in s.states or "ALLOCATED" in s.states:
-                partly.discard(name)
-            else:
+            if kind is None:
+                continue
+            base[name] = kind[0]
+            if kind[1]:
                 partly.add(name)
+            else:
+                partly.discard(name)
         else:
             frozen = frozenset(partly)
             _IDLE_BASE[:] = [(snapshot, base, frozen)]
             return base, frozen
     base, partly = {}, set()
-    isdisjoint = _OUT.isdisjoint
     for name, s in snapshot.items():
-        states = s.states
-        if not states or not isdisjoint(states):  # out_of_service(s), inlined
-            continue
-        if "IDLE" in states:
-            base[name] = s.gpu_count
-        elif "ALLOCATED" in states:
-            base[name] = 0
-        else:
-            base[name] = 0
-            partly.add(name)
+        kind = _idle_kind(s)
+        if kind is not None:
+            base[name] = kind[0]
+            if kind[1]:
+                partly.add(name)
     frozen = frozenset(partly)
     _IDLE_BASE[:] = [(snapshot, base, frozen)]
     return base, frozen
+
+
+def _idle_kind(s: SlurmNode) -> tuple[int, bool] | None:
+    """An in-service node's idle GPUs as far as its state tells (IDLE: all, else 0) and whether it is partly
+    allocated (neither IDLE nor ALLOCATED: the running jobs tell the rest); None: out of service."""
+    if out_of_service(s):
+        return None
+    if "IDLE" in s.states:
+        return s.gpu_count, False
+    return 0, "ALLOCATED" not in s.states
 
 
 def widen(

@@ -24,7 +24,7 @@ nodes whose readings or GPU counts changed, or that were not quiet, with C-level
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import add, attrgetter, ge, is_not, itemgetter, ne, sub
@@ -385,14 +385,23 @@ def _keep(run: _Pass, names: list[str], memo: dict[str, Any] | None) -> tuple[An
                 break
         else:
             return _NO_INDEX
+    slow, miss = _classify(run, zip(names, gpus, strict=True), clock)
+    return t, clock, gpus, expected, slurm_view(memo, run.obs), slow, miss
+
+
+def _classify(
+    run: _Pass, sensed: Iterable[tuple[str, Any]], clock: Clock
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Of the nodes just sensed ((name, its readings tuple)): those outside the fast class (``_fast``), and
+    those in it that are flagged (fewer GPUs than expected): ``_Last.slow`` and ``_Last.missing``."""
     slow, miss = set(), set()
     flagged = set(run.flagged)
-    for name, g in zip(names, gpus, strict=True):
-        if not _fast(run, name, g, clock):
+    for name, gpus in sensed:
+        if not _fast(run, name, gpus, clock):
             slow.add(name)
         elif name in flagged:
             miss.add(name)
-    return t, clock, gpus, expected, slurm_view(memo, run.obs), frozenset(slow), frozenset(miss)
+    return frozenset(slow), frozenset(miss)
 
 
 def _quick(
@@ -456,15 +465,10 @@ def _quick(
         run.set_outputs(run.nodes, {n: tracks[n] for n in names if n in tracks}, run.clocks, run.times)
     moved = run.now - t != last.now - last.t  # every node's sample age moved: all changed
     changed: list[str] | tuple[str, ...] = tuple(names) if moved else run.changed
-    flagged_slow = set(run.flagged)
-    new_slow, miss = set(), set(last.missing - slow)
-    for name in todo:
-        if not _fast(run, name, gpus[bisect_left(names, name)], clock):
-            new_slow.add(name)
-        elif name in flagged_slow:
-            miss.add(name)
-    flagged = sorted(miss | flagged_slow)
-    return changed, flagged, (t, clock, gpus, expected, view, frozenset(new_slow), frozenset(miss))
+    new_slow, miss = _classify(run, ((n, gpus[bisect_left(names, n)]) for n in todo), clock)
+    miss |= last.missing - slow
+    flagged = sorted(miss.union(run.flagged))
+    return changed, flagged, (t, clock, gpus, expected, view, new_slow, miss)
 
 
 def _split(
@@ -476,17 +480,16 @@ def _split(
     tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]] = {}
     clocks: dict[str, Clock] = {}
     for name, h in history.items():
-        if type(h) is NodeHistory:
-            tracks[name] = NodeTracks(h.gpus, h.quiet)
-            clocks[name] = (h.last_time, h.times)
-        else:
-            tracks[name] = h
+        tracks[name], clock = _compact(h)
+        if clock is not None:
+            clocks[name] = clock
     return tracks, clocks
 
 
 def _compact(
     h: Mapping[str, GpuHistory],
 ) -> tuple[NodeTracks | Mapping[str, GpuHistory], Clock | None]:
+    """A node's history as tracks and clock (a ``NodeHistory``), or as itself with no clock (plain)."""
     if type(h) is NodeHistory:
         return NodeTracks(h.gpus, h.quiet), (h.last_time, h.times)
     return h, None

@@ -117,7 +117,8 @@ BASE_FIELDS: Mapping[str, float] = {
 DAY, HOUR = 86_400.0, 3_600.0
 SIM_ADMIN = "sim-admin"  # the simulated approver, as GateDecision.admin
 
-ARRIVE, END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED = range(9)
+# event kinds on the heap (job arrivals are not events: ``Simulation.run`` reads them beside the heap)
+END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED = range(1, 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +236,6 @@ def _requeueable(j: traces.Job) -> bool:
 # ---- the controller step (what the daemon does per tick, minus I/O) ---------------------------------------
 
 
-def _submit(j: traces.Job) -> float:
-    return j.submit
-
-
 @contextmanager
 def _long_lived_heap() -> Iterator[None]:
     """Garbage-collector settings for the event loop (results unchanged; only CPU time).
@@ -296,6 +293,10 @@ def controller_step(
 
 
 # ---- one run -----------------------------------------------------------------------------------------------
+
+
+def _submit(j: traces.Job) -> float:
+    return j.submit
 
 
 class _JobState:
@@ -462,7 +463,6 @@ class Simulation:
         if self.policy != "baseline":
             self.push(0.0, TICK, "periodic")  # seq 0-ish: label nodes before the first job
         handlers = {
-            ARRIVE: self._arrive,
             END: self._end,
             FAULT: self._fault,
             TICK: self._tick,
