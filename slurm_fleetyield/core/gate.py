@@ -33,6 +33,7 @@ from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_in
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import ProposeDrain, WithdrawProposal
 from slurm_fleetyield.core.quarantine import Drains
+from slurm_fleetyield.core.stake import drain_pays
 from slurm_fleetyield.core.state import ControllerState, Denial, OpenProposal
 
 if TYPE_CHECKING:
@@ -182,6 +183,10 @@ def propose(
                 and r.probability < d.risk + gp.deny_risk_margin
             ):
                 continue
+            if params.stake.enabled:
+                pays, why = drain_pays(node, r.probability, obs, params)
+                if not pays:
+                    continue
             pid = new_proposal_id(rng)
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(
                 g.index for g in r.gpus if g.contributions

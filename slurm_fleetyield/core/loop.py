@@ -7,8 +7,9 @@ this tick (``ledger``) and the risk model's track record (``calibration``). The 
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
-premium reclaim -> premium widening -> gang widening -> route -> keep open (and route again when a class
-feature is on no node) -> gate (proposals) -> plan -> remember -> settle -> learn.
+premium reclaim -> premium widening -> gang widening -> stake (class features withheld by expected loss) ->
+route -> keep open (and route again when a class feature is on no node) -> gate (proposals) -> plan ->
+remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
 of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
@@ -40,6 +41,7 @@ from slurm_fleetyield.core import (
     route,
     sense,
     settle,
+    stake,
 )
 from slurm_fleetyield.core.model import (
     Calibration,
@@ -106,7 +108,8 @@ def tick(
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
-    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, state, params, now)
+    wh = stake.withhold(obs, priced, params, now)
+    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
@@ -114,7 +117,7 @@ def tick(
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
     learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
-    events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, ko, proposed)
+    events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, ko, proposed)
     return TickResult(new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calib)
 
 
@@ -125,6 +128,7 @@ def _route(
     pw: premium.Widening,
     gw: gangs.GangLoans,
     walled: Mapping[str, str],
+    wh: stake.Withheld,
     state: ControllerState,
     params: Params,
     now: float,
@@ -133,13 +137,24 @@ def _route(
     chosen (the memo makes the second pass cost only the nodes that change). Premium widening lends a node
     walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
     wall = params.premium.batch
+    by_stake = {"withheld": wh.nodes, "service": params.stake.enabled, "reserve": params.premium.reserve}
     decisions, updates = route.route(
-        obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, batch_wall=wall, walled=walled
+        obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, batch_wall=wall, walled=walled, **by_stake
     )
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
         decisions, updates = route.route(
-            obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, ko.lent, ko.reason, wall, walled
+            obs,
+            priced,
+            envelopes,
+            *pw.loan,
+            state.memo,
+            *gw.loan,
+            ko.lent,
+            ko.reason,
+            wall,
+            walled,
+            **by_stake,
         )
     return decisions, updates, ko
 

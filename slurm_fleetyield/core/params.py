@@ -359,7 +359,10 @@ class PriceParams(BaseModel):
         "probation, retired). Slurm allocates the LOWEST weight first.",
     )
     premium_offset: int | None = Field(
-        None, ge=0, description="Override of the weight added to premium nodes (default in core/price.py)."
+        None,
+        ge=0,
+        description="Override of the weight added to premium nodes (default in core/price.py: 1,000 with the "
+        "premium reservation or the old tier rule, else 0: no shadow price without a reservation).",
     )
 
     @field_validator("tier_weights")
@@ -376,6 +379,86 @@ class PriceParams(BaseModel):
         return v
 
 
+class ClassStake(BaseModel):
+    """What a fault costs one workload class's work (core/stake.py)."""
+
+    model_config = _FROZEN
+
+    checkpoint_s: float | None = Field(
+        3600.0,
+        gt=0,
+        description="Checkpoint interval: a fault loses half of it on average. None: the work cannot "
+        "checkpoint and a fault loses half its run (run_s).",
+    )
+    run_s: float = Field(
+        86_400.0, gt=0, description="Typical run length (used only when checkpoint_s is None)."
+    )
+    restart_s: float = Field(
+        600.0,
+        ge=0,
+        description="Restart cost of an interrupted job, per GPU it holds: requeue, scheduling, "
+        "initialisation, checkpoint load (assumption, minutes; Meta RSC arXiv 2410.21680 counts it in "
+        "the lost time of every interruption).",
+    )
+
+
+def _default_stakes() -> dict[str, ClassStake]:
+    # Sources: the simulator's trace conventions (sim/traces.py): training checkpoints hourly, batch every
+    # 30 min (assumptions, swept there), decode services cannot checkpoint.
+    return {
+        "pretrain": ClassStake(checkpoint_s=3600.0),
+        "finetune": ClassStake(checkpoint_s=3600.0),
+        "batch": ClassStake(checkpoint_s=1800.0),
+        "decode": ClassStake(checkpoint_s=None, run_s=86_400.0),
+    }
+
+
+class StakeParams(BaseModel):
+    """Risk priced by what it puts at stake (core/stake.py): which nodes carry which class features."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        True,
+        description="Class features follow expected loss: a node carries a class's fy_ok_* feature unless "
+        "the work that would land there stands to lose more per hour (its fatal hazard x the GPUs a fault "
+        "kills x the progress lost + restart) than the GPU-hours it would do there. false: the old "
+        "absolute tier rule (fy_ok_train/finetune/decode on green nodes only, fy_ok_batch on green, yellow "
+        "and probation).",
+    )
+    classes: dict[str, ClassStake] = Field(
+        default_factory=_default_stakes,
+        description="Per workload class: checkpoint interval, run length, restart cost.",
+    )
+    repair_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Downtime of a node after a fatal fault (reset, diagnostics, repair; assumption, the "
+        "simulator's repair_h). A pre-emptive drain proposal pays only when P(fault) x (the running work's "
+        "stake + GPUs x repair_s) exceeds GPUs x drain_s + the progress the requeue loses.",
+    )
+    drain_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Downtime of a pre-emptive drain (GPU swap or repair; assumption, the simulator's "
+        "swap_h).",
+    )
+    withhold_cap_fraction: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Capacity breaker: FleetYield never withholds a class feature from more than this share "
+        "of the in-service GPUs that could serve the class while the class has pending work; past it the "
+        "lowest-loss nodes keep the feature, and the breaker is reported (log, metric, status).",
+    )
+
+    @field_validator("classes")
+    @classmethod
+    def _known(cls, v: dict[str, ClassStake]) -> dict[str, ClassStake]:
+        _workload_classes(tuple(v), "stake.classes")
+        return v
+
+
 class PremiumParams(BaseModel):
     """Premium widening (core/premium.py): lend fy_ok_decode to idle premium nodes while decode is stuck,
     except the nodes pending premium-needing work can start on now and a reserve. The reservation is a shadow
@@ -383,9 +466,20 @@ class PremiumParams(BaseModel):
 
     model_config = _FROZEN
 
+    reserve: bool = Field(
+        False,
+        description="Keep decode off premium nodes (fy_ok_decode on a premium node only when lent by premium "
+        "widening). Off by default: in net goodput a reservation can only move work between GPUs, never add "
+        "any, and simulated it cost goodput wherever premium-needing work did not fill the premium GPUs "
+        "(openb 32x30 at 1 interruption per 1,000 node-days: -0.22% with it, +0.01% without, "
+        "docs/results.md 'Stake'). Where premium work must come first, Slurm's own preemption says so "
+        "(QOS with PreemptMode=REQUEUE: contrib/slurm-docker-cluster/slurm.conf). true: the reservation, "
+        "lent by premium widening (enabled).",
+    )
     enabled: bool = Field(
         True,
-        description="Lend fy_ok_decode to idle premium nodes when pending decode fits no non-premium node, "
+        description="With reserve: lend fy_ok_decode to idle premium nodes when pending decode fits no "
+        "non-premium node, "
         "except nodes that pending premium-needing jobs (settle.premium_needing_classes) can start on now "
         "and a reserve. Off: the old wall (decode never on premium GPUs), which on a decode-heavy fleet "
         "leaves premium GPUs idle while decode queues (simulated: -13% net goodput vs Slurm on the openb "
@@ -526,8 +620,11 @@ class ReclaimParams(BaseModel):
     model_config = _FROZEN
 
     enabled: bool = Field(
-        True,
-        description="Requeue checkpointable batch jobs (Slurm Requeue flag set, one node) off eligible "
+        False,
+        description="Off by default: in net goodput a requeue for premium work only loses the requeued "
+        "jobs' progress (simulated openb 32x30: ~49 GPU-h wasted per run, no less premium misuse); Slurm's "
+        "own preemption (QOS PreemptMode=REQUEUE) is the shipped way to put premium work first. On: "
+        "requeue checkpointable batch jobs (Slurm Requeue flag set, one node) off eligible "
         "premium nodes when a pending premium-needing job fits no idle premium GPUs but would once they "
         "leave, and keep fy_ok_batch (and any decode loan) off those nodes until that job is no longer "
         "pending. Batch that started on an idle H100 before premium work arrived otherwise holds it for "
@@ -718,6 +815,7 @@ class Params(BaseModel):
     risk: RiskParams = Field(default_factory=RiskParams, description="Risk model and tier thresholds.")
     profile: ProfileParams = Field(default_factory=ProfileParams, description="Envelope features.")
     price: PriceParams = Field(default_factory=PriceParams, description="Node weights.")
+    stake: StakeParams = Field(default_factory=StakeParams, description="Expected-loss class features.")
     quarantine: QuarantineParams = Field(default_factory=QuarantineParams, description="Drains and caps.")
     lifecycle: LifecycleParams = Field(default_factory=LifecycleParams, description="Rehabilitation.")
     gate: GateParams = Field(default_factory=GateParams, description="Drain proposals.")

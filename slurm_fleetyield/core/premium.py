@@ -230,7 +230,7 @@ def widen(
     waiting decode, and the keep-open loan (rule 6) only when no other node can take it; ``memo``:
     ``ControllerState.memo``, where the supply of the last call is kept (``_supply``)."""
     pp = params.premium
-    if not pp.enabled:
+    if not (pp.enabled and pp.reserve):  # no reservation: nothing to lend (route puts decode on every node)
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
     classes = frozenset(params.settle.premium_needing_classes)
     pending_premium = pending_premium_jobs(obs, classes)

@@ -27,6 +27,7 @@ A lemon (core/learn.py) keeps its tier; route withholds gang and premium-class f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -94,11 +95,42 @@ class Priced:
     red: tuple[str, ...] = ()  # nodes priced RED this tick (the gate's candidates)
 
 
+RISK_STEP, RISK_STEPS = 10, 39  # stake rule: an in-service node's weight grows by RISK_STEP per half-doubling
+_RISK_ORDERED = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
+
+
 def weight_of(tier: Tier, premium: bool, params: Params) -> int:
     overrides = params.price.tier_weights
     base = overrides.get(tier.value, TIER_WEIGHTS[tier])
-    offset = PREMIUM_OFFSET if params.price.premium_offset is None else params.price.premium_offset
+    offset = params.price.premium_offset
+    if offset is None:  # the premium shadow price is part of the reservation (premium.reserve)
+        offset = PREMIUM_OFFSET if params.premium.reserve or not params.stake.enabled else 0
     return base + (offset if premium else 0)
+
+
+def base_multiplier(state: ControllerState, params: Params) -> float:
+    """The learned multiplier of the fleet's base hazard (core/learn.py), 1 without learning."""
+    return state.learn.multipliers.get("base", 1.0) if params.learn.enabled else 1.0
+
+
+def relative(threshold: float, m: float) -> float:
+    """A tier threshold relative to the fleet's own base: when learning raises every GPU's base hazard by
+    ``m`` > 1, the threshold's hazard rises with it (p' = 1 - (1 - p)^m), so a fleet-wide rise is evidence
+    against no node and a node at the base can never reach a tier above green."""
+    return threshold if m <= 1.0 else -math.expm1(m * math.log1p(-threshold))
+
+
+def risk_weight(tier: Tier, premium: bool, risk: NodeRisk | None, m: float, params: Params) -> int:
+    """Stake rule: the node most likely to fail is used last. In-service green, yellow and probation nodes
+    share green's weight plus RISK_STEP per half-doubling of the node's hazard over the fleet's base hazard
+    for its GPUs (0 at or below the base, at most RISK_STEPS steps: below the canary weight)."""
+    w = weight_of(Tier.GREEN, premium, params)
+    if risk is None or not risk.gpus or not risk.probability > 0:
+        return w
+    base = -len(risk.gpus) * m * math.log1p(-params.risk.base_probability)
+    hazard = math.inf if risk.probability >= 1 else -math.log1p(-risk.probability)
+    steps = 2 * math.log2(hazard / base) if hazard < math.inf else RISK_STEPS
+    return w + RISK_STEP * min(RISK_STEPS, max(0, math.floor(steps)))
 
 
 def price(
@@ -115,7 +147,8 @@ def price(
 ) -> Priced:
     """``lifecycle``: this tick's lifecycle memories (default: the state's); ``extra_drains``: the
     lifecycle's and the gate's drains of this tick (quarantine's are in ``drains``)."""
-    red, yellow = params.risk.red_threshold, params.risk.yellow_threshold
+    m = base_multiplier(state, params)
+    red, yellow = relative(params.risk.red_threshold, m), relative(params.risk.yellow_threshold, m)
     drain_reason = {d.node: d.reason for d in drains.drains}
     for d in extra_drains:
         drain_reason.setdefault(d.node, d.reason)
@@ -177,6 +210,7 @@ def price(
             and hit[5] is params
             and hit[6] == dr
             and hit[11] is fence
+            and hit[13] == m
             and ((hit[7] is memory and hit[12] is lemon) or _mkey(hit[7], hit[12]) == _mkey(memory, lemon))
             and (hit[0] is slurm or hit[8] == (slurm.drained, slurm.reason, slurm.weight))
         ):
@@ -185,7 +219,7 @@ def price(
                 reds.append(name)
             continue
         pn, event, is_red = _price_node(
-            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, fence
+            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, fence, m
         )
         out[name] = pn
         if is_red:
@@ -197,11 +231,11 @@ def price(
         else:
             skey = (slurm.drained, slurm.reason, slurm.weight)  # all _price_node reads of Slurm's view
             memo[name] = (
-                slurm, risk, env, lc, hold, params, dr, memory, skey, pn, is_red, fence, lemon
+                slurm, risk, env, lc, hold, params, dr, memory, skey, pn, is_red, fence, lemon, m
             )  # fmt: skip
     state.memo["price_last"] = {
         "keys": keys, "pos": pos, "inputs": inputs, "params": params, "out": out, "reds": tuple(reds),
-        "unmemo": frozenset(unmemo), "lemons": frozenset(lemons),
+        "unmemo": frozenset(unmemo), "lemons": frozenset(lemons), "m": m,
     }  # fmt: skip
     note_changes(state.memo, "price", out, base, todo or ())
     return Priced(out, tuple(events), tuple(sorted(reds)))
@@ -225,6 +259,8 @@ def _todo(
     ``is_lemon`` counts the failures in a window that only moves forward over a fixed history: the count
     of failures more than ``lemon_dedup_s`` apart can only fall as old reports leave it)."""
     if last is None or last["params"] is not params or last["keys"] != keys:
+        return None
+    if last["m"] != base_multiplier(state, params):  # the tier thresholds moved (relative)
         return None
     todo: set[str] = set()
     before = last["inputs"]
@@ -257,6 +293,7 @@ def _price_node(
     red: float,
     yellow: float,
     fenced: bool = False,
+    m: float = 1.0,
 ) -> tuple[PricedNode, LogEvent | None, bool]:
     """One node's pricing (the rules in the module docstring): the node, its tier-change event, is it RED."""
     evidence = _evidence(risk, env)
@@ -333,9 +370,12 @@ def _price_node(
         )
     if lemon:
         reason = f"{reason}; lemon"
-    pn = PricedNode(
-        name, tier, weight_of(tier, premium, params), reason, evidence, True, health, p, None, None, lemon
+    weight = (
+        risk_weight(tier, premium, risk, m, params)
+        if params.stake.enabled and tier in _RISK_ORDERED and stage is Stage.IN_SERVICE
+        else weight_of(tier, premium, params)
     )
+    pn = PricedNode(name, tier, weight, reason, evidence, True, health, p, None, None, lemon)
     return pn, event, is_red
 
 

@@ -59,6 +59,8 @@ from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.state import changed_keys, note_changes, slurm_view, sorted_names
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
+# in service: under the stake rule (core/stake.py) every class feature the envelope allows, less withheld ones
+SERVICE_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.RED, Tier.PROBATION})
 _DECODE = f"{FY_PREFIX}ok_decode"
 _TRAIN = f"{FY_PREFIX}ok_train"
 _BATCH = f"{FY_PREFIX}ok_batch"
@@ -88,16 +90,35 @@ def fy_features(
     lent: bool = False,
     train_lent: bool = False,
     batch_wall: bool = False,
+    service: bool = False,
+    reserve: bool = True,
 ) -> tuple[str, ...]:
     """The fy_ features of a node in ``tier`` with envelope ``env`` (``lemon``: see learn; ``lent``: a
     premium node lent fy_ok_decode by core/premium.py; ``train_lent``: a yellow node lent fy_ok_train by
     core/gangs.py; ``batch_wall``: ``premium.batch``, a green premium node carries fy_ok_batch only when
-    lent), sorted."""
+    lent; ``service``: the stake rule, every in-service tier carries the class features its envelope allows
+    and core/stake.py says which are withheld; ``reserve``: ``premium.reserve``, decode on a premium node
+    only when lent), sorted."""
     f = [f"{FY_PREFIX}tier_{tier.value}", f"{FY_PREFIX}premium" if env.premium else f"{FY_PREFIX}nonpremium"]
     if env.nvlink_full:
         f.append(f"{FY_PREFIX}nvlink_full")
     if env.hbm_full:
         f.append(f"{FY_PREFIX}hbm_full")
+    if service:
+        if lemon:
+            f.append(f"{FY_PREFIX}lemon")
+        if tier in SERVICE_TIERS:
+            if not (batch_wall and tier is Tier.GREEN and env.premium and not lent):
+                f.append(f"{FY_PREFIX}ok_batch")
+            if trainable(env, False):
+                f.append(f"{FY_PREFIX}ok_train")
+            if env.hbm_full:
+                f.append(f"{FY_PREFIX}ok_finetune")
+                if not env.premium or lent or not reserve:
+                    f.append(f"{FY_PREFIX}ok_decode")
+        elif tier is Tier.CANARY:
+            f.append(f"{FY_PREFIX}canary")
+        return tuple(sorted(f))
     if tier in OK_BATCH_TIERS and not (
         batch_wall and tier is Tier.GREEN and env.premium and not lemon and not lent
     ):
@@ -131,6 +152,9 @@ def route(
     open_reason: str = "",
     batch_wall: bool = False,
     walled: Mapping[str, str] | None = None,
+    withheld: Mapping[str, frozenset[str]] | None = None,
+    service: bool = True,
+    reserve: bool = False,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
@@ -138,9 +162,12 @@ def route(
     ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why; ``batch_wall``:
     ``premium.batch`` (green premium nodes carry fy_ok_batch only when lent); ``walled``: nodes reclaimed for
     a pending premium job (core/reclaim.py), which carry no fy_ok_batch, with why (the loop lends them
-    fy_ok_decode only to keep decode submittable)."""
+    fy_ok_decode only to keep decode submittable); ``withheld``: class features a node does not carry by the
+    stake rule (core/stake.py); ``service``: that rule is on (class features on every in-service tier);
+    ``reserve``: ``premium.reserve`` (fy_ok_decode on premium nodes only when lent)."""
     opened = opened or {}
     walled = walled or {}
+    withheld = withheld or {}
     seen = memo.setdefault("route", {}) if memo is not None else None
     cache: dict[
         tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
@@ -159,10 +186,10 @@ def route(
     # which nodes may differ from it (_todo); only those go through the per-node memo.
     slurms, pnodes = obs.slurm, priced.nodes
     names = sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms)
-    loans = (frozenset(lent), frozenset(train_lent), opened, walled)
+    loans = (frozenset(lent), frozenset(train_lent), opened, walled, withheld)
     last = memo.get("route_last") if memo is not None else None
     snapshot = slurm_view(memo, obs)  # a copy: the shell's mapping may be updated in place
-    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, batch_wall, memo)
+    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, (batch_wall, service, reserve), memo)
     decisions: dict[str, NodeDecision]
     base: Mapping[str, NodeDecision] | None = None  # the answer carried, if any
     if todo is None or last is None:
@@ -179,6 +206,7 @@ def route(
         gang = name in train_lent
         extra = opened.get(name, ()) if opened else ()
         wall = walled.get(name) if walled else None
+        drop = withheld.get(name) if withheld else None
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None
@@ -192,6 +220,9 @@ def route(
             and hit[9] == extra
             and hit[10] is batch_wall
             and hit[11] == wall
+            and hit[12] == drop
+            and hit[13] is service
+            and hit[14] is reserve
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -202,7 +233,9 @@ def route(
         reason = pn.reason
         if pn.keep_fy is not None:
             fy = pn.keep_fy
-            if env.premium and not is_lent and _DECODE in fy:  # a loan ends even while the node is dark
+            if (
+                reserve and env.premium and not is_lent and _DECODE in fy
+            ):  # a loan ends while the node is dark
                 fy = tuple(f for f in fy if f != _DECODE)
             if batch_wall and env.premium and not is_lent and not pn.lemon and _GREEN_TIER in fy:
                 fy = tuple(f for f in fy if f != _BATCH)
@@ -211,8 +244,15 @@ def route(
             key = (tier, env.premium, env.nvlink_full, env.hbm_full, pn.lemon, is_lent, gang)
             hit = cache.get(key)
             if hit is None:
-                hit = cache[key] = fy_features(tier, env, pn.lemon, is_lent, gang, batch_wall)
+                hit = cache[key] = fy_features(
+                    tier, env, pn.lemon, is_lent, gang, batch_wall, service, reserve
+                )
             fy = hit
+        if drop:
+            gone = sorted(drop.intersection(fy))
+            if gone:
+                fy = tuple(f for f in fy if f not in drop)
+                reason = f"{reason}; {', '.join(gone)} withheld (expected loss above the work it would do)"
         if is_lent:
             what = "fy_ok_decode and fy_ok_batch" if batch_wall else "fy_ok_decode"
             reason = f"{reason}; {what} lent (premium widening: {lent_reason})"
@@ -272,10 +312,14 @@ def route(
                 extra,
                 batch_wall,
                 wall,
+                drop,
+                service,
+                reserve,
             )
     if memo is not None:
         memo["route_last"] = {
-            "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans, "wall": batch_wall,
+            "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans,
+            "wall": (batch_wall, service, reserve),
             "out": decisions, "differ": frozenset(differ),
         }  # fmt: skip
         note_changes(memo, "route", decisions, base, todo or ())
@@ -291,8 +335,8 @@ def _todo(
     last: dict[str, Any] | None,
     names: list[str],
     inputs: tuple[Mapping[str, object], ...],
-    loans: tuple[frozenset[str], frozenset[str], Mapping[str, object], Mapping[str, object]],
-    batch_wall: bool,
+    loans: tuple[Mapping[str, object], ...],
+    batch_wall: tuple[bool, bool, bool],
     memo: dict[str, Any] | None = None,
 ) -> set[str] | None:
     """The nodes whose routing may differ from the last call's answer, or None (not known: route every
@@ -301,7 +345,7 @@ def _todo(
     priced node or envelope is another object, or when it carries a loan, an opened feature or a wall now
     or did in the last call (their reasons are compared by the per-node memo). Every other node has the very
     inputs of its memo entry, whose decision is the last answer."""
-    if last is None or last["names"] is not names or last["wall"] is not batch_wall:
+    if last is None or last["names"] is not names or last["wall"] != batch_wall:
         return None
     todo: set[str] = set()
     for new, old in zip(inputs, last["inputs"], strict=True):

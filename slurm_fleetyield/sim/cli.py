@@ -65,6 +65,14 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--workers", default=1, show_default=True, help="Processes (one seed each)."),
         click.option("--out", "out_dir", default="sim-out", show_default=True, type=click.Path()),
         click.option("--no-plots", is_flag=True, help="Skip the PNGs (no matplotlib needed)."),
+        click.option(
+            "--params",
+            "params_file",
+            default=None,
+            type=click.Path(exists=True, dir_okay=False),
+            help="TOML file of decision-core overrides for the FleetYield policies (a [core] table, as in "
+            "the controller's config file).",
+        ),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -79,7 +87,33 @@ def simulate() -> None:
 def _split(kw: dict) -> tuple[dict, dict]:
     run = {k: kw.pop(k) for k in ("seeds", "first_seed", "workers", "out_dir", "no_plots", "policies")}
     run["policies"] = tuple(p.strip() for p in run["policies"].split(",") if p.strip())
+    path = kw.pop("params_file", None)
+    if path:
+        kw["core"] = _core_overrides(path)
     return run, kw
+
+
+def _core_overrides(path: str) -> str:
+    """The [core] table of ``path``, validated as ``Params``, as JSON (SimConfig.core); errors name it."""
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from slurm_fleetyield.core.params import Params
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise click.ClickException(f"{path}: {exc}") from None
+    core = doc.get("core", {})
+    if not isinstance(core, dict) or set(doc) - {"core"}:
+        raise click.ClickException(f"{path}: expected only a [core] table, got {sorted(doc)}")
+    try:
+        Params(**core)
+    except ValidationError as exc:
+        raise click.ClickException(f"{path}: [core]: {exc}") from None
+    return json.dumps(core, sort_keys=True)
 
 
 @simulate.command("run")

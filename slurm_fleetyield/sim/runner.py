@@ -48,6 +48,7 @@ from __future__ import annotations
 import bisect
 import gc
 import heapq
+import json
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -93,9 +94,18 @@ POLICIES = (
     "fy_no_yellow",
     "fy_no_drain",
     "fy_no_gangs",
+    "fy_tiers",
 )
 FY_POLICIES = frozenset(
-    {"fleetyield", "fy_no_premium", "fy_no_widening", "fy_no_yellow", "fy_no_drain", "fy_no_gangs"}
+    {
+        "fleetyield",
+        "fy_no_premium",
+        "fy_no_widening",
+        "fy_no_yellow",
+        "fy_no_drain",
+        "fy_no_gangs",
+        "fy_tiers",
+    }
 )
 PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
 OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
@@ -143,6 +153,9 @@ class SimConfig:
     oracle_lead_s: float = 3600.0
     bf_max_job_test: int = 100
     faults: fm.FaultParams = field(default_factory=fm.FaultParams)
+    # decision-core overrides for the FleetYield policies, as JSON of the config file's [core] table
+    # (``simulate --params FILE``); applied under each ablation's own switch
+    core: str = ""
 
     @property
     def horizon_s(self) -> float:
@@ -153,17 +166,29 @@ class SimConfig:
         d["faults"] = asdict(self.faults)
         if self.faults.post_return == "none":  # the default: reports stay byte-identical to before the option
             del d["faults"]["post_return"]
+        if not self.core:
+            del d["core"]
+        else:
+            d["core"] = json.loads(self.core)
         return d
 
 
-def policy_params(policy: str) -> Params:
-    """Default ``Params``; ``fy_no_widening`` switches premium widening off (the old wall), ``fy_no_gangs``
-    gang widening (fy_ok_train on green nodes only)."""
+def policy_params(policy: str, core: str = "") -> Params:
+    """Default ``Params`` (with ``core``'s overrides, JSON of a [core] table); ``fy_no_widening`` switches
+    premium widening off (the old wall), ``fy_no_gangs`` gang widening (fy_ok_train on green nodes only),
+    ``fy_tiers`` the stake rule (class features by absolute risk tiers, the rule before it)."""
+    over: dict[str, Any] = json.loads(core) if core else {}
+
+    def with_(section: str, **kw: Any) -> Params:
+        return Params(**{**over, section: {**over.get(section, {}), **kw}})
+
     if policy == "fy_no_widening":
-        return Params(premium={"enabled": False})
+        return with_("premium", enabled=False)
     if policy in ("fy_no_gangs", "fy_no_yellow"):  # no yellow reclaim: no yellow node lent to gangs either
-        return Params(gangs={"enabled": False})
-    return Params()
+        return with_("gangs", enabled=False)
+    if policy == "fy_tiers":
+        return with_("stake", enabled=False)
+    return Params(**over)
 
 
 # ---- inputs shared by all policies of a seed -------------------------------------------------------------
@@ -317,7 +342,7 @@ class Simulation:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.cfg, self.policy, self.inp = cfg, policy, inputs
-        self.params = params or policy_params(policy)
+        self.params = params or policy_params(policy, cfg.core)
         self.now = 0.0
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0

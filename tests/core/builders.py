@@ -189,6 +189,28 @@ def mixed_fleet(h: int = 4, l: int = 1) -> Fleet:  # noqa: E741
     return f
 
 
+# The rule before the stake rule (core/stake.py): class features by absolute risk tier, the premium reserve
+# with its widening and reclaim. The tests of the mechanisms that serve it (premium widening, reclaim, gang
+# widening, keep-open, the gate's proposals at red) run under it: they are options a site may turn on.
+TIER_RULE: dict[str, dict[str, object]] = {
+    "stake": {"enabled": False},
+    "premium": {"reserve": True},
+    "reclaim": {"enabled": True},
+}
+_Params = Params
+
+
+def tier_params(**over: object) -> Params:
+    """``Params(**over)`` under the tier rule (``TIER_RULE`` merged under ``over``'s sections)."""
+    merged: dict[str, object] = {k: dict(v) for k, v in TIER_RULE.items()}
+    for k, v in over.items():
+        if hasattr(v, "model_dump"):
+            v = v.model_dump(exclude_unset=True)
+        base = merged.get(k)
+        merged[k] = {**base, **v} if isinstance(base, dict) and isinstance(v, dict) else v
+    return _Params(**merged)  # type: ignore[arg-type]
+
+
 class Runner:
     """Ticks a fleet on a virtual clock, applying each plan (like the daemon with a perfect Slurm)."""
 
@@ -201,13 +223,15 @@ class Runner:
         apply: bool = True,
     ) -> None:
         self.fleet = fleet
-        self.params = params or Params()
+        self.params = params or self.default_params()
         self.now = t0
         self.step = step
         self.state = ControllerState.empty()
         self.rng = random.Random(7)
         self.apply = apply
         self.last: TickResult | None = None
+
+    default_params = staticmethod(_Params)  # tier_params in the tests of the tier rule's mechanisms
 
     def tick(self, advance: bool = True) -> TickResult:
         if advance and self.last is not None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from core.builders import H100, L40S, Fleet, Runner
+from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 from slurm_fleetyield.core import gangs, route
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.model import (
@@ -19,13 +22,17 @@ from slurm_fleetyield.core.model import (
     Tier,
     WorkloadClass,
 )
-from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import NodeMemory
 
 P, D, B = WorkloadClass.PRETRAIN, WorkloadClass.DECODE, WorkloadClass.BATCH
 TRAIN = "fy_ok_train"
 SPARE = Params(gangs={"lend_degrading": False})  # degrading yellow nodes are not lent
+
+
+@pytest.fixture(autouse=True)
+def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
 
 
 def fleet(green: int = 2, yellow: int = 2, l40s: int = 1) -> Fleet:
@@ -205,11 +212,20 @@ def test_route_memo_follows_the_loan():
     envs = profile.profile(r.last.sensed, obs, r.state, r.params.profile)
     priced = price.price(obs, r.last.sensed, r.last.risks, envs, Drains(), r.state, r.params, r.now)
     memo = r.state.memo
-    plain, _ = route.route(obs, priced, envs, memo=memo)
-    lent, updates = route.route(obs, priced, envs, memo=memo, train_lent=frozenset({"y0"}), train_reason="x")
+    plain, _ = route.route(obs, priced, envs, memo=memo, service=False, reserve=True)
+    lent, updates = route.route(
+        obs,
+        priced,
+        envs,
+        memo=memo,
+        service=False,
+        reserve=True,
+        train_lent=frozenset({"y0"}),
+        train_reason="x",
+    )
     assert TRAIN not in plain["y0"].fy_features and TRAIN in lent["y0"].fy_features
     assert "(gang widening: x)" in lent["y0"].reason and updates
-    again, _ = route.route(obs, priced, envs, memo=memo)
+    again, _ = route.route(obs, priced, envs, memo=memo, service=False, reserve=True)
     assert again["y0"] == plain["y0"]
     for tier in Tier:  # only a yellow node can be lent the feature
         has = TRAIN in route.fy_features(

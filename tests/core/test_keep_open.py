@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+
 from core.builders import L40S, Fleet, Runner
+from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.model import Tier
-from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.state import ControllerState
 
 TRAIN, FINETUNE, DECODE = "fy_ok_train", "fy_ok_finetune", "fy_ok_decode"
 CLOSED = Params(keep_open={"enabled": False})
+
+
+@pytest.fixture(autouse=True)
+def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
 
 
 def yellow_fleet(n: int = 3, model: str = L40S) -> Fleet:

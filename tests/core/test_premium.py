@@ -5,17 +5,23 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.builders import Fleet, Runner, mixed_fleet
+from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
-from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import _decode_home, best_fit, decode_eligible, out_of_service, widen
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 
 D, P = WorkloadClass.DECODE, WorkloadClass.PRETRAIN
+
+
+@pytest.fixture(autouse=True)
+def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
 
 
 def fleet(h: int = 4, l: int = 1) -> Fleet:  # noqa: E741
@@ -58,9 +64,9 @@ def test_all_premium_fleet_keeps_decode_open_on_one_node():
     assert "decode jobs are accepted" in r.last.nodes[node].reason
     r.ticks(3)
     assert lent(r) == {node}  # sticky
-    off = Params.model_validate({"premium": {"keep_decode_open": False}})
+    off = Params(premium={"keep_decode_open": False})
     assert lent(run(fleet(h=4, l=0), 2, params=off)) == set()
-    alone = Params.model_validate({"premium": {"reserve_nodes": 4}})
+    alone = Params(premium={"reserve_nodes": 4})
     assert lent(run(fleet(h=4, l=0), 2, params=alone)) == set()  # the reserve wins
 
 

@@ -1,12 +1,12 @@
-from core.builders import L40S, Fleet, Runner
+from core.builders import L40S, Fleet, Runner, tier_params
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.model import Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import TIER_WEIGHTS, weight_of
 
 
-def test_weight_order_yellow_first_premium_last():
-    p = Params()
+def test_weight_order_yellow_first_premium_last_under_the_tier_rule():
+    p = tier_params()
     order = [
         weight_of(Tier.YELLOW, False, p),
         weight_of(Tier.GREEN, False, p),
@@ -19,6 +19,39 @@ def test_weight_order_yellow_first_premium_last():
     assert TIER_WEIGHTS[Tier.PROBATION] < TIER_WEIGHTS[Tier.GREEN]
 
 
+def test_stake_rule_weights_order_nodes_by_hazard_over_the_fleet_base():
+    from slurm_fleetyield.core.model import GpuRisk, Health, NodeRisk
+    from slurm_fleetyield.core.price import RISK_STEP, risk_weight
+
+    p = Params()
+    base = p.risk.base_probability
+
+    def node(pg: float) -> NodeRisk:
+        gpus = tuple(GpuRisk("n", i, f"u{i}", "L40S", Health.OK, pg if i == 0 else base) for i in range(8))
+        return NodeRisk("n", Health.OK, 1 - (1 - pg) * (1 - base) ** 7, gpus)
+
+    at_base, twice, far = node(base), node(1 - (1 - base) ** 10), node(0.4)
+    green = weight_of(Tier.GREEN, False, p)
+    assert weight_of(Tier.GREEN, True, p) == green  # no premium shadow price without the reservation
+    assert risk_weight(Tier.GREEN, False, at_base, 1.0, p) == green
+    # one GPU at 10x the base: the node's hazard is 17/8 = 2.1x the base, two half-doublings
+    assert risk_weight(Tier.YELLOW, False, twice, 1.0, p) == green + 2 * RISK_STEP
+    assert (
+        green < risk_weight(Tier.YELLOW, False, twice, 1.0, p) < risk_weight(Tier.YELLOW, False, far, 1.0, p)
+    )
+    assert risk_weight(Tier.YELLOW, False, far, 1.0, p) < TIER_WEIGHTS[Tier.CANARY]
+    # learning raised every GPU's base 2x: the same node is no longer above it
+    assert risk_weight(Tier.YELLOW, False, twice, 2.0, p) == green
+
+
+def test_relative_thresholds_follow_the_learned_base():
+    from slurm_fleetyield.core.price import relative
+
+    assert relative(0.05, 1.0) == 0.05 and relative(0.05, 0.5) == 0.05
+    assert abs(relative(0.05, 2.0) - (1 - 0.95**2)) < 1e-12
+    assert relative(0.5, 40.0) < 1.0
+
+
 def test_weight_overrides():
     p = Params.model_validate({"price": {"tier_weights": {"green": 7}, "premium_offset": 0}})
     assert weight_of(Tier.GREEN, True, p) == 7
@@ -28,7 +61,7 @@ def test_red_node_keeps_running_no_drain_and_proposal_logged_once():
     f = Fleet(1, model=L40S)
     f.set("gpu000", 2, s.REMAP_FAILURE, 1)
     f.run_job(1, ("gpu000",))
-    r = Runner(f)
+    r = Runner(f, tier_params())
     res = r.tick()
     d = res.nodes["gpu000"]
     assert d.tier is Tier.RED and "fy_tier_red" in d.fy_features

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from core.builders import Fleet, Runner, mixed_fleet
+from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 from slurm_fleetyield.core.model import JobView, WorkloadClass
-from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import RequeueJobs
 from slurm_fleetyield.core.reclaim import _fewest
 from slurm_fleetyield.core.state import ControllerState
 
 B, D, P, F = WorkloadClass.BATCH, WorkloadClass.DECODE, WorkloadClass.PRETRAIN, WorkloadClass.FINETUNE
 FAST = {"reclaim": {"after_s": 75.0}}  # ticks every 30 s: the 4th tick (90 s) acts
+
+
+@pytest.fixture(autouse=True)
+def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
 
 
 def fleet(h: int = 2, l: int = 1) -> Fleet:  # noqa: E741
@@ -35,7 +42,7 @@ def requeues(r: Runner) -> list[RequeueJobs]:
 
 
 def runner(f: Fleet, **over: object) -> Runner:
-    return Runner(f, Params.model_validate({"reclaim": {**FAST["reclaim"], **over}}), step=30.0)
+    return Runner(f, Params(reclaim={**FAST["reclaim"], **over}), step=30.0)
 
 
 def test_batch_on_the_h100_is_requeued_for_a_blocked_premium_job_after_the_wait_and_the_node_walled():
@@ -153,7 +160,7 @@ def test_off_and_a_wall_that_expires():
     f = fleet(h=1)
     run_on(f, "h0", 1, 8)
     pend(f, 9, 8)
-    r = Runner(f, Params.model_validate({"reclaim": {"enabled": False}}), step=30.0)
+    r = Runner(f, Params(reclaim={"enabled": False}), step=30.0)
     r.ticks(40)
     assert requeues(r) == [] and r.state.reclaim == type(r.state.reclaim)()
     r = runner(f, wall_s=120.0)

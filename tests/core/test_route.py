@@ -1,4 +1,4 @@
-from core.builders import H100, L40S, Fleet, Runner
+from core.builders import H100, L40S, Fleet, Runner, tier_params
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.model import Tier
 from slurm_fleetyield.core.params import Params
@@ -14,11 +14,11 @@ def test_admin_features_kept_in_order_then_sorted_fy():
     assert "fy_stale_from_before" not in d.features
 
 
-def test_decode_never_on_premium():
+def test_decode_never_on_premium_under_the_reservation():
     f = Fleet(0)
     f.add("h", H100)
     f.add("l", L40S)
-    res = Runner(f).tick()
+    res = Runner(f, tier_params()).tick()
     assert "fy_ok_decode" not in res.nodes["h"].fy_features
     assert "fy_ok_decode" in res.nodes["l"].fy_features
     for tier in Tier:
@@ -29,10 +29,19 @@ def test_decode_never_on_premium():
         )
 
 
-def test_yellow_node_admits_batch_only():
+def test_without_the_reservation_decode_runs_on_premium_nodes_too():
+    f = Fleet(0)
+    f.add("h", H100)
+    f.add("l", L40S)
+    res = Runner(f).tick()
+    assert "fy_ok_decode" in res.nodes["h"].fy_features
+    assert "fy_ok_decode" in res.nodes["l"].fy_features
+
+
+def test_yellow_node_admits_batch_only_under_the_tier_rule():
     f = Fleet(2)  # gpu001 green: it carries every class feature, so none is kept open on gpu000
     f.set("gpu000", 0, s.REMAP_PENDING, 1)
-    d = Runner(f).tick().nodes["gpu000"]
+    d = Runner(f, tier_params()).tick().nodes["gpu000"]
     assert d.tier is Tier.YELLOW
     assert [x for x in d.fy_features if x.startswith("fy_ok_")] == ["fy_ok_batch"]
     assert "fy_tier_yellow" in d.fy_features

@@ -80,11 +80,12 @@ def test_round_trip_with_lifecycle_proposals_settle_and_learn():
     import random as _random
     from dataclasses import replace as _replace
 
+    from core.builders import tier_params
     from slurm_fleetyield.core.loop import tick as _tick
     from slurm_fleetyield.core.model import JobOutcome, JobView, WorkloadClass
 
     f = Fleet(10)
-    r = Runner(f)
+    r = Runner(f, tier_params())  # a proposal at red without the stake rule's pay test
     r.tick()
     f.set("gpu001", 3, s.REMAP_PENDING, 1)
     f.set("gpu001", 3, s.ROWS_CORR, 14)

@@ -68,8 +68,7 @@ SCENARIOS = [
         4,
         _hbm,
         tiers=(("gpu001", "yellow"),),
-        lacks=(("gpu001", "fy_ok_finetune"),),
-        has=(("gpu001", "fy_ok_batch"),),
+        has=(("gpu001", "fy_ok_batch"), ("gpu001", "fy_ok_finetune")),  # stake rule: nothing pending to lose
     ),
     Scenario(
         "stale node with missing gpus",
@@ -99,11 +98,13 @@ def test_scenario(sc: Scenario) -> None:
         assert feat in res.nodes[node].features
 
 
-def test_decode_class_lands_on_nonpremium_green_only():
+def test_decode_class_lands_on_nonpremium_green_only_under_the_tier_rule():
+    from core.builders import tier_params
+
     f = Fleet(2)
     f.add("l40s-0", L40S)
     f.add("l40s-1", L40S)
     f.set("l40s-1", 0, s.REMAP_PENDING, 1)
-    res = Runner(f).tick()
+    res = Runner(f, tier_params()).tick()
     ok = sorted(n for n, d in res.nodes.items() if "fy_ok_decode" in d.features)
     assert ok == ["l40s-0"]

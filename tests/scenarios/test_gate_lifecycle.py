@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from core.builders import Fleet, Runner
+from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.explain import explain
@@ -21,9 +22,13 @@ from slurm_fleetyield.core.model import (
     JobView,
     WorkloadClass,
 )
-from slurm_fleetyield.core.params import Params
 
 T0 = 1_000_000.0
+
+
+@pytest.fixture(autouse=True)
+def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
 
 
 class Loop(Runner):

@@ -6,11 +6,16 @@ from dataclasses import dataclass, field
 
 import pytest
 from core.builders import H100, L40S, Fleet, Runner
+from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 
 from slurm_fleetyield.core.model import JobView, WorkloadClass
-from slurm_fleetyield.core.params import Params
 
 D, P, F = WorkloadClass.DECODE, WorkloadClass.PRETRAIN, WorkloadClass.FINETUNE
+
+
+@pytest.fixture(autouse=True)
+def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
 
 
 @dataclass

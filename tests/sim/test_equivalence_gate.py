@@ -42,7 +42,14 @@ from slurm_fleetyield.sim import runner
 
 # test_approval.py's fleet: the simulated admin approves within the first day; the second approval's drain is
 # held by the drain cap for hours (the daemon re-sends it every tick meanwhile)
-CFG = dict(nodes=12, days=10, seed=4, lead_h=12.0)
+# under the tier rule (tests/core/builders.py TIER_RULE): proposals at red without the stake rule's pay test
+CORE = {
+    "stake": {"enabled": False},
+    "premium": {"reserve": True},
+    "reclaim": {"enabled": True},
+    "learn": {"enabled": False},  # absolute tier thresholds (price.relative): the drain cap holds one drain
+}
+CFG = dict(nodes=12, days=10, seed=4, lead_h=12.0, core=json.dumps(CORE))
 N_FRAMES = 90
 RNG_SEED = f"tick-{CFG['seed']}"  # the simulator's controller rng: the replay draws the recorded proposal ids
 
@@ -65,7 +72,14 @@ def simulator_path(frames: list) -> list:
     for i, (now, _n, _j, samples, pending, decisions) in enumerate(frames):
         port.i = i
         r = runner.controller_step(
-            state, port, samples, pending, runner.Params(), now, rng, gate_decisions=decisions
+            state,
+            port,
+            samples,
+            pending,
+            runner.policy_params("fleetyield", CFG["core"]),
+            now,
+            rng,
+            gate_decisions=decisions,
         )
         state = r.state
         results.append(r)
@@ -84,7 +98,9 @@ def daemon_path(
     auth.write_text(pub.read_text())
     auth.chmod(0o644)
     gate_dir = tmp / "gate"
-    config = from_mapping({"sense": {"gpu_nodes_only": False}, "loop": {"push_reuse_samples_s": 0}})
+    config = from_mapping(
+        {"sense": {"gpu_nodes_only": False}, "loop": {"push_reuse_samples_s": 0}, "core": CORE}
+    )
     store = Store(tmp / "fy.db")
     port = Replay([f[:5] for f in frames])
     gate = GateAccess(gate_dir)

@@ -1,0 +1,189 @@
+"""Stake: which in-service nodes withhold which class features, priced by what the work stands to lose.
+
+Input: the Slurm view (jobs: class, GPUs, state), priced nodes (tier, risk), envelopes, ``Params``
+(``stake``, ``risk.horizon_days``). Output: ``Withheld``: per node the ``fy_ok_*`` class features it does not
+carry this tick, the per-class stakes behind it, and the capacity breaker's events.
+
+Why: a node's risk is a probability; whether to keep work off it depends on the work. An absolute threshold
+("no training on yellow nodes") kept capacity idle to avoid losses far smaller than the work it stopped: a
+4-GPU job that checkpoints hourly loses about 2 GPU-hours when a fault hits it; idling the node for a day to
+avoid a 2% chance of that costs ~100 times more. Here the trade is written out.
+
+Rule, per tick:
+1. a class's stake: the GPUs a fault kills -- the largest job of the class pending or running (a gang of N
+   nodes dies when any of them fails, so it weighs a node's risk by its whole size; rounded up to a power of
+   two so the answer does not flicker with the queue), at least one GPU -- and the progress each of them
+   loses: half the checkpoint interval (half the run when the class cannot checkpoint) plus the restart
+   cost (``stake.classes``);
+2. a node's fatal hazard per second from its probability over the risk horizon:
+   ``lambda = -ln(1 - p) / horizon``;
+3. running the class there loses ``lambda x gpus x lost_s`` GPU-seconds per second, and does
+   ``min(gpus, node GPUs)`` GPU-seconds of work per second. The node withholds the class feature only when
+   the first exceeds the second: expected loss above the work that would wait (the cost of withholding);
+4. capacity breaker: while a class has pending work, nodes withholding it may hold at most
+   ``stake.withhold_cap_fraction`` of the in-service GPUs; past it the lowest-loss nodes carry the feature
+   again and a ``stake_breaker`` event says so (the metric and status read it).
+Nodes out of service (drained, in rehabilitation, unknown) are not this stage's: their tier carries no class
+feature anyway. Which of the carrying nodes a job gets is the weights' business (core/price.py: the node
+most likely to fail is used last).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_fleetyield.core.model import FY_PREFIX, LogEvent, Observations
+from slurm_fleetyield.core.params import ClassStake, Params
+from slurm_fleetyield.core.price import Priced
+from slurm_fleetyield.core.route import SERVICE_TIERS
+
+CLASS_FEATURE: Mapping[str, str] = {  # job_submit.lua's class -> feature
+    "pretrain": f"{FY_PREFIX}ok_train",
+    "finetune": f"{FY_PREFIX}ok_finetune",
+    "decode": f"{FY_PREFIX}ok_decode",
+    "batch": f"{FY_PREFIX}ok_batch",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Stake:
+    workload: str
+    gpus: int  # GPUs one fault kills
+    lost_s: float  # seconds of progress (and restart) each of them loses
+
+    def loss_rate(self, hazard_per_s: float) -> float:
+        """GPU-seconds expected lost per second of running on a node with this hazard."""
+        return hazard_per_s * self.gpus * self.lost_s
+
+
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    nodes: Mapping[str, frozenset[str]]  # node -> class features it does not carry
+    stakes: tuple[Stake, ...] = ()
+    events: tuple[LogEvent, ...] = ()
+    tripped: tuple[str, ...] = ()  # classes whose breaker held this tick
+
+
+def hazard_per_s(p: float, horizon_s: float) -> float:
+    """Constant hazard that gives P(fatal within horizon) = p."""
+    return math.inf if p >= 1.0 else -math.log1p(-p) / horizon_s
+
+
+def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
+    """Rule 1: per class of ``stake.classes``, what one fault there costs."""
+    largest: dict[str, int] = {}
+    for j in obs.jobs:
+        if j.workload is not None and j.state in ("PENDING", "RUNNING"):
+            w = j.workload.value
+            largest[w] = max(largest.get(w, 0), j.gpus)
+    out = []
+    for w, cs in sorted(params.stake.classes.items()):
+        gpus = 1 << max(0, largest.get(w, 1) - 1).bit_length()  # next power of two
+        lost = (cs.checkpoint_s if cs.checkpoint_s is not None else cs.run_s) / 2 + cs.restart_s
+        out.append(Stake(w, gpus, lost))
+    return tuple(out)
+
+
+def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> Withheld:
+    """Rules 2-4 over the in-service priced nodes."""
+    sp = params.stake
+    if not sp.enabled:
+        return Withheld({})
+    horizon = params.risk.horizon_days * 86_400.0
+    st = stakes(obs, params)
+    # the lowest hazard at which any class is withheld anywhere (a node of one GPU): nodes below it carry all
+    floor = min((1.0 / (s.gpus * s.lost_s) for s in st), default=math.inf)
+    p_floor = -math.expm1(-floor * horizon)
+    pending = {j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None}
+    gpus_of = _gpus(obs)
+    out: dict[str, frozenset[str]] = {}
+    losses: dict[str, list[tuple[float, str]]] = {}
+    service_gpus = 0
+    for name, pn in priced.nodes.items():
+        if pn.tier not in SERVICE_TIERS or not pn.managed or pn.keep_fy is not None:
+            continue
+        g = gpus_of.get(name, 0)
+        service_gpus += g
+        if not pn.risk >= p_floor:  # NaN (unknown) carries what it had
+            continue
+        lam = hazard_per_s(pn.risk, horizon)
+        drop = []
+        for s in st:
+            loss = s.loss_rate(lam)
+            if loss > min(s.gpus, max(g, 1)):
+                drop.append(CLASS_FEATURE[s.workload])
+                losses.setdefault(s.workload, []).append((loss / max(g, 1), name))
+        if drop:
+            out[name] = frozenset(drop)
+    events: list[LogEvent] = []
+    tripped: list[str] = []
+    cap = sp.withhold_cap_fraction * service_gpus
+    for w, nodes in sorted(losses.items()):
+        held = sum(gpus_of.get(n, 0) for _, n in nodes)
+        if w not in pending or held <= cap:
+            continue
+        tripped.append(w)
+        nodes.sort(reverse=True)  # highest loss per GPU first: those stay withheld
+        keep, used = set(), 0
+        for _, n in nodes:
+            if used + gpus_of.get(n, 0) > cap:
+                continue
+            keep.add(n)
+            used += gpus_of.get(n, 0)
+        feat = CLASS_FEATURE[w]
+        for _, n in nodes:
+            if n not in keep:
+                rest = out[n] - {feat}
+                if rest:
+                    out[n] = rest
+                else:
+                    del out[n]
+        events.append(
+            LogEvent(
+                now,
+                "",
+                "stake_breaker",
+                f"{feat}: withholding it from {held} of {service_gpus} in-service GPUs would exceed the cap "
+                f"({sp.withhold_cap_fraction:.0%}) while {w} work is pending; {len(nodes) - len(keep)} "
+                f"node(s) keep it",
+                {
+                    "class": w,
+                    "withheld_gpus": used,
+                    "would_withhold_gpus": held,
+                    "service_gpus": service_gpus,
+                },
+            )
+        )
+    return Withheld(out, st, tuple(events), tuple(tripped))
+
+
+def drain_pays(node: str, p: float, obs: Observations, params: Params) -> tuple[bool, str]:
+    """Does a pre-emptive drain of ``node`` (fatal probability ``p`` within the horizon, false alarms
+    included: that is what a probability is) pay? Averted: p x (what a fault would cost the work running
+    there -- each job's GPUs, the whole gang, x its lost progress -- plus the node's GPUs down for
+    ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for ``drain_s`` plus the progress
+    that requeueing its jobs loses now (half a checkpoint interval each; jobs without the Requeue flag run to
+    their end). In GPU-hours, with the figures, for the proposal's log."""
+    sp = params.stake
+    default = ClassStake()
+    g = (obs.slurm[node].gpu_count if node in obs.slurm else 0) or 8
+    at_risk = requeue = 0.0
+    for j in obs.jobs:
+        if j.state != "RUNNING" or node not in j.nodes:
+            continue
+        cs = sp.classes.get(j.workload.value, default) if j.workload is not None else default
+        lost = (cs.checkpoint_s if cs.checkpoint_s is not None else cs.run_s) / 2
+        at_risk += j.gpus * (lost + cs.restart_s)
+        if j.requeue and cs.checkpoint_s is not None:
+            requeue += j.gpus * (cs.checkpoint_s / 2 + cs.restart_s)
+    averted = p * (at_risk + g * sp.repair_s) / 3600.0
+    cost = (g * sp.drain_s + requeue) / 3600.0
+    why = f"averted {averted:.1f} GPU-h (p {p:.2f}) vs cost {cost:.1f} GPU-h"
+    return averted > cost, why
+
+
+def _gpus(obs: Observations) -> dict[str, int]:
+    """GPUs per node from Slurm's Gres (8 when Slurm does not say)."""
+    return {n: (s.gpu_count or 8) for n, s in obs.slurm.items()}
