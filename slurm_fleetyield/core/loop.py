@@ -137,9 +137,19 @@ def _route(
     chosen (the memo makes the second pass cost only the nodes that change). Premium widening lends a node
     walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
     wall = params.premium.batch
-    by_stake = {"withheld": wh.nodes, "service": params.stake.enabled, "reserve": params.premium.reserve}
+    service, reserve = params.stake.enabled, params.premium.reserve
     decisions, updates = route.route(
-        obs, priced, envelopes, *pw.loan, state.memo, *gw.loan, batch_wall=wall, walled=walled, **by_stake
+        obs,
+        priced,
+        envelopes,
+        *pw.loan,
+        state.memo,
+        *gw.loan,
+        batch_wall=wall,
+        walled=walled,
+        withheld=wh.nodes,
+        service=service,
+        reserve=reserve,
     )
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
@@ -154,7 +164,9 @@ def _route(
             ko.reason,
             wall,
             walled,
-            **by_stake,
+            withheld=wh.nodes,
+            service=service,
+            reserve=reserve,
         )
     return decisions, updates, ko
 

@@ -335,7 +335,7 @@ def _todo(
     last: dict[str, Any] | None,
     names: list[str],
     inputs: tuple[Mapping[str, object], ...],
-    loans: tuple[Mapping[str, object], ...],
+    loans: tuple[Mapping[str, object] | frozenset[str], ...],
     batch_wall: tuple[bool, bool, bool],
     memo: dict[str, Any] | None = None,
 ) -> set[str] | None:
