@@ -161,25 +161,26 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
 
 def drain_pays(node: str, p: float, obs: Observations, params: Params) -> tuple[bool, str]:
     """Does a pre-emptive drain of ``node`` (fatal probability ``p`` within the horizon, false alarms
-    included: that is what a probability is) pay? Averted: p x (what a fault would cost the work running
-    there -- each job's GPUs, the whole gang, x its lost progress -- plus the node's GPUs down for
-    ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for ``drain_s`` plus the progress
-    that requeueing its jobs loses now (half a checkpoint interval each; jobs without the Requeue flag run to
-    their end). In GPU-hours, with the figures, for the proposal's log."""
+    included: that is what a probability is) pay? The drain moves the work a fault there would kill:
+    the jobs it requeues now (each loses half a checkpoint interval and a restart at once) and the work that
+    would land there next (the largest stake among the pending classes, ``stakes``); jobs without the
+    Requeue flag run to their end on the node either way. Averted: p x (the stake moved + the node's GPUs
+    down for ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for ``drain_s`` plus the
+    requeue's loss. In GPU-hours, with the figures, for the proposal's log."""
     sp = params.stake
     default = ClassStake()
     g = (obs.slurm[node].gpu_count if node in obs.slurm else 0) or 8
-    at_risk = requeue = 0.0
+    moved = 0.0
     for j in obs.jobs:
-        if j.state != "RUNNING" or node not in j.nodes:
+        if j.state != "RUNNING" or node not in j.nodes or not j.requeue:
             continue
         cs = sp.classes.get(j.workload.value, default) if j.workload is not None else default
-        lost = (cs.checkpoint_s if cs.checkpoint_s is not None else cs.run_s) / 2
-        at_risk += j.gpus * (lost + cs.restart_s)
-        if j.requeue and cs.checkpoint_s is not None:
-            requeue += j.gpus * (cs.checkpoint_s / 2 + cs.restart_s)
-    averted = p * (at_risk + g * sp.repair_s) / 3600.0
-    cost = (g * sp.drain_s + requeue) / 3600.0
+        if cs.checkpoint_s is not None:
+            moved += j.gpus * (cs.checkpoint_s / 2 + cs.restart_s)
+    pending = {j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None}
+    nxt = max((x.gpus * x.lost_s for x in stakes(obs, params) if x.workload in pending), default=0.0)
+    averted = p * (moved + nxt + g * sp.repair_s) / 3600.0
+    cost = (g * sp.drain_s + moved) / 3600.0
     why = f"averted {averted:.1f} GPU-h (p {p:.2f}) vs cost {cost:.1f} GPU-h"
     return averted > cost, why
 

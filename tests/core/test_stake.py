@@ -1,0 +1,110 @@
+"""The stake rule (core/stake.py): class features follow what the work that would land on a node stands to
+lose, the capacity breaker, and drain proposals that pay."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from core.builders import H100, Fleet, Runner
+from slurm_fleetyield.core import signals as s
+from slurm_fleetyield.core import stake
+from slurm_fleetyield.core.model import JobView, Tier, WorkloadClass
+from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.price import Priced, PricedNode
+
+HORIZON = Params().risk.horizon_days * 86_400.0
+
+
+def _priced(risks: dict[str, float], tier: Tier = Tier.YELLOW) -> Priced:
+    return Priced({n: PricedNode(n, tier, 100, "", (), True, risk=p) for n, p in risks.items()})
+
+
+def _fleet(n: int) -> Fleet:
+    f = Fleet(0)
+    for i in range(n):
+        f.add(f"n{i}", H100)
+    return f
+
+
+def test_a_yellow_node_carries_every_class_feature_when_nothing_much_is_at_stake():
+    f = Fleet(2)
+    f.set("gpu000", 0, s.REMAP_PENDING, 1)
+    d = Runner(f).tick().nodes["gpu000"]
+    assert d.tier is Tier.YELLOW
+    assert {"fy_ok_batch", "fy_ok_train"} <= set(d.fy_features)
+
+
+def test_stakes_weigh_the_whole_gang_and_the_lost_progress():
+    f = _fleet(1)
+    f.jobs = [
+        JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 48),
+        JobView(2, "RUNNING", ("n0",), False, WorkloadClass.DECODE, 2),
+    ]
+    st = {x.workload: x for x in stake.stakes(f.observe(0.0), Params())}
+    assert st["pretrain"].gpus == 64  # 48 rounded up to a power of two: the answer does not flicker
+    assert st["pretrain"].lost_s == 3600 / 2 + 600  # half an hourly checkpoint + the restart
+    assert st["decode"].gpus == 2 and st["decode"].lost_s == 86_400 / 2 + 600  # cannot checkpoint
+    assert st["batch"].gpus == 1  # nothing of the class around: one GPU
+
+
+def test_a_node_about_to_fail_is_withheld_from_a_large_gang_but_not_from_small_work():
+    f = _fleet(20)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]
+    obs = f.observe(0.0)
+    p = Params()
+    gang = next(x for x in stake.stakes(obs, p) if x.workload == "pretrain")
+    # the hazard at which the gang loses as much as the node's 8 GPUs would do
+    even = 8 / (gang.gpus * gang.lost_s)
+    below, above = -math.expm1(-0.5 * even * HORIZON), -math.expm1(-2 * even * HORIZON)
+    rest = {f"n{i}": 0.01 for i in range(2, 20)}  # the breaker's cap is a share of these too
+    w = stake.withhold(obs, _priced({"n0": below, "n1": above, **rest}), p, 0.0)
+    assert w.nodes == {"n1": frozenset({"fy_ok_train"})}
+    assert not w.tripped
+
+
+def test_the_breaker_keeps_the_withheld_share_under_the_cap_while_the_class_waits():
+    f = _fleet(10)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]
+    obs = f.observe(0.0)
+    risky = {f"n{i}": 0.9 + i / 100 for i in range(5)}  # 5 of 10 nodes would be withheld
+    p = Params(stake={"withhold_cap_fraction": 0.2})
+    w = stake.withhold(obs, _priced({**risky, **{f"n{i}": 0.01 for i in range(5, 10)}}), p, 0.0)
+    assert w.tripped == ("pretrain",)
+    assert sorted(w.nodes) == ["n3", "n4"]  # the two riskiest stay withheld: 16 of 80 GPUs
+    assert [e.kind for e in w.events] == ["stake_breaker"]
+    # no pending work of the class: nothing waits, the breaker does not hold
+    f.jobs = [replace(f.jobs[0], state="RUNNING", nodes=("n9",))]
+    w2 = stake.withhold(f.observe(0.0), _priced(risky), p, 0.0)
+    assert len(w2.nodes) == 5 and not w2.tripped
+
+
+def test_out_of_service_nodes_and_the_old_rule_are_not_the_stages():
+    f = _fleet(2)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]
+    obs = f.observe(0.0)
+    assert stake.withhold(obs, _priced({"n0": 0.99}, Tier.QUARANTINED), Params(), 0.0).nodes == {}
+    assert stake.withhold(obs, _priced({"n0": 0.99}), Params(stake={"enabled": False}), 0.0).nodes == {}
+    assert stake.withhold(obs, _priced({"n0": math.nan}), Params(), 0.0).nodes == {}
+
+
+def test_a_drain_pays_only_when_the_averted_loss_exceeds_the_capacity_drained():
+    f = _fleet(1)
+    p = Params()
+    assert not stake.drain_pays("n0", 0.6, f.observe(0.0), p)[0]  # nothing at stake: downtime either way
+    assert not stake.drain_pays("n0", 0.999, f.observe(0.0), p)[0]
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 256)]  # a gang would land there next
+    pays, why = stake.drain_pays("n0", 0.9, f.observe(0.0), p)
+    assert pays and "averted" in why
+    assert not stake.drain_pays("n0", 0.5, f.observe(0.0), p)[0]  # a coin flip does not pay a day's swap
+    # a job that cannot be requeued runs to its end on the node: the drain averts nothing for it
+    f.jobs = [JobView(1, "RUNNING", ("n0", "n9"), False, WorkloadClass.DECODE, 64)]
+    assert not stake.drain_pays("n0", 0.9, f.observe(0.0), p)[0]
+
+
+def test_a_red_node_with_nothing_at_stake_gets_no_proposal():
+    f = Fleet(1)
+    f.set("gpu000", 2, s.REMAP_FAILURE, 1)
+    res = Runner(f).tick()
+    assert res.nodes["gpu000"].tier is Tier.RED
+    assert "drain_proposal" not in [e.kind for e in res.events]
