@@ -47,6 +47,7 @@ from typing import Any, Literal
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from node_agent.clikit import version_option
 from slurm_fleetyield.adapters.redfish import (
     BmcError,
     PerThreadAudit,
@@ -338,6 +339,7 @@ def _expand(hostlist: str, bin_dir: str | None) -> list[str]:
     help="Controller config ([redfish], [gate]) for --suspend/--resume.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO (default WARNING) to stderr.")
+@version_option()
 def main(
     features: tuple[str, ...],
     reboot_config: str,
