@@ -277,3 +277,11 @@ def test_the_demo_cluster_api_last(nowhere, api_url, monkeypatch):
     monkeypatch.setattr(nowhere, "DEMO_API", api_url)
     code, out = invoke("status", "--json")
     assert code == 0 and json.loads(out)["tick"] == 5
+
+
+def test_the_demo_cluster_publishes_the_api_the_cli_asks_last():
+    from slurm_fleetyield.cli import DEMO_API
+
+    compose = (Path(__file__).parents[1] / "contrib/slurm-docker-cluster/docker-compose.yml").read_text()
+    host_port = DEMO_API.removeprefix("http://")
+    assert f'ports: ["{host_port}:9401"]' in compose
