@@ -44,7 +44,8 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = 1, **fields: Any) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click types exit_code as a ClassVar, yet main() reads it from the instance: per-refusal codes
+        self.exit_code = exit_code  # type: ignore[misc]
         self.fields = fields
 
 
@@ -53,7 +54,7 @@ class JsonError(click.ClickException):
 
     def __init__(self, cause: click.ClickException) -> None:
         super().__init__(cause.format_message())
-        self.exit_code = cause.exit_code
+        self.exit_code = cause.exit_code  # type: ignore[misc]  # (see CliError)
         self.fields: dict[str, Any] = dict(getattr(cause, "fields", {}))
 
     def show(self, file: Any = None) -> None:
