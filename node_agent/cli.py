@@ -4,21 +4,24 @@ Input: flags (and an optional TOML ``--config`` for ``serve``/``metrics``). Outp
 exporter, or one action against the running server through the unix socket in the state
 dir; when no server runs, the action edits the persisted state directly under the state
 lock so the next start sees it. Bad flags or specs print a clear error and change nothing.
-Exit codes: 0 ok; 1 check failed; 2 usage/input error or backend error.
+``--json`` on every verb that prints (fault, check, reset, metrics, attest ...) prints JSON, and an error as
+``{"error": ...}`` on stderr (node_agent.clikit). Exit codes: 0 ok; 1 check failed; 2 usage/input error or
+backend error.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+
+from node_agent.clikit import CliError, JsonErrorGroup, emit, json_option, version_option
 
 STATE_DIR = click.option(
     "--state-dir",
@@ -28,9 +31,12 @@ STATE_DIR = click.option(
 )
 
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+# fault, reset and the attest verbs print JSON in any case; --json is taken for uniformity (and JSON errors)
+JSON = json_option()
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    raise CliError(message, exit_code=code)
 
 
 def _serve_options(f: Any) -> Any:
@@ -100,7 +106,7 @@ def _config(config_file: Path | None, flags: dict[str, Any]) -> Any:
         _fail(str(exc))
 
 
-class _AgentGroup(click.Group):
+class _AgentGroup(JsonErrorGroup):
     """Mounts ``attest`` and ``quote`` (node_agent/attest/cli.py) lazily: ``serve`` never imports them."""
 
     LAZY = ("attest", "quote")
@@ -117,6 +123,7 @@ class _AgentGroup(click.Group):
 
 
 @click.group(cls=_AgentGroup)
+@version_option()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """FleetYield node agent: dcgm-exporter-compatible GPU metrics, fault injection, checks."""
@@ -144,7 +151,8 @@ def serve(config_file: Path | None, **flags: Any) -> None:
 
 @main.command()
 @_serve_options
-def metrics(config_file: Path | None, **flags: Any) -> None:
+@json_option("The exposition's metric families as JSON (name, type, help, samples with labels).")
+def metrics(config_file: Path | None, as_json: bool, **flags: Any) -> None:
     """Print one exposition to stdout (fake state is read, not changed)."""
     from node_agent.agent import Agent
     from node_agent.backends.base import BackendError
@@ -159,10 +167,28 @@ def metrics(config_file: Path | None, **flags: Any) -> None:
             backend = make_backend(cfg, time.time)
             backend.start()
         agent = Agent(backend, cfg.state_dir, cfg.node_name(), time.time)
-        sys.stdout.buffer.write(render(make_registry(agent, cfg)))
+        text = render(make_registry(agent, cfg))
         backend.stop()
+        if as_json:
+            emit(_families(text.decode()))
+        else:
+            sys.stdout.buffer.write(text)
     except (BackendError, ValueError) as exc:
         _fail(str(exc))
+
+
+def _families(exposition: str) -> list[dict[str, Any]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        {
+            "name": f.name,
+            "type": f.type,
+            "help": f.documentation,
+            "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in f.samples],
+        }
+        for f in text_string_to_metric_families(exposition)
+    ]
 
 
 # ---------------------------------------------------------------- offline / socket plumbing
@@ -220,8 +246,8 @@ def _run(state_dir: Path, request: dict[str, Any], backend: str | None = None) -
         _fail(str(exc))
 
 
-def _print(result: Any, as_json: bool = True) -> None:
-    click.echo(json.dumps(result, indent=2, sort_keys=True) if as_json else result)
+def _print(result: Any) -> None:
+    emit(result)
 
 
 # ---------------------------------------------------------------- fault commands
@@ -243,7 +269,8 @@ def _reset_opt(f: Any) -> Any:
 @click.option("--gpu", type=int, required=True)
 @click.option("--xid", type=int, required=True, help="XID number (79 = fell off the bus, 48 = DBE, ...).")
 @_reset_opt
-def fault_inject(state_dir: Path, gpu: int, xid: int, reset_fixes: bool | None) -> None:
+@JSON
+def fault_inject(state_dir: Path, gpu: int, xid: int, reset_fixes: bool | None, as_json: bool) -> None:
     """Raise an XID on a GPU, with its realistic side effects."""
     spec = {"kind": "xid", "gpu": gpu, "xid": xid, "reset_fixes": reset_fixes}
     _print(_run(state_dir, {"op": "inject", "spec": spec}))
@@ -258,6 +285,7 @@ def fault_inject(state_dir: Path, gpu: int, xid: int, reset_fixes: bool | None) 
 @click.option("--capacity-loss-mib", type=int, default=None, help="ecc: HBM lost when remapping fails.")
 @click.option("--max-delta-c", type=float, default=None, help="thermal: maximum temperature rise.")
 @_reset_opt
+@JSON
 def fault_degrade(
     state_dir: Path,
     gpu: int,
@@ -267,6 +295,7 @@ def fault_degrade(
     capacity_loss_mib: int | None,
     max_delta_c: float | None,
     reset_fixes: bool | None,
+    as_json: bool,
 ) -> None:
     """Start a gradual degradation."""
     spec: dict[str, Any] = {
@@ -290,7 +319,8 @@ def fault_degrade(
 @STATE_DIR
 @click.option("--gpu", type=int, required=True)
 @_reset_opt
-def fault_corrupt(state_dir: Path, gpu: int, reset_fixes: bool | None) -> None:
+@JSON
+def fault_corrupt(state_dir: Path, gpu: int, reset_fixes: bool | None, as_json: bool) -> None:
     """Quiet data corruption: no metric changes; `check` fails."""
     _print(
         _run(state_dir, {"op": "inject", "spec": {"kind": "corrupt", "gpu": gpu, "reset_fixes": reset_fixes}})
@@ -302,7 +332,8 @@ def fault_corrupt(state_dir: Path, gpu: int, reset_fixes: bool | None) -> None:
 @click.option("--gpu", type=int, default=None)
 @click.option("--id", "fault_id", default=None)
 @click.option("--all", "all_", is_flag=True, help="Clear every fault (of --gpu, or of all GPUs).")
-def fault_clear(state_dir: Path, gpu: int | None, fault_id: str | None, all_: bool) -> None:
+@JSON
+def fault_clear(state_dir: Path, gpu: int | None, fault_id: str | None, all_: bool, as_json: bool) -> None:
     """Remove faults (counters never go back; fatal.json entries of the faults are dropped)."""
     if not (fault_id or all_):
         _fail("say which faults: --id ID, or --all [--gpu N]")
@@ -312,7 +343,8 @@ def fault_clear(state_dir: Path, gpu: int | None, fault_id: str | None, all_: bo
 @fault.command("list")
 @STATE_DIR
 @click.option("--gpu", type=int, default=None)
-def fault_list(state_dir: Path, gpu: int | None) -> None:
+@JSON
+def fault_list(state_dir: Path, gpu: int | None, as_json: bool) -> None:
     """List active faults as JSON."""
     _print(_run(state_dir, {"op": "list", "gpu": gpu}))
 
@@ -321,7 +353,7 @@ def fault_list(state_dir: Path, gpu: int | None) -> None:
 @main.command()
 @STATE_DIR
 @click.option("--gpu", type=int, default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
+@json_option("Print the JSON report (errors as JSON on stderr).")
 def check(state_dir: Path, gpu: int | None, as_json: bool) -> None:
     """Active known-answer check per GPU. Exit 0 pass, 1 fail, 2 error."""
     report = _run(state_dir, {"op": "check", "gpu": gpu})
@@ -342,6 +374,7 @@ def check(state_dir: Path, gpu: int | None, as_json: bool) -> None:
     default=None,
     help="Only needed when no server runs (default: fake if fake state exists).",
 )
-def reset(state_dir: Path, gpu: int, backend: str | None) -> None:
+@JSON
+def reset(state_dir: Path, gpu: int, backend: str | None, as_json: bool) -> None:
     """Reset a GPU (fake: clear reset-fixable faults; nvml: nvidia-smi --gpu-reset -i N)."""
     _print(_run(state_dir, {"op": "reset", "gpu": gpu}, backend))

@@ -460,6 +460,15 @@ def arm_deadline(seconds: float, on_second_expiry: Callable[[], None]) -> float:
     return time.monotonic() + seconds
 
 
+CLI_FLAGS = ("--help", "-h", "--version")
+
+
+def asked_for_cli(argv: Iterable[str]) -> bool:
+    """A person asked for ``--help`` / ``--version`` (slurmd passes no arguments): answer that
+    (``prolog_epilog._cli``, click) and do not run the hook."""
+    return any(arg in CLI_FLAGS for arg in argv)
+
+
 def begin(
     env: Mapping[str, str], log: Logger, on_second_expiry: Callable[[], None]
 ) -> tuple[float, HookConfig, float, str]:

@@ -293,6 +293,10 @@ def _hard_exit(log: lib.Logger) -> None:
 
 
 def main() -> None:
+    if lib.asked_for_cli(sys.argv[1:]):
+        from prolog_epilog import _cli
+
+        _cli.run(TAG, (__doc__ or "").split("\n", 1)[0].replace("``", ""))
     env = os.environ
     log = lib.Logger(TAG, env.get("SLURM_JOB_ID", "-") or "-")
     code: int | None = None

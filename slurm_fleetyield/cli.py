@@ -1,9 +1,11 @@
 """``fleetyield``: run the controller, and read what it decided.
 
 Input: a config file (``--config``; default ``$FLEETYIELD_CONFIG`` or /etc/fleetyield/fleetyield.toml), or
-a running controller's API (``--api URL``). Output: the daemon (``run``), or tables / JSON (``status``,
-``nodes``, ``explain``, ``events``, ``ledger``, ``pending``). The read commands read the store directly, so
-they work while the daemon is down; ``--api`` asks a running one instead (e.g. from another host).
+a running controller's API (``--api URL`` or ``$FLEETYIELD_API``). Output: the daemon (``run``), or tables /
+JSON (``status``, ``nodes``, ``explain``, ``events``, ``ledger``, ``pending``). The read commands read the
+store directly, so they work while the daemon is down; ``--api`` asks a running one instead (e.g. from
+another host). With none of these, they ask the demo cluster's API published on this host (``make up``).
+``--json`` on a command prints JSON, and its errors as ``{"error": ...}`` on stderr (node_agent.clikit).
 
 The human gate: ``keygen NAME`` makes an admin key pair; ``pending`` lists open drain proposals;
 ``approve ID --key K`` / ``deny ID --key K`` sign a decision and submit it to the controller's listener
@@ -25,9 +27,15 @@ from typing import Any
 
 import click
 
+from node_agent.clikit import JsonErrorGroup, emit, json_option, version_option
 from slurm_fleetyield import config as config_mod
 
 DEFAULT_CONFIG = "/etc/fleetyield/fleetyield.toml"
+API_ENV = "FLEETYIELD_API"
+CONFIG_ENV = "FLEETYIELD_CONFIG"
+# The docker demo cluster publishes the controller's API on the host's loopback
+# (contrib/slurm-docker-cluster/docker-compose.yml): the last place the read commands look.
+DEMO_API = "http://127.0.0.1:9401"
 
 
 def _load(path: str) -> config_mod.Config:
@@ -87,8 +95,9 @@ class StoreSource:
 
 
 class ApiSource:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, looked: str = "") -> None:
         self.url = url.rstrip("/")
+        self.looked = looked  # how the URL was found, said when it cannot be reached
 
     def _get(self, path: str) -> Any:
         try:
@@ -100,7 +109,8 @@ class ApiSource:
                 detail = json.loads(detail)["error"]
             raise click.ClickException(f"{self.url}{path}: HTTP {err.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as err:
-            raise click.ClickException(f"{self.url}{path}: {err}") from None
+            hint = f" ({self.looked})" if self.looked else ""
+            raise click.ClickException(f"{self.url}{path}: {getattr(err, 'reason', err)}{hint}") from None
 
     def status(self) -> dict[str, Any]:
         return self._get("/v1/status")
@@ -123,14 +133,37 @@ class ApiSource:
         return self._get("/v1/calibration")
 
 
-def _source(config_path: str | None, api: str | None) -> StoreSource | ApiSource:
+def _find_controller(config_path: str | None, api: str | None) -> tuple[str, str] | config_mod.Config:
+    """Where the read commands ask: ``--api``; ``--config``; ``$FLEETYIELD_API``; ``$FLEETYIELD_CONFIG``, else
+    /etc/fleetyield/fleetyield.toml when it exists; else the demo cluster's API on this host. A URL comes
+    back with how it was found (said in the error when it cannot be reached), a config file as ``Config``."""
     if api:
-        return ApiSource(api)
-    return StoreSource(_load(config_path or os.environ.get("FLEETYIELD_CONFIG", DEFAULT_CONFIG)))
+        return api, ""
+    if config_path:
+        return _load(config_path)
+    env_api = os.environ.get(API_ENV, "").strip()
+    if env_api:
+        return env_api, f"from ${API_ENV}"
+    env_config = os.environ.get(CONFIG_ENV, "").strip()
+    if env_config:
+        return _load(env_config)
+    if os.path.exists(DEFAULT_CONFIG):
+        return _load(DEFAULT_CONFIG)
+    return DEMO_API, (
+        f"looked for the controller: no --api, no --config, ${API_ENV} and ${CONFIG_ENV} unset, no "
+        f"{DEFAULT_CONFIG}; then the demo cluster's published API {DEMO_API}. Say where: --api URL, "
+        f"${API_ENV}=URL or --config FILE"
+    )
 
 
-def _emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+def _source(config_path: str | None, api: str | None) -> StoreSource | ApiSource:
+    found = _find_controller(config_path, api)
+    if isinstance(found, config_mod.Config):
+        return StoreSource(found)
+    return ApiSource(*found)
+
+
+_emit_json = emit
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -156,8 +189,12 @@ def _table(rows: list[dict[str, Any]]) -> str:
 _config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False), help="Config file (reads the store)."
 )
-_api_option = click.option("--api", help="Ask a running controller instead, e.g. http://ctl:9401.")
-_json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+_api_option = click.option(
+    "--api",
+    help=f"Ask a running controller instead, e.g. http://ctl:9401 (default: ${API_ENV}; with neither "
+    f"--config nor ${CONFIG_ENV} nor {DEFAULT_CONFIG}, the demo cluster's {DEMO_API}).",
+)
+_json_option = json_option()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -165,7 +202,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 # --------------------------------------------------------------------------------------------------------
 
 
-class _FleetYieldGroup(click.Group):
+class _FleetYieldGroup(JsonErrorGroup):
     """Mounts ``fleetyield simulate``, ``chaos``, ``doctor`` and ``attest`` lazily: their imports must not
     slow every command."""
 
@@ -193,6 +230,7 @@ class _FleetYieldGroup(click.Group):
 
 
 @click.group(cls=_FleetYieldGroup)
+@version_option()
 def main() -> None:
     """FleetYield for Slurm: per-GPU risk turned into node features, weights and drains."""
 
@@ -203,7 +241,8 @@ def main() -> None:
 @click.option("--once", is_flag=True, help="Run one tick, print its summary and exit.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", default="json", type=click.Choice(["json", "text"]))
-def run(config_path: str, dry_run: bool, once: bool, log_level: str, log_format: str) -> None:
+@json_option("With --once: the tick's summary as JSON.")
+def run(config_path: str, dry_run: bool, once: bool, log_level: str, log_format: str, as_json: bool) -> None:
     """Run the controller (until SIGTERM/SIGINT, or one tick with --once)."""
     from slurm_fleetyield.daemon import build, serve, setup_logging
 
@@ -216,11 +255,20 @@ def run(config_path: str, dry_run: bool, once: bool, log_level: str, log_format:
     outcome = serve(runtime, once=once)
     if outcome is not None:
         plan = outcome.result.plan
-        click.echo(
-            f"tick {outcome.tick}: slurm_ok={outcome.slurm_ok} nodes={len(outcome.result.nodes)} "
-            f"actions={len(plan.actions)} holds={len(plan.holds)} slurm_calls={outcome.report.calls} "
-            f"failed={len(outcome.report.failed)}"
-        )
+        summary = {
+            "tick": outcome.tick,
+            "slurm_ok": outcome.slurm_ok,
+            "nodes": len(outcome.result.nodes),
+            "actions": len(plan.actions),
+            "holds": len(plan.holds),
+            "slurm_calls": outcome.report.calls,
+            "failed": len(outcome.report.failed),
+        }
+        if as_json:
+            _emit_json(summary)
+        else:
+            fields = " ".join(f"{k}={v}" for k, v in summary.items() if k != "tick")
+            click.echo(f"tick {outcome.tick}: {fields}")
         if outcome.report.failed:
             sys.exit(1)
 
@@ -388,20 +436,21 @@ def ledger(
 
 
 def _gate_cfg(config_path: str | None) -> config_mod.Config:
-    return _load(config_path or os.environ.get("FLEETYIELD_CONFIG", DEFAULT_CONFIG))
+    return _load(config_path or os.environ.get(CONFIG_ENV, DEFAULT_CONFIG))
 
 
 def _proposals(
     config_path: str | None, api: str | None, proposal_id: str | None = None
 ) -> list[dict[str, Any]]:
-    if api:
-        src = ApiSource(api)
+    found = _find_controller(config_path, api)
+    if not isinstance(found, config_mod.Config):
+        src = ApiSource(*found)
         if proposal_id is not None:
             return [src._get(f"/v1/proposals/{urllib.parse.quote(proposal_id, safe='')}")]
         return src._get("/v1/proposals")["pending"]
     from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
 
-    cfg = _gate_cfg(config_path)
+    cfg = found
     try:
         if proposal_id is not None:
             return read_proposals(cfg.gate_dir, proposal_id=proposal_id)
@@ -669,9 +718,13 @@ def validate_config(path: str, as_json: bool) -> None:
 
 
 @main.command("example-config")
-def example_config() -> None:
+@json_option("The defaults as JSON (what validate-config --json prints for an empty file).")
+def example_config(as_json: bool) -> None:
     """Print every option with its description and default (contrib/fleetyield.example.toml)."""
-    click.echo(config_mod.example_toml(), nl=False)
+    if as_json:
+        _emit_json(config_mod.from_mapping({}, "<defaults>").model_dump(mode="json"))
+    else:
+        click.echo(config_mod.example_toml(), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -668,13 +668,21 @@ def build_redfish(
         return None
     from slurm_fleetyield.adapters.bmc_ratelimit import TokenBucket
     from slurm_fleetyield.adapters.redfish import (
+        BmcConfigError,
         PerThreadAudit,
         PowerController,
         RedfishExecutor,
         default_rate_limit_state,
+        require_sushy,
         slurm_safety,
     )
+    from slurm_fleetyield.config import ConfigError
     from slurm_fleetyield.core.lifecycle import DRAINED_STAGES
+
+    try:
+        require_sushy()
+    except BmcConfigError as exc:
+        raise ConfigError("[redfish]", [str(exc)]) from None
 
     def quarantined(node: str) -> bool:
         memory = daemon().state.lifecycle.get(node)

@@ -47,13 +47,16 @@ from typing import Any, Literal
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from node_agent.clikit import version_option
 from slurm_fleetyield.adapters.redfish import (
+    BmcConfigError,
     BmcError,
     PerThreadAudit,
     PowerController,
     PowerOp,
     PowerRefused,
     RedfishConfig,
+    require_sushy,
 )
 
 log = logging.getLogger("fleetyield.redfish_reboot")
@@ -187,6 +190,7 @@ def open_controller_power(
 
     data = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
     config = RedfishConfig.model_validate(data.get("redfish", {}))
+    require_sushy()  # Suspend/ResumeProgram run on the controller host, which installs [controller]
     gate_dir = Path(
         data.get("gate", {}).get("state_dir")
         or Path(data.get("store", {}).get("path", "/var/lib/fleetyield/fleetyield.db")).parent / "gate"
@@ -338,6 +342,7 @@ def _expand(hostlist: str, bin_dir: str | None) -> list[str]:
     help="Controller config ([redfish], [gate]) for --suspend/--resume.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO (default WARNING) to stderr.")
+@version_option()
 def main(
     features: tuple[str, ...],
     reboot_config: str,
@@ -358,7 +363,10 @@ def main(
         bin_dir = data.get("slurm", {}).get("bin_dir")
         # Slurm's power saving only suspends idle nodes; the safety callback still re-reads the jobs
         safety = slurm_safety(SlurmCli(bin_dir=bin_dir), lambda _n: False, initiated=lambda _v: True)
-        power = open_controller_power(controller_config, safety=safety, power_save=True)
+        try:
+            power = open_controller_power(controller_config, safety=safety, power_save=True)
+        except BmcConfigError as exc:
+            raise click.ClickException(f"{controller_config}: {exc}") from None
         op = PowerOp.POWER_OFF if suspend else PowerOp.POWER_ON
         sys.exit(power_save(power, _expand(suspend or resume or "", bin_dir), op))
     sys.exit(reboot_program(load_node_config(reboot_config), features))

@@ -190,3 +190,98 @@ def test_status_calibration(cfg):
     assert code == 0 and doc["tick"] == 5 and "bins" in doc and "multipliers" in doc
     code, out = invoke("status", "--config", str(cfg), "--calibration")
     assert code == 0 and out.startswith("calibration (tick 5): Brier")
+
+
+def test_run_once_json(tmp_path):
+    path = tmp_path / "fy.toml"
+    path.write_text(
+        f'[store]\npath = "{tmp_path / "fy.db"}"\n[api]\nenabled = false\n[slurm]\nbin_dir = "{tmp_path}"\n'
+    )
+    args = ["run", "--config", str(path), "--once", "--dry-run", "--log-level", "error", "--json"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {  # the log lines go to stderr
+        "tick": 1, "slurm_ok": False, "nodes": 0, "actions": 0, "holds": 0, "slurm_calls": 0, "failed": 0,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------
+# Where the read commands find the controller: --api, --config, $FLEETYIELD_API, $FLEETYIELD_CONFIG, the
+# default config file, the demo cluster's published API; the error says what was tried.
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nowhere(tmp_path, monkeypatch):
+    """No controller anywhere: env unset, no default config file, and a demo port that refuses (a socket
+    bound but not listening: refused for as long as the test holds it)."""
+    import socket
+
+    from slurm_fleetyield import cli
+
+    monkeypatch.delenv("FLEETYIELD_API", raising=False)
+    monkeypatch.delenv("FLEETYIELD_CONFIG", raising=False)
+    monkeypatch.setattr(cli, "DEFAULT_CONFIG", str(tmp_path / "etc" / "fleetyield.toml"))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    monkeypatch.setattr(cli, "DEMO_API", f"http://127.0.0.1:{sock.getsockname()[1]}")
+    yield cli
+    sock.close()
+
+
+@pytest.fixture
+def api_url(cfg):
+    store = Store(cfg.parent / "fy.db")
+    server = ApiServer("127.0.0.1", 0, StoreReadModel(store))
+    server.start()
+    yield f"http://127.0.0.1:{server.port}"
+    server.stop()
+    store.close()
+
+
+def test_status_without_a_controller_says_what_it_tried(nowhere, tmp_path):
+    code, out = invoke("status")
+    assert code == 1
+    for tried in ("--api", "--config", "$FLEETYIELD_API", "$FLEETYIELD_CONFIG", nowhere.DEFAULT_CONFIG,
+                  f"demo cluster's published API {nowhere.DEMO_API}"):  # fmt: skip
+        assert tried in out, (tried, out)
+    assert "cannot read" not in out
+    assert not (tmp_path / "etc").exists()
+
+
+def test_status_from_the_environment_api(nowhere, api_url, monkeypatch):
+    monkeypatch.setenv("FLEETYIELD_API", api_url)
+    code, out = invoke("status")
+    assert code == 0 and out.startswith("tick 5 ("), out
+
+
+def test_status_from_the_environment_config(nowhere, cfg, monkeypatch):
+    monkeypatch.setenv("FLEETYIELD_CONFIG", str(cfg))
+    code, out = invoke("nodes", "--json")
+    assert code == 0 and len(json.loads(out)) == 4
+
+
+def test_flags_beat_the_environment(nowhere, cfg, monkeypatch):
+    monkeypatch.setenv("FLEETYIELD_API", nowhere.DEMO_API)  # refuses: would fail if it were asked
+    code, out = invoke("nodes", "--config", str(cfg), "--json")
+    assert code == 0 and len(json.loads(out)) == 4
+
+
+def test_default_config_file_before_the_demo_cluster(nowhere, cfg, monkeypatch):
+    monkeypatch.setattr(nowhere, "DEFAULT_CONFIG", str(cfg))
+    code, out = invoke("status", "--json")
+    assert code == 0 and json.loads(out)["tick"] == 5
+
+
+def test_the_demo_cluster_api_last(nowhere, api_url, monkeypatch):
+    monkeypatch.setattr(nowhere, "DEMO_API", api_url)
+    code, out = invoke("status", "--json")
+    assert code == 0 and json.loads(out)["tick"] == 5
+
+
+def test_the_demo_cluster_publishes_the_api_the_cli_asks_last():
+    from slurm_fleetyield.cli import DEMO_API
+
+    compose = (Path(__file__).parents[1] / "contrib/slurm-docker-cluster/docker-compose.yml").read_text()
+    host_port = DEMO_API.removeprefix("http://")
+    assert f'ports: ["{host_port}:9401"]' in compose

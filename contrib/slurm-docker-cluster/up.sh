@@ -82,9 +82,12 @@ host_python() {
 build_wheelhouse() {
   local py deps key
   py=$(host_python)
+  # One image serves every role (GPU nodes and the controller): the default dependencies plus the
+  # controller's extra (pyproject [project.optional-dependencies] controller: sushy for Redfish).
   deps=$("$py" - "$REPO_ROOT/pyproject.toml" <<'PY'
 import sys, tomllib
-print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["controller"]))
 PY
 )
   key=$(printf '%s\n%s\n' "$IMAGE_PYTHON" "$deps" | sha256sum | cut -c1-16)

@@ -3,7 +3,8 @@
 Input: the agent state dir (and ``--config`` for the ``[attest]`` table). Output: a quote (JSON), the
 node's public key line for enrolment, the fake "implant" fault, a scrub, or a hand-over summary. These
 measure directly (no running server needed: measuring only reads files and the backend's state).
-Exit status: 0 done, 2 usage / measurement / key error, 1 hand-over failed.
+``--json`` on every verb: JSON out (``pubkey`` and ``ak`` otherwise print the bare line / PEM), errors as
+``{"error": ...}`` on stderr. Exit status: 0 done, 2 usage / measurement / key error, 1 hand-over failed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from node_agent.clikit import CliError, JsonErrorGroup, emit, json_option
 
 STATE_DIR = click.option(
     "--state-dir",
@@ -72,6 +75,9 @@ def _attestor(state_dir: Path, config_file: Path | None, backend: str | None) ->
         raise click.ClickException(str(exc)) from None
 
 
+# quote, implant, scrub-gpu and handover print JSON in any case; --json is taken for uniformity
+JSON = json_option()
+
 BACKEND = click.option("--backend", type=click.Choice(["fake", "nvml"]), default=None,
                        help="Default: fake when fake state exists in the state dir.")  # fmt: skip
 
@@ -81,7 +87,8 @@ BACKEND = click.option("--backend", type=click.Choice(["fake", "nvml"]), default
 @CONFIG
 @BACKEND
 @click.option("--nonce", required=True, help="The controller's nonce (64 hex digits).")
-def quote(state_dir: Path, config_file: Path | None, backend: str | None, nonce: str) -> None:
+@JSON
+def quote(state_dir: Path, config_file: Path | None, backend: str | None, nonce: str, as_json: bool) -> None:
     """Measure this node and print a quote bound to NONCE, signed with the node key."""
     from node_agent.attest.keys import NodeKeyError
     from node_agent.attest.tpm import TpmError
@@ -93,7 +100,7 @@ def quote(state_dir: Path, config_file: Path | None, backend: str | None, nonce:
     click.echo(json.dumps(doc, indent=1, sort_keys=True))
 
 
-@click.group("attest")
+@click.group("attest", cls=JsonErrorGroup)
 def attest() -> None:
     """Node attestation: quote, public key for enrolment, fake implant, scrub, hand-over."""
 
@@ -104,7 +111,8 @@ attest.add_command(quote)
 @attest.command("pubkey")
 @STATE_DIR
 @click.option("--hostname", default=None, help="Node name in the key line (default: fake state / host).")
-def pubkey(state_dir: Path, hostname: str | None) -> None:
+@json_option('{"line": KEY_LINE, "file": STATE_DIR/node.pub} instead of the bare line.')
+def pubkey(state_dir: Path, hostname: str | None, as_json: bool) -> None:
     """Print (and write STATE_DIR/node.pub) the node's enrolment line; makes node.key on first use."""
     from node_agent import state as st
     from node_agent.attest.keys import NodeKeyError, export_public
@@ -112,15 +120,20 @@ def pubkey(state_dir: Path, hostname: str | None) -> None:
     s = st.load(state_dir) if (state_dir / st.STATE_FILE).exists() else None
     name = hostname or (s.hostname if s else socket.gethostname().split(".", 1)[0])
     try:
-        click.echo(export_public(state_dir, name))
+        line = export_public(state_dir, name)
     except (NodeKeyError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+    if as_json:
+        emit({"line": line.strip(), "file": str(state_dir / "node.pub")})
+    else:
+        click.echo(line)
 
 
 @attest.command("ak")
 @STATE_DIR
 @CONFIG
-def ak(state_dir: Path, config_file: Path | None) -> None:
+@json_option('{"ak_pem": PEM} instead of the bare PEM.')
+def ak(state_dir: Path, config_file: Path | None, as_json: bool) -> None:
     """Print the TPM attestation key (PEM) for ``fleetyield attest enroll --ak`` (needs [attest] tpm_tcti)."""
     from node_agent.attest.tpm import TpmError
 
@@ -128,15 +141,20 @@ def ak(state_dir: Path, config_file: Path | None) -> None:
     if att.tpm is None:
         raise click.ClickException("no [attest] tpm_tcti configured")
     try:
-        click.echo(att.tpm.ak_pem(), nl=False)
+        pem = att.tpm.ak_pem()
     except TpmError as exc:
         raise click.ClickException(str(exc)) from None
+    if as_json:
+        emit({"ak_pem": pem})
+    else:
+        click.echo(pem, nl=False)
 
 
 @attest.command("implant")
 @STATE_DIR
 @click.option("--module", "module", required=True, help="Kernel-module name the fake measurement will show.")
-def implant(state_dir: Path, module: str) -> None:
+@JSON
+def implant(state_dir: Path, module: str, as_json: bool) -> None:
     """Fake backend demo fault: an extra kernel module in the next measurement (STATE_DIR/fake-modules)."""
     from node_agent.attest.service import implant_module
 
@@ -152,7 +170,8 @@ def implant(state_dir: Path, module: str) -> None:
 @click.option("--reserve-mib", type=click.IntRange(0, 1 << 20), default=256, show_default=True,
               help="Left unallocated (the context's own needs).")
 @click.option("--chunk-mib", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
-def scrub_gpu(pci_bus_id: str | None, ordinal: int, reserve_mib: int, chunk_mib: int) -> None:
+@JSON
+def scrub_gpu(pci_bus_id: str | None, ordinal: int, reserve_mib: int, chunk_mib: int, as_json: bool) -> None:
     """Zero a GPU's free memory with the CUDA driver (libcuda) and read samples back: a real
     ``attest.scrub_command``. Exit 0 scrubbed and read back zero, 1 a sample was not zero, 2 error."""
     from node_agent.attest.cuda_scrub import ScrubError, scrub
@@ -160,8 +179,7 @@ def scrub_gpu(pci_bus_id: str | None, ordinal: int, reserve_mib: int, chunk_mib:
     try:
         result = scrub(pci_bus_id, ordinal, reserve_mib, chunk_mib)
     except ScrubError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        raise CliError(str(exc), exit_code=2) from None
     click.echo(json.dumps(result.to_dict(), sort_keys=True))
     sys.exit(0 if result.ok else 1)
 
@@ -172,8 +190,9 @@ def scrub_gpu(pci_bus_id: str | None, ordinal: int, reserve_mib: int, chunk_mib:
 @BACKEND
 @click.option("--job-id", default=None)
 @click.option("--push-secret-file", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@JSON
 def handover(state_dir: Path, config_file: Path | None, backend: str | None, job_id: str | None,
-             push_secret_file: Path) -> None:  # fmt: skip
+             push_secret_file: Path, as_json: bool) -> None:  # fmt: skip
     """Run the hand-over now (nonce -> quote -> verdict file); exit 1 when it fails or the node fails."""
     from node_agent.attest.service import AttestError
 
@@ -181,7 +200,6 @@ def handover(state_dir: Path, config_file: Path | None, backend: str | None, job
     try:
         summary = _attestor(state_dir, config_file, backend).handover(job_id, secret)
     except AttestError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        raise CliError(str(exc), exit_code=1) from None
     click.echo(json.dumps(summary, sort_keys=True))
     sys.exit(0 if summary["status"] == "pass" else 1)

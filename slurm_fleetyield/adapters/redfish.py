@@ -111,6 +111,18 @@ class BmcConfigError(Exception):
     """The BMC configuration or its credentials file cannot be used."""
 
 
+def require_sushy() -> None:
+    """sushy (with requests, pbr, stevedore) is the controller host's extra, not a GPU node's: say which
+    install is missing at startup rather than at the first power cycle."""
+    try:
+        import sushy  # noqa: F401
+    except ImportError as exc:
+        raise BmcConfigError(
+            f"redfish.enabled = true needs the Redfish client sushy ({exc}): on the controller host, "
+            "pip install 'fleetyield[controller]'"
+        ) from None
+
+
 class BmcError(Exception):
     """A BMC operation failed. Carries the node, the operation and the BMC address; never a secret."""
 

@@ -1,9 +1,11 @@
 """``fleetyield attest``: enrol nodes, learn a policy, keys, and check verdicts offline.
 
 Input: flags; the attestation database (``--db``, default ``$FLEETYIELD_ATTEST_DB`` or
-/var/lib/fleetyield/attest.db). Output: JSON on stdout, errors on stderr. Exit status: 0 done (``verify``:
-the verdict is authentic), 1 refused (``verify``: bad signature or edited; ``check-quote``: the quote
-fails), 2 usage or unreadable input, 3 (``verify --require-pass``) authentic but failed.
+/var/lib/fleetyield/attest.db; ``nodes`` only reads it and never creates one). Output: JSON on stdout
+(``verify``: a sentence, JSON with ``--json``), errors on stderr (as ``{"error": ...}`` with ``--json``,
+which every verb takes). Exit status: 0 done (``verify``: the verdict is authentic), 1 refused (``verify``:
+bad signature or edited; ``check-quote``: the quote fails), 2 usage or unreadable input, 3
+(``verify --require-pass``) authentic but failed.
 Mounted lazily by ``slurm_fleetyield.cli`` (like ``simulate``), so cryptography is only imported here.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import click
 
+from node_agent.clikit import CliError, JsonErrorGroup, emit, json_option
 from slurm_fleetyield.attest.store import DEFAULT_DB
 
 DB = click.option(
@@ -37,11 +40,13 @@ def _read_json(path: Path) -> Any:
         raise click.ClickException(f"{path}: {exc}") from None
 
 
-def _out(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+_out = emit
+# These verbs print JSON in any case; ``--json`` is taken by each (scripts pass it uniformly) and makes the
+# errors JSON too.
+JSON = json_option("JSON output (the default here), and errors as JSON on stderr.")
 
 
-@click.group("attest")
+@click.group("attest", cls=JsonErrorGroup)
 def attest() -> None:
     """Tenant-isolation attestation: enrol nodes, learn a policy, check verdicts offline."""
 
@@ -49,7 +54,8 @@ def attest() -> None:
 @attest.command("keygen")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--name", default="fy-attest", show_default=True)
-def keygen_cmd(out_dir: Path, name: str) -> None:
+@JSON
+def keygen_cmd(out_dir: Path, name: str, as_json: bool) -> None:
     """Make the controller's verdict-signing key pair (NAME.key 0600, NAME.pub to publish)."""
     from slurm_fleetyield.gate.errors import KeyExists
     from slurm_fleetyield.gate.keys import keygen
@@ -69,7 +75,10 @@ def keygen_cmd(out_dir: Path, name: str) -> None:
 @click.option("--ak", "ak_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="TPM attestation key (PEM): the node must then quote with its TPM.")  # fmt: skip
 @DB
-def enroll_cmd(node: str, pubkey_file: Path, node_class: str, ak_file: Path | None, db_path: Path) -> None:
+@JSON
+def enroll_cmd(
+    node: str, pubkey_file: Path, node_class: str, ak_file: Path | None, db_path: Path, as_json: bool
+) -> None:
     """Enrol NODE's public key (explicit admin step; re-enrolling replaces the key)."""
     from slurm_fleetyield.attest.store import AttestStore
     from slurm_fleetyield.attest.verify import decode_pubkey_line
@@ -89,7 +98,8 @@ def enroll_cmd(node: str, pubkey_file: Path, node_class: str, ak_file: Path | No
 @attest.command("revoke")
 @click.argument("node")
 @DB
-def revoke_cmd(node: str, db_path: Path) -> None:
+@JSON
+def revoke_cmd(node: str, db_path: Path, as_json: bool) -> None:
     """Forget NODE's enrolment (its quotes fail from now on)."""
     from slurm_fleetyield.attest.store import AttestStore
 
@@ -100,11 +110,15 @@ def revoke_cmd(node: str, db_path: Path) -> None:
 
 @attest.command("nodes")
 @DB
-def nodes_cmd(db_path: Path) -> None:
+@JSON
+def nodes_cmd(db_path: Path, as_json: bool) -> None:
     """List enrolled nodes with their latest verdict."""
-    from slurm_fleetyield.attest.store import AttestStore
+    from slurm_fleetyield.attest.store import AttestStore, AttestStoreError
 
-    store = AttestStore(db_path)
+    try:
+        store = AttestStore.open_readonly(db_path)
+    except AttestStoreError as exc:
+        raise CliError(str(exc), exit_code=2) from None
     rows = []
     for e in store.enrolments():
         v = store.latest_verdict(e.node) or {}
@@ -118,7 +132,8 @@ def nodes_cmd(db_path: Path) -> None:
 @click.option("--class", "node_class", required=True)
 @click.option("--merge", "merge_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Existing policy to add the quote's values to (never removes any).")  # fmt: skip
-def baseline_cmd(quote_file: Path, node_class: str, merge_file: Path | None) -> None:
+@JSON
+def baseline_cmd(quote_file: Path, node_class: str, merge_file: Path | None, as_json: bool) -> None:
     """Print a policy learnt from a golden node's quote (redirect it to the policy file)."""
     from slurm_fleetyield.attest.baseline import learn
     from slurm_fleetyield.attest.policy import PolicyError, load_policy
@@ -136,7 +151,8 @@ def baseline_cmd(quote_file: Path, node_class: str, merge_file: Path | None) -> 
 @click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The controller's public key line (NAME.pub).")  # fmt: skip
 @click.option("--require-pass", is_flag=True, help="Exit 3 when the authentic verdict is a fail.")
-def verify_cmd(verdict_file: Path, key_file: Path, require_pass: bool) -> None:
+@JSON
+def verify_cmd(verdict_file: Path, key_file: Path, require_pass: bool, as_json: bool) -> None:
     """Check a verdict offline: exit 1 if the signature is bad or the verdict was edited after signing."""
     from slurm_fleetyield.attest.verdict import VerdictError, check
     from slurm_fleetyield.gate.errors import KeyFileError
@@ -150,11 +166,17 @@ def verify_cmd(verdict_file: Path, key_file: Path, require_pass: bool) -> None:
     try:
         check(doc, key.public_key)
     except VerdictError as exc:
+        if as_json:
+            raise CliError(f"{verdict_file}: REJECTED: {exc}", authentic=False) from None
         click.echo(f"REJECTED: {exc}", err=True)
         sys.exit(1)
     names = [d.get("name") for d in doc.get("differences") or []]
-    click.echo(f"authentic verdict: {doc.get('node')} {doc.get('status')} at {doc.get('time')}"
-               + (f" differing: {', '.join(map(str, names))}" if names else ""))  # fmt: skip
+    if as_json:
+        _out({"authentic": True, "node": doc.get("node"), "status": doc.get("status"),
+              "time": doc.get("time"), "differing": names})  # fmt: skip
+    else:
+        click.echo(f"authentic verdict: {doc.get('node')} {doc.get('status')} at {doc.get('time')}"
+                   + (f" differing: {', '.join(map(str, names))}" if names else ""))  # fmt: skip
     if require_pass and doc.get("status") != "pass":
         sys.exit(3)
 
@@ -163,7 +185,8 @@ def verify_cmd(verdict_file: Path, key_file: Path, require_pass: bool) -> None:
 @click.argument("node")
 @click.option("--ttl", type=float, default=60.0, show_default=True)
 @DB
-def nonce_cmd(node: str, ttl: float, db_path: Path) -> None:
+@JSON
+def nonce_cmd(node: str, ttl: float, db_path: Path, as_json: bool) -> None:
     """Issue a nonce for NODE (manual hand-over: fleetyield-agent quote --nonce ...)."""
     from slurm_fleetyield.attest.store import AttestStore
 
@@ -177,7 +200,10 @@ def nonce_cmd(node: str, ttl: float, db_path: Path) -> None:
 @click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The controller's private key (signs the verdict).")  # fmt: skip
 @DB
-def check_quote_cmd(quote_file: Path, policy_file: Path, key_file: Path, db_path: Path) -> None:
+@JSON
+def check_quote_cmd(
+    quote_file: Path, policy_file: Path, key_file: Path, db_path: Path, as_json: bool
+) -> None:
     """Verify a quote as the listener would and print the signed verdict (exit 1 on fail)."""
     from slurm_fleetyield.attest.policy import PolicyError, load_policy
     from slurm_fleetyield.attest.store import AttestStore

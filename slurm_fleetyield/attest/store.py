@@ -50,6 +50,10 @@ class Enrolment:
     enrolled_at: float
 
 
+class AttestStoreError(Exception):
+    """The database cannot be read (``open_readonly``): absent, or not an attestation database."""
+
+
 class AttestStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -59,6 +63,29 @@ class AttestStore:
         self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(_SCHEMA)
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> AttestStore:
+        """For the read-only verbs: creates nothing (no directory, no database, no schema); an absent or
+        foreign file is an ``AttestStoreError`` naming it. Writes through it fail (SQLite's ``mode=ro``)."""
+        p = Path(path)
+        if not p.is_file():
+            raise AttestStoreError(f"{p}: no attestation database (nothing enrolled yet, or another --db)")
+        try:
+            db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True, timeout=10,
+                                 isolation_level=None, check_same_thread=False)  # fmt: skip
+            missing = {"enrolment", "verdict"} - {
+                r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        except sqlite3.Error as exc:
+            raise AttestStoreError(f"{p}: cannot read the attestation database: {exc}") from None
+        if missing:
+            db.close()
+            tables = ", ".join(sorted(missing))
+            raise AttestStoreError(f"{p}: not an attestation database (no table {tables})")
+        store = cls.__new__(cls)  # __init__ would create and migrate
+        store.path, store.db = p, db
+        return store
 
     def close(self) -> None:
         self.db.close()

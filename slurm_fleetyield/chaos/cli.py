@@ -5,7 +5,9 @@
 Slurm + FleetYield on the same timelines and prints the side-by-side ledger (``make ab``); ``report AB_JSON``
 renders its Markdown table (``--readme``: into README.md). ``--duration D`` scales the default 1,800 s profile
 (job work, checkpoint intervals) to a D-second run (``TimelineParams.for_duration``). ``run``, ``replay`` and
-``ab`` leave the cluster as ``make up`` does (controller on, fresh state, every node green).
+``ab`` leave the cluster as ``make up`` does (controller on, fresh state, every node green). ``--json`` on
+any verb prints JSON (``ab``: the summary written to ab.json; ``report``: the Markdown in a document) and
+errors as ``{"error": ...}`` on stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from node_agent.clikit import JsonErrorGroup, emit, json_option
 from slurm_fleetyield.chaos import ab as ab_mod
 from slurm_fleetyield.chaos import log as log_mod
 from slurm_fleetyield.chaos import report as report_mod
@@ -81,7 +84,11 @@ def _opts(f):  # type: ignore[no-untyped-def]
     return with_params
 
 
-@click.group("chaos")
+# timeline, run and replay print JSON in any case; --json is taken for uniformity (and JSON errors)
+JSON = json_option()
+
+
+@click.group("chaos", cls=JsonErrorGroup)
 def chaos() -> None:
     """Seeded, replayable chaos against the docker cluster (faults SIMULATED by the agents' fake backend)."""
 
@@ -89,7 +96,8 @@ def chaos() -> None:
 @chaos.command("timeline")
 @click.argument("seed", type=int)
 @_opts
-def timeline_cmd(seed: int, tp: TimelineParams, out_dir: str) -> None:
+@JSON
+def timeline_cmd(seed: int, tp: TimelineParams, out_dir: str, as_json: bool) -> None:
     """Print the timeline a seed gives (nothing is executed)."""
     click.echo(json.dumps(generate(seed, tp).to_dict(), indent=1))
 
@@ -98,7 +106,8 @@ def timeline_cmd(seed: int, tp: TimelineParams, out_dir: str) -> None:
 @click.option("--seed", type=int, required=True)
 @click.option("--arm", type=click.Choice(ab_mod.ARMS), default="fleetyield", show_default=True)
 @_opts
-def run_cmd(seed: int, arm: str, tp: TimelineParams, out_dir: str) -> None:
+@JSON
+def run_cmd(seed: int, arm: str, tp: TimelineParams, out_dir: str, as_json: bool) -> None:
     """Run one timeline on the cluster in one arm; log to OUT/chaos-<arm>-s<seed>.jsonl."""
     res = _run_restoring(generate(seed, tp), arm, out_dir)
     click.echo(json.dumps(res["totals"], sort_keys=True, indent=1))
@@ -107,7 +116,8 @@ def run_cmd(seed: int, arm: str, tp: TimelineParams, out_dir: str) -> None:
 @chaos.command("replay")
 @click.argument("log_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="chaos-replay", show_default=True, type=click.Path())
-def replay_cmd(log_path: str, out_dir: str) -> None:
+@JSON
+def replay_cmd(log_path: str, out_dir: str, as_json: bool) -> None:
     """Re-execute the timeline (and arm) recorded in LOG's header."""
     try:
         tl, recs = log_mod.read(log_path)
@@ -134,8 +144,14 @@ def replay_cmd(log_path: str, out_dir: str) -> None:
     "appears, through the real gate (signed; chaos/admin.py) [default: no admin].",
 )
 @_opts
+@JSON
 def ab_cmd(
-    seeds: str, drain_timeout: float | None, admin_delay: float | None, tp: TimelineParams, out_dir: str
+    seeds: str,
+    drain_timeout: float | None,
+    admin_delay: float | None,
+    tp: TimelineParams,
+    out_dir: str,
+    as_json: bool,
 ) -> None:
     """Bare Slurm vs Slurm + FleetYield on the same timelines; writes OUT/ab.json and the logs."""
     try:
@@ -158,7 +174,10 @@ def ab_cmd(
         )
     except ab_mod.ChaosError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(summary["table"], nl=False)
+    if as_json:
+        emit(summary)
+    else:
+        click.echo(summary["table"], nl=False)
 
 
 @chaos.command("report")
@@ -166,7 +185,8 @@ def ab_cmd(
 @click.option(
     "--readme", type=click.Path(exists=True, dir_okay=False), help="Replace the A/B block in this file."
 )
-def report_cmd(ab_json: str, readme: str | None) -> None:
+@json_option('{"markdown": BLOCK} (with --readme: {"readme": FILE}) instead of the text.')
+def report_cmd(ab_json: str, readme: str | None, as_json: bool) -> None:
     """Render AB_JSON (written by `chaos ab`) as Markdown; with --readme, write it into that file."""
     try:
         summary = json.loads(Path(ab_json).read_text())
@@ -174,7 +194,10 @@ def report_cmd(ab_json: str, readme: str | None) -> None:
     except (ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"{ab_json}: not an A/B summary ({exc})") from None
     if readme is None:
-        click.echo(block, nl=False)
+        if as_json:
+            emit({"markdown": block})
+        else:
+            click.echo(block, nl=False)
         return
     path = Path(readme)
     try:
@@ -182,14 +205,21 @@ def report_cmd(ab_json: str, readme: str | None) -> None:
     except ValueError as exc:
         raise click.ClickException(f"{readme}: {exc}") from None
     path.write_text(new)
-    click.echo(f"wrote the A/B block into {readme}")
+    if as_json:
+        emit({"readme": readme})
+    else:
+        click.echo(f"wrote the A/B block into {readme}")
 
 
 @chaos.command("restore")
-def restore_cmd() -> None:
+@json_option('{"restored": true} instead of the sentence.')
+def restore_cmd(as_json: bool) -> None:
     """Put the cluster back as `make up` leaves it after an interrupted run (hooks, switch, controller)."""
     try:
         ab_mod.Cluster(docker_exec, TimelineParams().nodes).restore()
     except ab_mod.ChaosError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo("cluster restored: controller running with a fresh store, every node green")
+    if as_json:
+        emit({"restored": True})
+    else:
+        click.echo("cluster restored: controller running with a fresh store, every node green")

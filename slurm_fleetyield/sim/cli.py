@@ -1,8 +1,9 @@
 """``fleetyield simulate``: a click group the lead mounts on the main CLI (``cli.add_command(simulate)``).
 
 Input: command-line options (each maps to a ``SimConfig`` / ``FaultParams`` field). Output: ``report.json``,
-``report.txt`` and PNGs in ``--out``; the text table on stdout. ``simulate run`` compares every policy on the
-same seeds; ``simulate sweep`` repeats it over precursor observability shares (default 0, 0.1, 0.25, 0.5).
+``report.txt`` and PNGs in ``--out``; the text table on stdout (``--json``: the report, as in report.json;
+errors as ``{"error": ...}`` on stderr). ``simulate run`` compares every policy on the same seeds;
+``simulate sweep`` repeats it over precursor observability shares (default 0, 0.1, 0.25, 0.5).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from node_agent.clikit import JsonErrorGroup, emit, json_option
 from slurm_fleetyield.sim import report, runner
 from slurm_fleetyield.sim.traces import TraceError
 
@@ -73,19 +75,21 @@ def _common(f):  # type: ignore[no-untyped-def]
             help="TOML file of decision-core overrides for the FleetYield policies (a [core] table, as in "
             "the controller's config file).",
         ),
+        json_option("Print the report as JSON instead of the table (errors as JSON on stderr)."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-@click.group("simulate")
+@click.group("simulate", cls=JsonErrorGroup)
 def simulate() -> None:
     """Trace-scale simulation: baseline vs FleetYield vs oracle on identical seeds (SIMULATED results)."""
 
 
 def _split(kw: dict) -> tuple[dict, dict]:
-    run = {k: kw.pop(k) for k in ("seeds", "first_seed", "workers", "out_dir", "no_plots", "policies")}
+    keys = ("seeds", "first_seed", "workers", "out_dir", "no_plots", "policies", "as_json")
+    run = {k: kw.pop(k) for k in keys}
     run["policies"] = tuple(p.strip() for p in run["policies"].split(",") if p.strip())
     path = kw.pop("params_file", None)
     if path:
@@ -130,7 +134,10 @@ def run_cmd(**kw: object) -> None:
         )
     except (TraceError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(report.table(rep), nl=False)
+    if r["as_json"]:
+        emit(rep)
+    else:
+        click.echo(report.table(rep), nl=False)
 
 
 @simulate.command("sweep")
@@ -159,7 +166,9 @@ def sweep_cmd(shares: str, **kw: object) -> None:
     text = report.sweep_table(rows)
     Path(r["out_dir"]).mkdir(parents=True, exist_ok=True)
     (Path(r["out_dir"]) / "sweep.txt").write_text(text)
-    (Path(r["out_dir"]) / "sweep.json").write_text(
-        json.dumps({f"{s:g}": rep["policies"] for s, rep in rows}, sort_keys=True, indent=1) + "\n"
-    )
-    click.echo(text, nl=False)
+    doc = {f"{s:g}": rep["policies"] for s, rep in rows}
+    (Path(r["out_dir"]) / "sweep.json").write_text(json.dumps(doc, sort_keys=True, indent=1) + "\n")
+    if r["as_json"]:
+        emit(doc)
+    else:
+        click.echo(text, nl=False)

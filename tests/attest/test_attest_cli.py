@@ -48,6 +48,11 @@ def test_admin_flow_enroll_baseline_check_verify(tmp_path: Path, clock: Clock) -
     verdict.write_text(_ok(runner.invoke(attest, [*check, str(fresh_quote("q1.json"))])))
     msg = _ok(runner.invoke(attest, ["verify", str(verdict), "--key", str(keys / "fy-attest.pub")]))
     assert msg.startswith(f"authentic verdict: {NODE} pass")
+    doc = json.loads(_ok(runner.invoke(attest, ["verify", str(verdict), "--key", str(keys / "fy-attest.pub"),
+                                                "--json"])))  # fmt: skip
+    assert doc["authentic"] is True and doc["node"] == NODE and doc["status"] == "pass"
+    listed = json.loads(_ok(runner.invoke(attest, ["nodes", "--db", db, "--json"])))
+    assert [(r["node"], r["verdict"]) for r in listed] == [(NODE, "pass")]
 
     # Edited after signing: offline verify exits 1.
     doc = json.loads(verdict.read_text())
@@ -56,6 +61,10 @@ def test_admin_flow_enroll_baseline_check_verify(tmp_path: Path, clock: Clock) -
     edited.write_text(json.dumps(doc))
     result = runner.invoke(attest, ["verify", str(edited), "--key", str(keys / "fy-attest.pub")])
     assert result.exit_code == 1 and "REJECTED: bad signature" in result.output
+    result = runner.invoke(attest, ["verify", str(edited), "--key", str(keys / "fy-attest.pub"), "--json"])
+    assert result.exit_code == 1 and result.stdout == ""
+    err = json.loads(result.stderr)
+    assert err["authentic"] is False and err["error"].startswith(f"{edited}: REJECTED: bad signature")
 
     # Wrong controller key: exit 1.
     _ok(runner.invoke(attest, ["keygen", "--out", str(keys), "--name", "other"]))
@@ -103,3 +112,32 @@ def test_agent_quote_on_nvml_without_a_driver_is_a_clear_error(tmp_path: Path) -
                                               "--nonce", "cd" * 32])  # fmt: skip
     assert result.exit_code == 1, result.output
     assert "Error: no NVIDIA driver / libnvidia-ml found" in result.output
+
+
+def test_nodes_reads_only_and_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the default path ($FLEETYIELD_ATTEST_DB) pointed into an empty tmp tree: nothing is created there
+    db = tmp_path / "var" / "lib" / "fleetyield" / "attest.db"
+    monkeypatch.setenv("FLEETYIELD_ATTEST_DB", str(db))
+    result = CliRunner().invoke(attest, ["nodes"])
+    assert result.exit_code == 2 and f"{db}: no attestation database" in result.output
+    assert list(tmp_path.iterdir()) == []
+    # a file that is not an attestation database is named, and left as it was
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"")
+    result = CliRunner().invoke(attest, ["nodes", "--json"])
+    assert result.exit_code == 2 and json.loads(result.stderr) == {
+        "error": f"{db}: not an attestation database (no table enrolment, verdict)"
+    }
+    assert db.read_bytes() == b""
+
+
+def test_the_read_only_store_refuses_writes(tmp_path: Path) -> None:
+    import sqlite3
+
+    from slurm_fleetyield.attest.store import AttestStore
+
+    AttestStore(tmp_path / "a.db").close()
+    ro = AttestStore.open_readonly(tmp_path / "a.db")
+    assert ro.enrolments() == []
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        ro.enroll("n1", "AAAA", "k", "h100", None, 0.0)

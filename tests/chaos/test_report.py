@@ -115,3 +115,14 @@ def test_readme_block_is_what_the_committed_ab_json_renders():
         assert early is None, "README has a precursor A/B block but docs/ab-precursor/ab.json is missing"
         return
     assert early == report.render(json.loads(AB_PRECURSOR_JSON.read_text()))
+
+
+def test_report_cli_json(tmp_path: Path):
+    (tmp_path / "ab.json").write_text(json.dumps(_summary()))
+    r = CliRunner().invoke(chaos, ["report", str(tmp_path / "ab.json"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"markdown": report.render(_summary())}
+    (tmp_path / "bad.json").write_text("{}")
+    r = CliRunner().invoke(chaos, ["report", str(tmp_path / "bad.json"), "--json"])
+    assert r.exit_code == 1 and r.stdout == ""
+    assert json.loads(r.stderr)["error"].startswith(f"{tmp_path / 'bad.json'}: not an A/B summary")

@@ -153,6 +153,12 @@ def test_config_file_and_metrics_command(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["metrics", "--config", str(conf)])
     assert res.exit_code == 0, res.output
     assert 'modelName="NVIDIA A100-SXM4-80GB",hostname="cfg-node"' in res.output
+    res = CliRunner().invoke(main, ["metrics", "--config", str(conf), "--json"])
+    assert res.exit_code == 0, res.output
+    families = {f["name"]: f for f in json.loads(res.stdout)}
+    temps = families["DCGM_FI_DEV_GPU_TEMP"]
+    assert temps["type"] == "gauge" and len(temps["samples"]) == 2
+    assert {s["labels"]["hostname"] for s in temps["samples"]} == {"cfg-node"}
 
 
 def test_serve_process_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
