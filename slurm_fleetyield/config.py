@@ -516,6 +516,8 @@ def _toml_value(value: Any) -> str:
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, BaseModel):
+        return _toml_value(value.model_dump())
     raise TypeError(f"no TOML for {value!r}")
 
 

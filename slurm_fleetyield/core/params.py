@@ -384,10 +384,10 @@ class ClassStake(BaseModel):
 
     model_config = _FROZEN
 
-    checkpoint_s: float | None = Field(
+    checkpoint_s: float = Field(
         3600.0,
-        gt=0,
-        description="Checkpoint interval: a fault loses half of it on average. None: the work cannot "
+        ge=0,
+        description="Checkpoint interval: a fault loses half of it on average. 0: the work cannot "
         "checkpoint and a fault loses half its run (run_s).",
     )
     run_s: float = Field(
@@ -409,7 +409,7 @@ def _default_stakes() -> dict[str, ClassStake]:
         "pretrain": ClassStake(checkpoint_s=3600.0),
         "finetune": ClassStake(checkpoint_s=3600.0),
         "batch": ClassStake(checkpoint_s=1800.0),
-        "decode": ClassStake(checkpoint_s=None, run_s=86_400.0),
+        "decode": ClassStake(checkpoint_s=0.0, run_s=86_400.0),
     }
 
 

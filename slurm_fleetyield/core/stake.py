@@ -81,7 +81,7 @@ def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
     out = []
     for w, cs in sorted(params.stake.classes.items()):
         gpus = 1 << max(0, largest.get(w, 1) - 1).bit_length()  # next power of two
-        lost = (cs.checkpoint_s if cs.checkpoint_s is not None else cs.run_s) / 2 + cs.restart_s
+        lost = (cs.checkpoint_s or cs.run_s) / 2 + cs.restart_s
         out.append(Stake(w, gpus, lost))
     return tuple(out)
 
@@ -175,7 +175,7 @@ def drain_pays(node: str, p: float, obs: Observations, params: Params) -> tuple[
         if j.state != "RUNNING" or node not in j.nodes or not j.requeue:
             continue
         cs = sp.classes.get(j.workload.value, default) if j.workload is not None else default
-        if cs.checkpoint_s is not None:
+        if cs.checkpoint_s > 0:
             moved += j.gpus * (cs.checkpoint_s / 2 + cs.restart_s)
     pending = {j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None}
     nxt = max((x.gpus * x.lost_s for x in stakes(obs, params) if x.workload in pending), default=0.0)
