@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from node_agent.xid_catalog import CatalogError, Handling
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.xids import catalog_at, resolve
 from slurm_fleetyield.redfish_config import RedfishConfig
+from slurm_fleetyield.xids import catalog_at, resolve
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -404,7 +404,7 @@ class XidsConfig(BaseModel):
     overrides: dict[int, Handling] = Field(
         default_factory=dict,
         description="Per-XID handling over the catalog's (and over core.quarantine's explicit lists), "
-        "e.g. {79 = \"drain\", 13 = \"ignore\", 145 = \"risk\"}. drain: quarantine the node; risk: "
+        'e.g. {79 = "drain", 13 = "ignore", 145 = "risk"}. drain: quarantine the node; risk: '
         "counted by the xid_nonfatal risk signal; ignore: neither. Without core.quarantine.quarantine_xids "
         "/ risk_only_xids in the file, those lists are the catalog's, with these overrides applied.",
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from node_agent.xid_catalog import Catalog, Handling, load_catalog, read_catalog
 
+
 @dataclass(frozen=True, slots=True)
 class XidRow:
     xid: int
