@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,9 @@ def test_every_catalog_xid_injected_through_the_fake_agent_gets_the_stated_handl
     seen = {x: _handling_seen(x, tmp_path / f"xid{x}", params) for x in stated}
     assert seen == {x: row["handling"] for x, row in stated.items()}
     assert {"drain", "risk", "ignore"} == set(seen.values())
+
+
+def test_the_prometheus_fatal_xid_alerts_match_the_catalog() -> None:
+    rules = (Path(__file__).parents[1] / "contrib" / "prometheus" / "fleetyield-rules.yml").read_text()
+    regexes = set(re.findall(r'xid=~"([0-9|]+)"', rules))
+    assert regexes == {"|".join(str(x) for x in DEFAULT_QUARANTINE_XIDS)}
