@@ -9,6 +9,11 @@ Fatal marker rules: fatal XIDs and ``gpu_missing`` add entries (``reset_fixes`` 
 fault spec); a GPU reset drops that GPU's reset-fixable entries; ``fault clear`` drops the
 entries of the cleared faults; a failed active check adds a ``check_failed`` entry
 (not reset-fixable) that the next passing check of that GPU removes.
+
+XID storms: the same XID repeating on a GPU within ``fold_window_s`` of its first report is that
+event again: counted (``folded``), not pushed, spooled or marked a second time (a driver can log
+thousands of XID 95s for one fault). The scrape's XID counters still count every one. A GPU
+reset or ``fault clear`` ends the GPU's folds: an XID after it is new evidence.
 """
 
 from __future__ import annotations
@@ -42,8 +47,11 @@ class Agent:
         pusher: Pusher | None = None,
         scenario: Scenario | None = None,
         seed: int = 0,
+        fold_window_s: float = 300.0,
     ) -> None:
         self.backend = backend
+        self.fold_window_s = fold_window_s
+        self.folded: dict[tuple[int | None, int], list[float]] = {}  # (gpu, xid) -> [first time, repeats]
         self.state_dir = Path(state_dir)
         self.node = node
         self.clock = clock
@@ -102,8 +110,28 @@ class Agent:
             return out
 
     # ------------------------------------------------------------ events & marker
+    def _fold(self, events: list[AgentEvent]) -> list[AgentEvent]:
+        """The events that are news: an XID repeating on its GPU within the window is counted instead."""
+        out = []
+        for e in events:
+            if e.kind == "xid" and e.xid is not None:
+                fold = self.folded.get((e.gpu, e.xid))
+                if fold is not None and 0.0 <= e.time - fold[0] <= self.fold_window_s:
+                    fold[1] += 1
+                    continue
+                self.folded[(e.gpu, e.xid)] = [e.time, 0]
+            out.append(e)
+        return out
+
+    def _unfold(self, gpu: int | None) -> None:
+        for key in [k for k in self.folded if gpu is None or k[0] == gpu]:
+            del self.folded[key]
+
     def handle_events(self, events: list[AgentEvent], reset_fixes: bool = True) -> None:
         with self.lock:
+            events = self._fold(events)
+            if not events:
+                return
             new = [e for e in events if e.fatal and e.kind in ("xid", "gpu_missing", "check_failed")]
             if new:
                 pending = fatal.read_pending(self.state_dir)
@@ -168,6 +196,7 @@ class Agent:
         with self.lock:
             removed = self._fake().clear(self.clock(), gpu=gpu, fault_id=fault_id)
             ids = {eid for f in removed for eid in f.event_ids}
+            self._unfold(gpu)
             dropped = self._drop_pending(lambda p: p.get("event_id") not in ids)
             return {"cleared": [f.fault_id for f in removed], "fatal_entries_dropped": dropped}
 
@@ -176,6 +205,7 @@ class Agent:
             now = self.clock()
             events = self.backend.reset_gpu(gpu, now)
             dropped = self._drop_pending(lambda p: not (p.get("gpu") == gpu and p.get("reset_fixes")))
+            self._unfold(gpu)
             self.handle_events(events)
             return {
                 "gpu": gpu,

@@ -1,7 +1,7 @@
 """Pending fatal events marker: ``STATE_DIR/fatal.json`` (stdlib only, fast to import).
 
-Input: fatal events raised by the agent (XIDs 48, 64, 74, 79, 95, 109, 110, 119, 120 and
-"GPU missing"). Output: a JSON file the Slurm prolog reads to refuse jobs on a node whose
+Input: fatal events raised by the agent (the XIDs ``node_agent.xid_catalog.fatal_xids()`` names,
+"GPU missing" and failed checks). Output: a JSON file the Slurm prolog reads to refuse jobs on a node whose
 GPUs have fatal events not yet cleared by a GPU reset.
 
 File format (written atomically: temp file + rename; absent file == nothing pending)::
@@ -42,7 +42,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 FATAL_FILE = "fatal.json"
-FATAL_XIDS = frozenset({48, 64, 74, 79, 95, 109, 110, 119, 120})
 FORMAT_VERSION = 1
 
 

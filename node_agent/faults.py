@@ -15,33 +15,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-FATAL_XIDS = frozenset({48, 64, 74, 79, 95, 109, 110, 119, 120})
+from node_agent.xid_catalog import fatal_xids, xid_text
+
+__all__ = ["xid_text"]  # re-exported: the collector and the backends name it from here
+
 NOT_RESET_FIXABLE_XIDS = frozenset({64})
-
-XID_TEXT: dict[int, str] = {
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors",
-    48: "Double Bit ECC Error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLINK Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    109: "Context Switch Timeout Error",
-    110: "Security Fault Error",
-    119: "GSP RPC Timeout",
-    120: "GSP Error",
-}
-
-
-def xid_text(xid: int) -> str:
-    return XID_TEXT.get(xid, "No Error" if xid == 0 else "Unknown Error")
 
 
 class FaultSpecError(ValueError):
@@ -70,7 +48,7 @@ class XidFault(_Base):
 
     @property
     def fatal(self) -> bool:
-        return self.xid in FATAL_XIDS
+        return self.xid in fatal_xids()
 
 
 class DegradeFault(_Base):

@@ -6,6 +6,8 @@ JSON (``status``, ``nodes``, ``explain``, ``events``, ``ledger``, ``pending``). 
 store directly, so they work while the daemon is down; ``--api`` asks a running one instead (e.g. from
 another host). With none of these, they ask the demo cluster's API published on this host (``make up``).
 ``--json`` on a command prints JSON, and its errors as ``{"error": ...}`` on stderr (node_agent.clikit).
+``xids`` lists NVIDIA's Xid catalog with the handling the config gives each XID (``--json``: xid, name,
+catalog_action, handling).
 
 The human gate: ``keygen NAME`` makes an admin key pair; ``pending`` lists open drain proposals;
 ``approve ID --key K`` / ``deny ID --key K`` sign a decision and submit it to the controller's listener
@@ -715,6 +717,39 @@ def validate_config(path: str, as_json: bool) -> None:
         _emit_json(cfg.model_dump(mode="json"))
     else:
         click.echo(f"{path}: ok")
+
+
+@main.command("xids")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Config file whose [xids] and core.quarantine apply (default: $FLEETYIELD_CONFIG, else "
+    f"{DEFAULT_CONFIG} if present, else the catalog alone).",
+)
+@_json_option
+def xids(config_path: str | None, as_json: bool) -> None:
+    """Every XID: NVIDIA's name and immediate action, and what FleetYield does (drain / risk / ignore)."""
+    from slurm_fleetyield.xids import catalog_at, resolve
+
+    path = config_path or os.environ.get("FLEETYIELD_CONFIG")
+    if path is None and os.path.exists(DEFAULT_CONFIG):
+        path = DEFAULT_CONFIG
+    cfg = _load(path) if path else config_mod.Config()
+    q = cfg.core.quarantine
+    resolved = resolve(catalog_at(cfg.xids.catalog), None, q.quarantine_xids, q.risk_only_xids)
+    if as_json:
+        click.echo(json.dumps([r.as_json() for r in resolved.rows], indent=2))
+        return
+    prov = resolved.catalog.provenance
+    click.echo(f"# catalog: {resolved.catalog.path} (source: {prov.get('source', '?').split(' ')[0]})")
+    click.echo(f"# config: {path or '(none: the catalog defaults)'}")
+    headers = ("XID", "NAME", "CATALOG ACTION", "HANDLING")
+    body = [(str(r.xid), r.name[:60], r.catalog_action or "(none)", r.handling.value) for r in resolved.rows]
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in body:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 @main.command("example-config")

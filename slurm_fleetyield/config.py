@@ -15,10 +15,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from node_agent.xid_catalog import CatalogError, Handling
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.redfish_config import RedfishConfig
+from slurm_fleetyield.xids import catalog_at, resolve
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -388,6 +390,75 @@ class AttestConfig(BaseModel):
         return self
 
 
+class XidsConfig(BaseModel):
+    """Which XIDs drain, feed risk or are ignored: NVIDIA's Xid catalog, then these overrides."""
+
+    model_config = _STRICT
+
+    catalog: str | None = Field(
+        None,
+        description="A site's copy of NVIDIA's Xid catalog in the shipped format "
+        "(node_agent/data/xid_catalog.csv: xid, mnemonic, description, immediate_action, "
+        "investigatory_action); unset: the shipped one. `fleetyield xids` shows the result.",
+    )
+    overrides: dict[int, Handling] = Field(
+        default_factory=dict,
+        description="Per-XID handling over the catalog's (and over core.quarantine's explicit lists), "
+        'e.g. {79 = "drain", 13 = "ignore", 145 = "risk"}. drain: quarantine the node; risk: '
+        "counted by the xid_nonfatal risk signal; ignore: neither. Without core.quarantine.quarantine_xids "
+        "/ risk_only_xids in the file, those lists are the catalog's, with these overrides applied.",
+    )
+
+    @field_validator("catalog")
+    @classmethod
+    def _readable(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                catalog_at(v)
+            except CatalogError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("overrides")
+    @classmethod
+    def _positive(cls, v: dict[int, Handling]) -> dict[int, Handling]:
+        bad = sorted(x for x in v if x <= 0)
+        if bad:
+            raise ValueError(f"XID numbers are positive, got {bad!r}")
+        return v
+
+
+def _with_xid_lists(data: Any) -> Any:
+    """The raw config with ``core.quarantine``'s two XID lists resolved from the catalog and ``[xids]``
+    (``slurm_fleetyield/xids.py``); a list the file gives stays the base of its class. A config the xids
+    section of which does not validate is returned as is: validation then reports it, field by field."""
+    if not isinstance(data, dict):
+        return data
+    core = data.get("core", {})
+    if not isinstance(core, dict):
+        return data  # a Params instance (tests, code): taken as given
+    quarantine = core.get("quarantine", {})
+    if not isinstance(quarantine, dict):
+        return data
+    try:
+        xids = XidsConfig.model_validate(data.get("xids", {}))
+    except ValidationError:
+        return data
+    given_q, given_r = quarantine.get("quarantine_xids"), quarantine.get("risk_only_xids")
+    if not all(isinstance(g, list | tuple | type(None)) for g in (given_q, given_r)):
+        return data  # not a list: Params reports it
+    try:
+        resolved = resolve(catalog_at(xids.catalog), xids.overrides, given_q, given_r)
+    except (TypeError, ValueError):
+        return data  # e.g. a non-integer XID in a list: Params reports it with its field
+    quarantine = {
+        **quarantine,
+        "quarantine_xids": list(resolved.quarantine_xids),
+        "risk_only_xids": list(resolved.risk_only_xids),
+    }
+    return {**data, "core": {**core, "quarantine": quarantine}}
+
+
 class Config(BaseModel):
     """Everything the controller reads at start-up."""
 
@@ -414,6 +485,12 @@ class Config(BaseModel):
         default_factory=RedfishConfig, description="BMC power actions over Redfish (power cycle rung)."
     )
     attest: AttestConfig = Field(default_factory=AttestConfig, description="Tenant-isolation attestation.")
+    xids: XidsConfig = Field(default_factory=XidsConfig, description="XID handling: catalog and overrides.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _xid_lists(cls, data: Any) -> Any:
+        return _with_xid_lists(data)
 
     @property
     def gate_dir(self) -> str:
@@ -525,6 +602,10 @@ def _comment(text: str, width: int = 100) -> list[str]:
     return [f"# {line}" for line in textwrap.wrap(text, width - 2)]
 
 
+_FROM_CATALOG = frozenset({"core.quarantine.quarantine_xids", "core.quarantine.risk_only_xids"})
+"""Shown commented out: a copy of the example that set them would stop following the catalog."""
+
+
 def _example_section(model: type[BaseModel], instance: BaseModel, path: str, out: list[str]) -> None:
     """One [path] table (its scalar fields), then its sub-models as their own tables."""
     scalars, groups = [], []
@@ -541,6 +622,8 @@ def _example_section(model: type[BaseModel], instance: BaseModel, path: str, out
             dumped = value if not isinstance(value, BaseModel) else None
             if dumped is None:
                 out.append(f"# {name} =   (unset)")
+            elif f"{path}.{name}" in _FROM_CATALOG:
+                out.append(f"# {name} = {_toml_value(dumped)}   (unset: from the Xid catalog, see [xids])")
             else:
                 out.append(f"{name} = {_toml_value(dumped)}")
     for name, _info, value in groups:

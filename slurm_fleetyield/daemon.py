@@ -604,6 +604,7 @@ def build(
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),
             attest=attest,
+            drain_xids=frozenset(config.core.quarantine.quarantine_xids),
             settle=daemon.wait_tick_after if attest is not None else None,
         )
         servers.append(ingest)

@@ -165,10 +165,21 @@ def implant(state_dir: Path, module: str, as_json: bool) -> None:
 
 @attest.command("scrub-gpu")
 @click.option("--pci-bus-id", default=None, help="The GPU by PCI bus id (as NVML and the exposition say).")
-@click.option("--device", "ordinal", type=int, default=0, show_default=True,
-              help="Else the CUDA ordinal among CUDA_VISIBLE_DEVICES (the hand-over sets the GPU's UUID).")
-@click.option("--reserve-mib", type=click.IntRange(0, 1 << 20), default=256, show_default=True,
-              help="Left unallocated (the context's own needs).")
+@click.option(
+    "--device",
+    "ordinal",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Else the CUDA ordinal among CUDA_VISIBLE_DEVICES (the hand-over sets the GPU's UUID).",
+)
+@click.option(
+    "--reserve-mib",
+    type=click.IntRange(0, 1 << 20),
+    default=256,
+    show_default=True,
+    help="Left unallocated (the context's own needs).",
+)
 @click.option("--chunk-mib", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
 @JSON
 def scrub_gpu(pci_bus_id: str | None, ordinal: int, reserve_mib: int, chunk_mib: int, as_json: bool) -> None:

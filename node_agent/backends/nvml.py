@@ -38,8 +38,8 @@ from collections.abc import Callable
 from typing import Any
 
 from node_agent.backends.base import Backend, BackendError, GpuInfo, GpuSample
-from node_agent.faults import FATAL_XIDS, xid_text
 from node_agent.protocol import AgentEvent
+from node_agent.xid_catalog import fatal_xids, xid_text
 
 log = logging.getLogger(__name__)
 RESET_TIMEOUT_S = 120
@@ -209,7 +209,7 @@ class NvmlBackend(Backend):
                 uuid=info.uuid if info else None,
                 kind="xid",
                 xid=xid,
-                fatal=xid in FATAL_XIDS,
+                fatal=xid in fatal_xids(),
                 message=f"XID {xid}: {xid_text(xid)}",
             )
         ]

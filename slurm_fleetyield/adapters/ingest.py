@@ -12,7 +12,9 @@ fatal XID drains its node within about a second instead of waiting for the next 
 Replies: 202 accepted (with counts; a repeated event_id is accepted again as a duplicate, so agent retries
 are safe), 400 malformed (the signature is good but the body is not a valid batch), 401 unauthenticated
 (missing/stale/bad signature), 404/405 elsewhere, 411 without Content-Length, 413 too large. A rejected
-request changes nothing. Non-fatal events are acknowledged and logged, not queued: the inbox feeds drains.
+request changes nothing. Non-fatal events are acknowledged and logged, not queued: the inbox feeds drains
+(an XID the controller's ``quarantine_xids`` names is queued even when the agent's catalog calls it non-fatal;
+repeats of one GPU's XID within a push are one row, ``fatal_events``).
 Outcomes: 202 only once every record is durable in the store (idempotent per record: a resent file is a
 duplicate), so the agent deletes its spool file only when nothing can be lost.
 
@@ -36,7 +38,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol, TypeVar
 
@@ -87,6 +90,40 @@ _REJECT_STATUS = {
 }
 
 
+FOLD_WINDOW_S = 300.0
+"""Repeats of one GPU's XID within this many seconds of the first are one event (dcgm-exporter's XID count
+window; the agent folds with the same window)."""
+
+
+def fatal_events(
+    events: Sequence[AgentEvent],
+    drain_xids: frozenset[int] = frozenset(),
+    fold_window_s: float = FOLD_WINDOW_S,
+) -> list[FatalEvent]:
+    """The events of a batch the inbox keeps: those the agent calls fatal, and XIDs the controller drains for
+    (``drain_xids``: its config may drain an XID the agent's catalog default does not). Repeats of one
+    (GPU, XID) within ``fold_window_s`` of the first are that event, its message saying how many (an XID
+    storm is one row, not thousands; the agent folds too, across pushes)."""
+    kept: list[tuple[AgentEvent, int]] = []
+    open_: dict[tuple[str, int | None, int | None], int] = {}  # (node, gpu, xid) -> index in kept
+    for e in sorted(events, key=lambda e: e.time):
+        if not (e.fatal or (e.kind == "xid" and e.xid in drain_xids)):
+            continue
+        key = (e.node, e.gpu, e.xid)
+        i = open_.get(key) if e.kind == "xid" else None
+        if i is not None and e.time - kept[i][0].time <= fold_window_s:
+            kept[i] = (kept[i][0], kept[i][1] + 1)
+            continue
+        if e.kind == "xid":
+            open_[key] = len(kept)
+        kept.append((e, 1))
+    out = []
+    for first, n in kept:
+        ev = to_fatal_event(first)
+        out.append(ev if n == 1 else replace(ev, message=f"{ev.message} (x{n} within {fold_window_s:g}s)"))
+    return out
+
+
 def to_fatal_event(event: AgentEvent) -> FatalEvent:
     return FatalEvent(
         event_id=event.event_id,
@@ -121,7 +158,11 @@ class IngestServer(BackgroundServer):
         alertmanager: AlertmanagerWebhook | None = None,
         attest: AttestRoute | None = None,
         settle: Callable[[float, float], bool] | None = None,
+        drain_xids: frozenset[int] = frozenset(),
     ) -> None:
+        self.drain_xids = (
+            drain_xids  # the controller's quarantine_xids: kept even when the agent says non-fatal
+        )
         self.attest = attest
         self.settle = settle  # Daemon.wait_tick_after: a failed verdict is answered once its drain is applied
         self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
@@ -146,9 +187,9 @@ class IngestServer(BackgroundServer):
         batch, refused = self._verified(verify, headers, body, now)
         if batch is None:
             return refused
-        fatal = [to_fatal_event(e) for e in batch.events if e.fatal]
+        fatal = fatal_events(batch.events, self.drain_xids)
         new, dup = self.store.put_events(fatal, received_at=now) if fatal else (0, 0)
-        others = [e for e in batch.events if not e.fatal]
+        others = [e for e in batch.events if not (e.fatal or (e.kind == "xid" and e.xid in self.drain_xids))]
         if others:
             self.store.append_log(
                 [

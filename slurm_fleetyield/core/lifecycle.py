@@ -15,7 +15,9 @@ cycle) -(node back, agent fresh, no fatal pending)-> CANARY (resumed with fy_can
 Two counters, two verdicts:
 - an *attempt* is one remediation; every way it can prove useless (it failed, timed out, its canary failed or
   timed out, an incident in probation) makes the next attempt the next rung; after
-  ``max_remediation_attempts`` the node goes to NEEDS_HUMAN: our tools cannot fix it;
+  ``max_remediation_attempts`` the node goes to NEEDS_HUMAN: our tools cannot fix it; so does the episode's
+  own XID coming back after ``max_xid_survivals`` remediations (GPUd's rule: the same XID surviving two
+  reboots wants hardware inspection, not a third);
 - a *failure* is evidence of bad hardware: a fatal fault (in service, canary or probation), a failed canary,
   an incident. ``max_failures`` of them within ``failure_window_s`` retire the node (drained, reason says
   RMA). Retirement is checked first: bad hardware is the stronger verdict. Approved drains and timeouts are
@@ -49,6 +51,8 @@ from slurm_fleetyield.core.rehab_actions import (
 )
 
 MAX_REASON_LEN = 120  # same bound as core/quarantine.py: sinfo -R columns stay readable
+SURVIVED = "xid_survived"
+"""Outcome prefix of an attempt after which the episode's own XID came back (``max_xid_survivals``)."""
 
 
 class Stage(StrEnum):
@@ -159,6 +163,14 @@ class LifecycleParams(BaseModel):
         3,
         ge=1,
         description="Remediations tried per episode (quarantine to green) before NEEDS_HUMAN.",
+    )
+    max_xid_survivals: int = Field(
+        2,
+        ge=1,
+        description="The episode's XID back (in canary or probation) after this many remediations sends the "
+        "node to NEEDS_HUMAN (RMA?) instead of the next rung, whatever attempts are left. Two, as GPUd "
+        "escalates an XID that survived two reboots to hardware inspection. Retirement (max_failures) is "
+        "checked first.",
     )
     remediation_timeout_s: dict[Remediation, float] = Field(
         default_factory=lambda: dict(DEFAULT_REMEDIATION_TIMEOUT_S),
@@ -517,7 +529,8 @@ def _on_canary_timeout(m: LifecycleMemory, e: Event, now: float, p: LifecyclePar
 
 def _on_fatal_resumed(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Transition:
     # quarantine.decide drains it (the node is resumed in canary/probation); this is a failure of the rehab
-    m = _close_attempt(m, f"fatal_in_{m.stage.value}")
+    same = e.fault == "xid" and m.cause is not None and m.cause.kind == "xid" and e.xid == m.cause.xid
+    m = _close_attempt(m, f"{SURVIVED if same else 'fatal'}_in_{m.stage.value}")
     text = Cause(e.fault or "alert", e.xid, e.gpu).text
     return _after_failure(m, e, now, p, reason=f"{text} in {m.stage.value}", drain=False)
 
@@ -600,15 +613,21 @@ def _requarantine(
     m: LifecycleMemory, e: Event, now: float, p: LifecycleParams, reason: str, *, drain: bool
 ) -> Transition:
     cancel = _cancel(m)
+    survived = [a.remediation.value for a in m.attempts if a.outcome.startswith(SURVIVED)]
+    if len(survived) >= p.max_xid_survivals:
+        why = f"{_cause_text(m)} survived {len(survived)} remediations ({', '.join(survived)}) - RMA?"
+        return _needs_human(m, e, now, tuple(cancel), why)
     if len(m.attempts) >= p.max_remediation_attempts:
         return _needs_human(m, e, now, tuple(cancel))
     actions = (*cancel, *((DrainNode(m.node, reason, e.requeue_jobs, cause="rehab"),) if drain else ()))
     return _ok(_enter(m, Stage.QUARANTINED, now, reason), e, now, actions)
 
 
-def _needs_human(m: LifecycleMemory, e: Event, now: float, before: tuple[LifecycleAction, ...]) -> Transition:
+def _needs_human(
+    m: LifecycleMemory, e: Event, now: float, before: tuple[LifecycleAction, ...], detail: str = ""
+) -> Transition:
     tried = ", ".join(f"{a.remediation.value}: {a.outcome}" for a in m.attempts)
-    why = _prefixed(f"needs a human; {len(m.attempts)} remediations failed ({tried})")
+    why = _prefixed(f"needs a human; {detail or f'{len(m.attempts)} remediations failed ({tried})'}")
     actions = (*before, DrainNode(m.node, why, e.requeue_jobs, cause="needs_human"))
     return _ok(_enter(m, Stage.NEEDS_HUMAN, now, why), e, now, actions)
 
@@ -679,7 +698,10 @@ def _reject(m: LifecycleMemory, e: Event, now: float, why: str) -> Transition:
 
 S, K = Stage, EventKind
 _TO_FAIL = (S.QUARANTINED, S.RETIRED, S.NEEDS_HUMAN)
-_FATAL_RESUMED = "failure; quarantine drains it; canary round cancelled if any; K in window -> RETIRED"
+_FATAL_RESUMED = (
+    "failure; quarantine drains it; canary round cancelled if any; K in window -> RETIRED; the episode's "
+    "XID back after max_xid_survivals remediations -> NEEDS_HUMAN"
+)
 _INCIDENT = "failure; drain (requeue); canary round cancelled if any; K in window -> RETIRED"
 _APPROVED = "drain (requeue); canary round cancelled if any; not a failure; the episode goes on"
 _HANDS_OFF = "hands off: episode forgotten (failures kept); canary round cancelled if any"

@@ -258,15 +258,23 @@ class ProfileParams(BaseModel):
     fb_total_tolerance: float = Field(0.98, gt=0, le=1, description="See fb_total_mib.")
 
 
-# --- XID catalog: what the NVIDIA Xid catalog says to do, and why we quarantine ----------------------------
-# Resolution buckets from docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (Ampere+): every XID
-# below has an immediate action of RESET_GPU or stronger (node reboot / contact support), i.e. the GPU is not
-# usable for new work until someone acts: that is what a drain means.
-DEFAULT_QUARANTINE_XIDS = (48, 64, 74, 79, 95, 109, 110, 119, 120)
-# These are usually application-caused (13 graphics exception, 31 MMU fault, 43 GPU stopped processing:
-# RESTART_APP) or contained memory events (63 row-remap / page-retirement event, 92 high single-bit ECC
-# rate, 94 contained ECC error): they feed risk, they never drain by themselves.
-DEFAULT_RISK_ONLY_XIDS = (13, 31, 43, 63, 92, 94)
+# --- XIDs: NVIDIA's Xid catalog decides, the shell hands the result in ------------------------------------
+# The catalog is data (node_agent/data/xid_catalog.csv, from docs.nvidia.com/deploy/xid-errors/
+# analyzing-xid-catalog.html); node_agent/xid_catalog.py derives each XID's handling from its immediate action
+# and slurm_fleetyield/xids.py applies the site's [xids] overrides; config.py fills the two tuples below in.
+# These defaults are that derivation for the shipped catalog without overrides, written out so that a Params
+# built without a config (simulator, benchmarks, tests) decides as the daemon does; tests/test_xids.py
+# fails when they drift from the catalog. The core itself never reads the file.
+# Drain: immediate action RESET_GPU (46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158),
+# RESTART_BM (79), WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR (74), WORKFLOW_NVLINK5_ERR (144-150),
+# CHECK_MECHANICALS (54): the GPU is not usable for new work until someone acts, which is what a drain means.
+DEFAULT_QUARANTINE_XIDS = (
+    46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
+    144, 145, 146, 147, 148, 149, 150, 155, 156, 158,
+)  # fmt: skip
+# Risk only: 13, 31, 43 (usually the application), 63, 92, 94 (contained memory events), 154 (the recovery
+# action another XID asked for), 167, 169 (no catalog action yet): they feed risk, never drain by themselves.
+DEFAULT_RISK_ONLY_XIDS = (13, 31, 43, 63, 92, 94, 154, 167, 169)
 
 
 class QuarantineParams(BaseModel):
@@ -276,16 +284,17 @@ class QuarantineParams(BaseModel):
 
     quarantine_xids: tuple[int, ...] = Field(
         DEFAULT_QUARANTINE_XIDS,
-        description="XIDs that drain the node (pushed or seen growing in a fresh scrape). NVIDIA Xid "
-        "catalog immediate actions: 48 DBE -> RESET_GPU; 64 row-remap/page-retire failure -> RESET_GPU, "
-        "contact support if repeated; 74 NVLink error -> RESET_GPU; 79 fallen off the bus -> "
-        "RESTART_BM (reboot); 95 uncontained ECC -> RESET_GPU; 109 context-switch timeout -> RESET_GPU; "
-        "110 security fault -> RESET_GPU; 119/120 GSP RPC timeout / GSP error -> RESET_GPU.",
+        description="XIDs that drain the node (pushed or seen growing in a fresh scrape). Unset: those "
+        "whose NVIDIA Xid catalog immediate action is a reset, a reboot or a hardware check (RESET_GPU, "
+        "RESTART_BM, WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR, WORKFLOW_NVLINK5_ERR, CHECK_MECHANICALS), with "
+        "[xids] overrides applied; given: exactly these (the overrides still apply). `fleetyield xids` "
+        "lists the result.",
     )
     risk_only_xids: tuple[int, ...] = Field(
         DEFAULT_RISK_ONLY_XIDS,
-        description="XIDs counted by the xid_nonfatal risk signal only (13, 31, 43: usually the "
-        "application, RESTART_APP; 63, 92, 94: contained memory events).",
+        description="XIDs counted by the xid_nonfatal risk signal only. Unset: 13, 31, 43 (usually the "
+        "application), 63, 92, 94 (contained memory events), 154 (recovery action changed), 167, 169 (no "
+        "catalog action yet), with [xids] overrides applied; given: exactly these.",
     )
     drain_cap_fraction: float = Field(
         0.10,

@@ -12,7 +12,7 @@ import pytest
 
 from node_agent.protocol import EVENTS_PATH, AgentEvent, AgentEventBatch, signed_headers
 from node_agent.push import Pusher
-from slurm_fleetyield.adapters.ingest import IngestServer
+from slurm_fleetyield.adapters.ingest import IngestServer, fatal_events
 from slurm_fleetyield.adapters.store import Store
 
 SECRET = b"s3cret-for-tests"
@@ -105,7 +105,35 @@ def test_size_limit_path_and_methods(ingest):
 
 def test_the_agents_pusher_delivers(ingest, tmp_path):
     pusher = Pusher(tmp_path / "agent", "gpu-01", f"http://127.0.0.1:{ingest.port}{EVENTS_PATH}", SECRET)
-    pusher.enqueue([event("p1"), event("p2")])
+    pusher.enqueue([event("p1"), event("p2", xid=48)])
     assert pusher.flush_once()
     assert ingest.wake.wait(5)
     assert sorted(e.event_id for e in ingest.store.pending()) == ["p1", "p2"]
+
+
+def test_an_xid_storm_of_one_gpu_is_one_row_with_its_count():
+    t0 = 1_700_000_000.0
+    storm = [
+        AgentEvent(event_id=f"s{i}", time=t0 + i, node="gpu-01", gpu=3, kind="xid", xid=95, fatal=True)
+        for i in range(40)
+    ]
+    other_gpu = AgentEvent(event_id="g5", time=t0 + 1, node="gpu-01", gpu=5, kind="xid", xid=95, fatal=True)
+    later = AgentEvent(event_id="late", time=t0 + 400, node="gpu-01", gpu=3, kind="xid", xid=95, fatal=True)
+    kept = fatal_events([*storm, other_gpu, later])
+    assert [(e.event_id, e.gpu) for e in kept] == [("s0", 3), ("g5", 5), ("late", 3)]
+    assert kept[0].message.endswith("(x40 within 300s)")
+    assert "(x" not in kept[1].message and "(x" not in kept[2].message  # past the window: new evidence
+
+
+def test_an_xid_the_controller_drains_is_queued_though_the_agent_calls_it_non_fatal(tmp_path):
+    store = Store(tmp_path / "fy.db")
+    server = IngestServer("127.0.0.1", 0, SECRET, store, threading.Event(), drain_xids=frozenset({13}))
+    try:
+        batch = AgentEventBatch(
+            node="gpu-01", events=[event("e13", fatal=False, xid=13), event("e31", fatal=False, xid=31)]
+        )
+        status, doc = server.handle(*reversed(signed(batch)))
+        assert status == 202 and doc == {"accepted": 1, "duplicates": 0, "ignored_nonfatal": 1}
+        assert [e.event_id for e in store.pending()] == ["e13"]
+    finally:
+        store.close()

@@ -426,3 +426,36 @@ def test_readme_table_is_rendered_from_the_table():
     md = transition_table_markdown()
     assert md.count("\n") == len(TRANSITIONS) + 2
     assert "| canary | canary_passed | canary / probation |" in md
+
+
+def _back_in_canary(m: LifecycleMemory, now: float, p: LifecycleParams) -> LifecycleMemory:
+    """QUARANTINED -> DRAINED -> remediation OK -> CANARY."""
+    m = go(m, ev(K.DRAINED), now, p).memory
+    return go(m, ev(K.REMEDIATION_OK), now + 100, p).memory
+
+
+def test_the_same_xid_surviving_two_remediations_needs_a_human_not_a_third():
+    p = LifecycleParams(max_failures=10, max_remediation_attempts=5)  # neither limit interferes here
+    m = go(LifecycleMemory(NODE), Event.fatal("xid", 48, 2), T0, p).memory
+    m = _back_in_canary(m, T0 + 10, p)  # gpu reset
+    t = go(m, Event.fatal("xid", 48, 2), T0 + 200, p)  # survived remediation 1: next rung
+    assert t.memory.stage is S.QUARANTINED and t.memory.attempts[-1].outcome == "xid_survived_in_canary"
+    m = _back_in_canary(t.memory, T0 + 300, p)  # reboot
+    m = go(m, Event.fatal("xid", 13, 2), T0 + 500, p).memory  # another XID: a failure, not a survival
+    assert m.stage is S.QUARANTINED and m.attempts[-1].outcome == "fatal_in_canary"
+    m = _back_in_canary(m, T0 + 600, p)
+    token = m.canary_token
+    t = go(m, Event.fatal("xid", 48, 2), T0 + 800, p)  # survived remediation 3 (the second time)
+    assert t.memory.stage is S.NEEDS_HUMAN  # not the fourth rung, though 2 of 5 attempts are left
+    reason = "fleetyield: needs a human; XID 48 gpu 2 survived 2 remediations (gpu_reset, reboot) - RMA?"
+    assert t.memory.reason == reason
+    assert t.actions == (CancelCanaries(NODE, token), DrainNode(NODE, reason, cause="needs_human"))
+
+
+def test_with_default_limits_the_second_survival_retires_the_node_first():
+    m = go(LifecycleMemory(NODE), Event.fatal("xid", 79, 3), T0).memory
+    m = _back_in_canary(m, T0 + 10, P)
+    m = go(m, Event.fatal("xid", 79, 3), T0 + 200).memory
+    m = _back_in_canary(m, T0 + 300, P)
+    t = go(m, Event.fatal("xid", 79, 3), T0 + 500)  # third failure in the window: bad hardware wins
+    assert t.memory.stage is S.RETIRED and "RMA" in t.memory.reason

@@ -216,3 +216,27 @@ def test_inapplicable_specs_change_nothing(tmp_path: Path, spec: dict, message: 
     assert (rig.state_dir / "fake_state.json").read_bytes() == before
     assert not (rig.state_dir / "fatal.json").exists()
     assert json.loads(before)["gpus"][0]["faults"] == []
+
+
+def test_an_xid_storm_is_one_event_with_a_count(rig: Rig) -> None:
+    from node_agent.push import spooled
+
+    def xid95_events() -> list[str]:
+        return [e.event_id for _, e in spooled(rig.state_dir) if e.kind == "xid" and e.xid == 95]
+
+    for _ in range(5):
+        _inject(rig, kind="xid", xid=95, gpu=0)
+        rig.clock.advance(10)
+    _inject(rig, kind="xid", xid=95, gpu=1)  # another GPU: its own event
+    assert len(xid95_events()) == 2
+    assert [p["gpu"] for p in fatal.read_pending(rig.state_dir)] == [0, 1]
+    assert rig.agent.folded[(0, 95)][1] == 4  # the count: four repeats of the first
+    assert rig.value("fleetyield_gpu_xid_errors", 0, xid="95") == 5  # the scrape counts each one
+
+    rig.clock.advance(300)  # past the window of the first: new evidence
+    _inject(rig, kind="xid", xid=95, gpu=0)
+    assert len(xid95_events()) == 3
+    rig.agent.reset(0)  # after a reset the same XID is news at once
+    _inject(rig, kind="xid", xid=95, gpu=0)
+    assert len(xid95_events()) == 4
+    assert rig.agent.folded[(0, 95)][1] == 0
