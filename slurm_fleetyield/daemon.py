@@ -701,7 +701,7 @@ def build_sense(config: Config) -> tuple[SensePort, Callable[[], None]]:
 
         p = config.prometheus
         token = (
-            read_secret(p.bearer_token_file, "prometheus.bearer_token_file").decode()
+            read_secret(p.bearer_token_file, "prometheus.bearer_token_file", min_bytes=1).decode()
             if p.bearer_token_file
             else None
         )
