@@ -600,6 +600,7 @@ def build(
             max_body_bytes=config.push.max_body_bytes,
             max_skew_s=config.push.max_skew_s,
             on_accept=lambda n: stats.add("push_accepted", n),
+            on_unauthenticated=stats.unauthenticated,
             gate_dir=config.gate_dir,
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),

@@ -1,6 +1,7 @@
 """The human gate end to end: ``fleetyield keygen/pending/approve/deny/submit-approval/audit verify`` through
 click's CliRunner against the REAL approval listener (``IngestServer`` ``POST /v1/approvals``) and a real
-``Gatekeeper``. Every rejection must change nothing but the audit log, which records it with its code.
+``Gatekeeper``. Every rejection must change nothing but the audit log, which records it with its code when
+the envelope is authentic (an unauthenticated one writes nothing and is counted).
 """
 
 from __future__ import annotations
@@ -51,14 +52,23 @@ def rig(tmp_path: Path):
             )
     store = Store(tmp_path / "fy.db")
     wake = threading.Event()
-    server, cfg = approval_listener(tmp_path, store, gate_dir, auth, b"secret-0123456789abcdef", wake)
+    unauthenticated: list[tuple[str, str]] = []
+    server, cfg = approval_listener(
+        tmp_path,
+        store,
+        gate_dir,
+        auth,
+        b"secret-0123456789abcdef",
+        wake,
+        on_unauthenticated=lambda endpoint, reason: unauthenticated.append((endpoint, reason)),
+    )
 
     class Rig:
         pass
 
     r = Rig()
     r.tmp, r.alice, r.mallory, r.auth, r.gate_dir, r.cfg = tmp_path, alice, mallory, auth, gate_dir, cfg
-    r.server, r.wake, r.store = server, wake, store
+    r.server, r.wake, r.store, r.unauthenticated = server, wake, store, unauthenticated
     r.url = f"http://127.0.0.1:{server.port}/v1/approvals"
     yield r
     server.stop()
@@ -184,10 +194,33 @@ def test_every_rejection_changes_nothing_and_is_audited(rig, case: str, code: st
     assert (got_status, doc["error"]) == (status, code), doc
     after, audit_after = gate_state(rig.gate_dir)
     assert after == before  # nothing changed ...
-    assert len(audit_after) == len(audit_before) + 1  # ... except the audit log, which names the reason
-    kind, _subject, data = audit_after[-1]
-    assert kind == "rejected" and data["reason"] == code
+    if code in ("unknown_key", "bad_signature", "malformed"):
+        # ... not even the audit log: a request that fails authentication writes no durable row, it is
+        # counted (fleetyield_unauthenticated_requests) instead
+        assert audit_after == audit_before
+        assert rig.unauthenticated == [("approvals", code)]
+    else:
+        assert len(audit_after) == len(audit_before) + 1  # ... except the audit log, naming the reason
+        kind, _subject, data = audit_after[-1]
+        assert kind == "rejected" and data["reason"] == code
+        assert rig.unauthenticated == []
     assert not rig.wake.is_set()
+
+
+def test_a_flood_of_unsigned_approvals_writes_no_row(rig) -> None:
+    # issue #27 item 4: unsigned POST /v1/approvals appended 2,303 audit rows in 20 s
+    db = rig.gate_dir / "gate.db"
+    before = (gate_state(rig.gate_dir), db.stat().st_size, (rig.gate_dir / "audit.head").read_bytes())
+    wal = Path(f"{db}-wal")
+    wal_before = wal.read_bytes() if wal.exists() else b""
+    forged = _tamper(_envelope(rig, rig.alice, PID, "gpu-01"), note="forged")
+    unknown = _envelope(rig, rig.mallory, PID, "gpu-01").encode()
+    for body in [b"{}", b"\xff\xfe", forged.encode(), unknown] * 25:
+        assert post(rig.url, body)[0] in (400, 403)
+    assert (gate_state(rig.gate_dir), db.stat().st_size, (rig.gate_dir / "audit.head").read_bytes()) == before
+    assert (wal.read_bytes() if wal.exists() else b"") == wal_before
+    assert len(rig.unauthenticated) == 100
+    assert {reason for _, reason in rig.unauthenticated} == {"malformed", "bad_signature", "unknown_key"}
 
 
 def test_replayed_and_already_settled_are_rejected(rig) -> None:

@@ -26,7 +26,14 @@ Approvals: 200 ``{"proposal_id", "status", "admin", "audit_seq"}`` when the deci
 the gate's rejection code in ``{"error": <code>, "message": ...}`` with 400 (malformed, bad_lifetime), 403
 (unknown_key, bad_signature), 404 (unknown_proposal), 409 (wrong_proposal, wrong_node, replayed,
 already_settled, proposal_expired, expired, issued_in_future); 503 when the gate is not configured or its
-audit log refuses to append. Every refusal is itself in the audit log (``Gatekeeper.submit``).
+audit log refuses to append. Every refusal of an authentic envelope is itself in the audit log
+(``Gatekeeper.submit``).
+
+Unauthenticated requests (an approval that is malformed, of an unknown key or badly signed; a push without a
+valid HMAC; a webhook without the token) write nothing durable and take no lock: they are refused before the
+gate or the store is opened, and counted through ``on_unauthenticated``
+(``fleetyield_unauthenticated_requests_total{endpoint, reason}``), so a flood of them costs no disk and
+cannot push real history out of the logs.
 """
 
 from __future__ import annotations
@@ -121,7 +128,9 @@ class IngestServer(BackgroundServer):
         alertmanager: AlertmanagerWebhook | None = None,
         attest: AttestRoute | None = None,
         settle: Callable[[float, float], bool] | None = None,
+        on_unauthenticated: Callable[[str, str], None] | None = None,
     ) -> None:
+        self.on_unauthenticated = on_unauthenticated  # (endpoint, reason): ControllerStats.unauthenticated
         self.attest = attest
         self.settle = settle  # Daemon.wait_tick_after: a failed verdict is answered once its drain is applied
         self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
@@ -172,9 +181,15 @@ class IngestServer(BackgroundServer):
             log.info("outcomes stored", extra={"fy": {"node": batch.node, "new": new, "duplicates": dup}})
         return 202, {"accepted": new, "duplicates": dup}
 
+    def unauthenticated(self, endpoint: str, reason: str) -> None:
+        """A request failed authentication: counted, never stored."""
+        if self.on_unauthenticated is not None:
+            self.on_unauthenticated(endpoint, reason)
+
     def handle_approval(self, body: bytes) -> tuple[int, dict]:
         """Run ``Gatekeeper.submit`` on an envelope; the reply names the decision or the rejection code."""
         from slurm_fleetyield.gate import ApprovalRejected, GateError, Gatekeeper, load_authorized_keys
+        from slurm_fleetyield.gate.approvals import authenticate, parse_envelope
 
         if not self.gate_dir or not self.authorized_keys:
             return 503, {"error": "gate_not_configured", "message": "gate.state_dir/authorized_keys unset"}
@@ -185,9 +200,13 @@ class IngestServer(BackgroundServer):
             log.error("authorized keys unusable: %s", exc)
             return 503, {"error": "authorized_keys_unusable", "message": str(exc)}
         try:
+            # authenticity first, before the gate is opened (opening takes its write lock)
+            authenticate(parse_envelope(body), keys)
             with Gatekeeper.open(self.gate_dir) as gk:
                 applied = gk.submit(body, keys, now)
         except ApprovalRejected as rej:
+            if not rej.authenticated:
+                self.unauthenticated("approvals", rej.reason.value)
             log.warning(
                 "approval rejected",
                 extra={"fy": {"reason": rej.reason.value, "message": rej.message[:300]}},
@@ -266,6 +285,9 @@ class IngestServer(BackgroundServer):
             return check(self.secret, headers, body, now, max_skew_s=self.max_skew_s), None
         except SignatureError as exc:
             status = 400 if self._signature_valid(headers, body) else 401
+            if status == 401:
+                endpoint = "outcomes" if check is verify_outcomes else "events"
+                self.unauthenticated(endpoint, "bad_signature")
             return None, (status, {"error": str(exc)})
 
     def _signature_valid(self, headers: dict[str, str], body: bytes) -> bool:
@@ -364,6 +386,7 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
         def _alertmanager(self, receiver: AlertmanagerWebhook) -> None:
             # The token first: an unauthenticated sender learns nothing else (not even the size limit).
             if not receiver.authorized(dict(self.headers.items())):
+                server.unauthenticated("alertmanager", "bad_token")
                 self._reply(401, {"error": "missing or wrong bearer token"})
                 return
             # our store failed: Alertmanager retries 5xx, so never a 2xx here

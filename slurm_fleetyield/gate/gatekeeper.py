@@ -1,8 +1,8 @@
 """The gate's state: proposals, consumed nonces and the audit log, in one SQLite database.
 
 Input: proposals from the core, envelopes from admins, manual drain reasons seen in Slurm, the clock. Output:
-proposals moved to their final status exactly once, each move (and each rejected envelope) recorded in the
-hash-chained audit log in the same transaction.
+proposals moved to their final status exactly once, each move (and each authentic envelope refused) recorded
+in the hash-chained audit log in the same transaction. An envelope that fails authentication writes nothing.
 
 Atomicity: ``submit`` takes SQLite's write lock (``BEGIN IMMEDIATE``), re-reads the proposal and the nonce
 table under it, and commits the nonce, the status change and the audit entry together. A crash before
@@ -266,20 +266,21 @@ class Gatekeeper:
 
         On success the proposal becomes approved/denied, the nonce is consumed and an ``approved``/``denied``
         audit entry (holding the envelope, so the signature can be re-checked later) is appended, all in one
-        transaction. On refusal a ``rejected`` audit entry with the reason code is committed and
-        ``ApprovalRejected`` is raised. ``expect_proposal_id`` binds the envelope to the id the caller meant.
+        transaction. An authentic envelope that is refused commits a ``rejected`` audit entry with the reason
+        code; one that is not authentic (malformed, unknown key, bad signature: anyone can send those) writes
+        nothing and takes no lock, so a flood of forgeries cannot grow the log or stall the gate. Either way
+        ``ApprovalRejected`` is raised (``.authenticated`` tells which). ``expect_proposal_id`` binds the
+        envelope to the id the caller meant.
         """
         digest = envelope_digest(envelope_text)
+        env = parse_envelope(envelope_text)  # ApprovalRejected(malformed): nothing written
+        st = env.statement
+        admin = authenticate(env, authorized_keys)  # unknown_key / bad_signature: nothing written
         rejected: ApprovalRejected | None = None
         applied: AppliedDecision | None = None
         with immediate_transaction(self.conn):
-            admin: AdminKey | None = None
-            subject, claimed_key, action, nonce = "-", None, None, None
+            subject, claimed_key, action, nonce = st.proposal_id, st.key_id, st.action, st.nonce
             try:
-                env = parse_envelope(envelope_text)
-                st = env.statement
-                subject, claimed_key, action, nonce = st.proposal_id, st.key_id, st.action, st.nonce
-                admin = authenticate(env, authorized_keys)
                 if expect_proposal_id is not None and st.proposal_id != expect_proposal_id:
                     raise ApprovalRejected(
                         RejectReason.WRONG_PROPOSAL, f"signed for {st.proposal_id}, not {expect_proposal_id}"
@@ -301,7 +302,7 @@ class Gatekeeper:
                 rejected = r
                 self.audit.append(
                     time=now,
-                    actor=f"admin:{admin.name}" if admin else "unauthenticated",
+                    actor=f"admin:{admin.name}",
                     kind="rejected",
                     subject=subject,
                     data={

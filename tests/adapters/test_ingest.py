@@ -84,6 +84,18 @@ def test_rejections_change_nothing(ingest, mutate, status):
     assert ingest.store.pending() == [] and not ingest.wake.is_set()
 
 
+def test_unauthenticated_pushes_are_counted_not_stored(ingest):
+    seen: list[tuple[str, str]] = []
+    ingest.on_unauthenticated = lambda endpoint, reason: seen.append((endpoint, reason))
+    batch = AgentEventBatch(node="gpu-01", events=[event("e1", fatal=False, xid=13)])
+    for _ in range(5):
+        assert post(ingest, *signed(batch, secret=b"other-secret-0123456789"))[0] == 401
+    body, headers = signed(batch)
+    assert post(ingest, body, {**headers, "X-FleetYield-Node": "gpu-02"})[0] == 400  # authentic: not counted
+    assert seen == [("events", "bad_signature")] * 5
+    assert ingest.store.events() == [] and ingest.store.pending() == []
+
+
 def test_wrong_secret_stale_timestamp_and_bad_json(ingest):
     batch = AgentEventBatch(node="gpu-01", events=[event("e1")])
     assert post(ingest, *signed(batch, secret=b"other"))[0] == 401
