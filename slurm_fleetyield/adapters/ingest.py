@@ -9,10 +9,11 @@ Input: signed HTTP requests (``node_agent.protocol``: HMAC-SHA256 over timestamp
 Output: fatal events written durably to the store's inbox BEFORE the reply, then the daemon is woken so a
 fatal XID drains its node within about a second instead of waiting for the next scrape.
 
-Replies: 202 accepted (with counts; a repeated event_id is accepted again as a duplicate, so agent retries
-are safe), 400 malformed (the signature is good but the body is not a valid batch), 401 unauthenticated
-(missing/stale/bad signature), 404/405 elsewhere, 411 without Content-Length, 413 too large. A rejected
-request changes nothing. Non-fatal events are acknowledged and logged, not queued: the inbox feeds drains.
+Replies: 202 accepted (with counts of fatal events; a repeated event_id, fatal or not, is accepted again as a
+duplicate and written nowhere, so agent retries are safe and a replayed request adds no row), 400 malformed
+(the signature is good but the body is not a valid batch), 401 unauthenticated (missing/stale/bad signature),
+404/405 elsewhere, 411 without Content-Length, 413 too large. A rejected request changes nothing. Non-fatal
+events are acknowledged and logged, not queued: the inbox feeds drains.
 Outcomes: 202 only once every record is durable in the store (idempotent per record: a resent file is a
 duplicate), so the agent deletes its spool file only when nothing can be lost.
 
@@ -94,6 +95,10 @@ _REJECT_STATUS = {
 }
 
 
+def _event_data(event: AgentEvent) -> dict[str, Any]:
+    return {"event_id": event.event_id, "xid": event.xid}
+
+
 def to_fatal_event(event: AgentEvent) -> FatalEvent:
     return FatalEvent(
         event_id=event.event_id,
@@ -159,11 +164,13 @@ class IngestServer(BackgroundServer):
         new, dup = self.store.put_events(fatal, received_at=now) if fatal else (0, 0)
         others = [e for e in batch.events if not e.fatal]
         if others:
-            self.store.append_log(
+            # event_id is the agent's nonce (node_agent/protocol.py): a replayed or retried event logs once
+            self.store.log_agent_events(
                 [
-                    LogRow(now, f"agent_{e.kind}", e.node, e.message, {"event_id": e.event_id, "xid": e.xid})
+                    (e.event_id, LogRow(now, f"agent_{e.kind}", e.node, e.message, _event_data(e)))
                     for e in others
-                ]
+                ],
+                received_at=now,
             )
         self._accepted(new)
         return 202, {"accepted": new, "duplicates": dup, "ignored_nonfatal": len(others)}

@@ -18,7 +18,9 @@ job-outcome records as agents forwarded them: key PK, processed_at), ``attempts`
 to the core, so a late record of another node of the same attempt is not delivered twice), ``ledger``
 (one row per settled job attempt, append-only), ``gate_marks`` (what the shell did with a gate decision:
 ``executed`` = Slurm shows the approved drain, ``delivered`` = a denial was handed to the core), and
-``canary_rounds`` / ``canary_seen`` (canary job names submitted, results handed to the core).
+``canary_rounds`` / ``canary_seen`` (canary job names submitted, results handed to the core), and
+``agent_seen`` (ids of the agents' non-fatal events already logged, kept ``INBOX_KEEP_S``: a replayed or
+retried push adds no row to the log; the fatal ones are deduplicated by the inbox itself).
 
 Exactly once. Everything the core is handed from these tables (outcomes, denials, canary results) is marked
 in ``commit_tick``'s transaction together with the state that consumed it: a kill -9 before the commit
@@ -143,6 +145,10 @@ CREATE TABLE IF NOT EXISTS canary_seen (
     node TEXT NOT NULL,
     state TEXT NOT NULL,
     seen_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agent_seen (
+    id TEXT PRIMARY KEY,
+    received_at REAL NOT NULL
 );
 """
 
@@ -401,6 +407,24 @@ class Store:
                 new += cur.rowcount
         return new, len(events) - new
 
+    def log_agent_events(self, rows: Sequence[tuple[str, LogRow]], received_at: float) -> tuple[int, int]:
+        """Append the log row of each agent event ``(event_id, row)`` not logged before (idempotent by
+        event_id, like ``put_events``: a replayed or retried push writes nothing). Returns (new, duplicates).
+        """
+        new = 0
+        with self._write() as conn:
+            fresh = []
+            for event_id, row in rows:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO agent_seen (id, received_at) VALUES (?, ?)",
+                    (event_id, received_at),
+                )
+                if cur.rowcount:
+                    fresh.append(row)
+            self._append(conn, fresh, None)
+            new = len(fresh)
+        return new, len(rows) - new
+
     def pending(self) -> list[FatalEvent]:
         rows = (
             self._conn()
@@ -567,6 +591,7 @@ class Store:
         conn.execute(
             "DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (now - INBOX_KEEP_S,)
         )
+        conn.execute("DELETE FROM agent_seen WHERE received_at < ?", (now - INBOX_KEEP_S,))
 
     @staticmethod
     def _write_view(conn: sqlite3.Connection, view: RenderedView, tick: int, now: float) -> None:

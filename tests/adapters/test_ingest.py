@@ -121,3 +121,37 @@ def test_the_agents_pusher_delivers(ingest, tmp_path):
     assert pusher.flush_once()
     assert ingest.wake.wait(5)
     assert sorted(e.event_id for e in ingest.store.pending()) == ["p1", "p2"]
+
+
+def test_replayed_pushes_do_not_flood_the_event_log(tmp_path):
+    # issue #27 item 5: 50 replays of one 200-event body wrote 10,000 rows, pushing history past events_keep
+    store = Store(tmp_path / "fy.db", events_keep=100)
+    server = IngestServer("127.0.0.1", 0, SECRET, store, threading.Event(), max_body_bytes=1 << 20)
+    server.start()
+    try:
+        events = [event(f"n{i:03d}", fatal=False, xid=13) for i in range(190)]
+        events += [event(f"f{i:03d}") for i in range(10)]
+        body, headers = signed(AgentEventBatch(node="gpu-01", events=events))
+        status, doc = post(server, body, headers)
+        assert status == 202 and (doc["accepted"], doc["ignored_nonfatal"]) == (10, 190)
+        first = store.events(limit=10_000)
+        for _ in range(50):
+            status, doc = post(server, body, headers)
+            assert status == 202 and (doc["accepted"], doc["duplicates"]) == (0, 10)
+        assert store.events(limit=10_000) == first and len(store.pending()) == 10
+        # an agent's retry of the same events (new timestamp, same ids) is a duplicate too, after a restart
+        store.close()
+        store = server.store = Store(tmp_path / "fy.db", events_keep=100)
+        assert (
+            post(server, *signed(AgentEventBatch(node="gpu-01", events=events[180:])))[1]["duplicates"] == 10
+        )
+        assert store.events(limit=10_000) == first
+        # new events still go in
+        assert (
+            post(server, *signed(AgentEventBatch(node="gpu-01", events=[event("new", fatal=False)])))[0]
+            == 202
+        )
+        assert [e["data"]["event_id"] for e in store.events(limit=1)] == ["new"]
+    finally:
+        server.stop()
+        store.close()

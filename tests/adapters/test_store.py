@@ -415,3 +415,16 @@ def test_kill_9_mid_commit_leaves_the_previous_consistent_state(tmp_path):
     assert _written_at(store, loaded.tick + 1) == 30
     assert Store(path).load_state().state == _fleet_state(loaded.tick + 1)
     store.close()
+
+
+def test_agent_event_log_is_idempotent_by_event_id_and_its_memory_bounded(tmp_path):
+    from slurm_fleetyield.adapters.store import INBOX_KEEP_S
+
+    store = Store(tmp_path / "fy.db")
+    rows = [(f"e{i}", LogRow(10.0, "agent_xid", "gpu-01", f"m{i}")) for i in range(3)]
+    assert store.log_agent_events(rows, received_at=10.0) == (3, 0)
+    assert store.log_agent_events(rows, received_at=11.0) == (0, 3)  # a replay or a retry
+    assert len(store.events(limit=100)) == 3
+    store.commit_tick(1, 10.0 + INBOX_KEEP_S + 1, st(1))  # seen ids older than the inbox's memory go
+    assert store._conn().execute("SELECT COUNT(*) FROM agent_seen").fetchone() == (0,)
+    store.close()
