@@ -281,3 +281,62 @@ def test_approve_refuses_a_settled_proposal_without_signing(rig) -> None:
     out = CliRunner().invoke(main, ["approve", PID, "--key", str(rig.alice), "--config", str(rig.cfg)])
     assert out.exit_code != 0 and "already approved" in out.output
     assert ProposalStatus.APPROVED.value == gate_state(rig.gate_dir)[0][PID]
+
+
+# --- issue #27 item 12: clear errors, not tracebacks; help that says what the command does ---------------
+
+
+def _clean_failure(out) -> None:  # type: ignore[no-untyped-def]
+    """A refusal through click (exit 1, a message), not an exception escaping the command."""
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), repr(out.exception)
+
+
+def test_keygen_help_says_what_it_does(tmp_path: Path) -> None:
+    # it promised to append NAME.pub to the authorized-keys file, and never touched that file
+    text = CliRunner().invoke(main, ["keygen", "--help"]).output
+    assert "append NAME.pub to the controller" not in text and "print" in text
+    auth = tmp_path / "authorized_keys"
+    auth.write_text("")
+    out = CliRunner().invoke(main, ["keygen", "dave", "--dir", str(tmp_path / "k")])
+    assert out.exit_code == 0 and auth.read_text() == ""
+    assert (tmp_path / "k" / "dave.pub").read_text().strip() in out.output
+
+
+def test_submit_approval_of_a_non_utf8_file_names_it(rig) -> None:
+    bad = rig.tmp / "envelope.json"
+    bad.write_bytes(b'{"statement": "\xff\xfe"}')
+    out = CliRunner().invoke(main, ["submit-approval", str(bad), "--submit", rig.url])
+    _clean_failure(out)
+    assert str(bad) in out.output and "UTF-8" in out.output
+    assert gate_state(rig.gate_dir)[0] == {PID: "pending", PID2: "pending"}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed_pages"])
+def test_audit_verify_on_a_corrupt_gate_db_is_a_clear_error(rig, damage: str) -> None:
+    db = rig.gate_dir / "gate.db"
+    with Gatekeeper.open(rig.gate_dir):  # checkpoint the WAL into the file so the damage hits real pages
+        pass
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = db.read_bytes()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    if damage == "garbage":
+        db.write_bytes(b"this is not a database" * 100)
+    elif damage == "truncated":
+        db.write_bytes(data[: len(data) // 2 + 100])
+    else:
+        db.write_bytes(data[:4096] + b"\x00" * (len(data) - 4096))
+    out = CliRunner().invoke(main, ["audit", "verify", "--config", str(rig.cfg)])
+    _clean_failure(out)
+    assert str(db) in out.output, out.output
+
+
+def test_audit_verify_of_a_non_utf8_export_names_it(tmp_path: Path) -> None:
+    bad = tmp_path / "audit.jsonl"
+    bad.write_bytes(b'{"seq": 1, "actor": "\xff"}\n')
+    out = CliRunner().invoke(main, ["audit", "verify", "--jsonl", str(bad)])
+    _clean_failure(out)
+    assert str(bad) in out.output and "UTF-8" in out.output

@@ -127,10 +127,19 @@ class Gatekeeper:
         self.db_path = Path(db_path)
         self.clock_skew_s = clock_skew_s
         self.max_ttl_s = max_ttl_s
-        self.conn = connect(self.db_path)
+        try:
+            self.conn = connect(self.db_path)
+        except sqlite3.DatabaseError as exc:
+            raise GateError(f"{self.db_path}: not a usable gate database ({exc})") from None
         try:
             self._init_schema()
             self.audit = AuditLog(self.conn, head_path)
+        except sqlite3.DatabaseError as exc:  # not a database, a damaged header or schema page
+            self.conn.close()
+            raise GateError(
+                f"{self.db_path}: not a usable gate database ({exc}); restore it from backup, never "
+                "delete it (its nonces and audit chain are the record of every decision)"
+            ) from None
         except BaseException:
             self.conn.close()
             raise
