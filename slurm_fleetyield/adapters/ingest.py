@@ -408,11 +408,18 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             self._reply(status, doc)
 
         def _not_allowed(self) -> None:
-            self._reply(
-                405, {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals, /v1/attest/*"}
-            )
+            doc = {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals, /v1/attest/*"}
+            data = b"" if self.command == "HEAD" else json.dumps(doc).encode()
+            send(self, 405, data, [("Allow", "POST"), ("Content-Type", "application/json")], close=True)
+            server.rejected += 1
 
         do_GET = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+        def __getattr__(self, name: str) -> Any:
+            """Every other method (HEAD, OPTIONS, TRACE, ...) is 405 as on the API, not the stdlib's 501."""
+            if name.startswith("do_"):
+                return self._not_allowed
+            raise AttributeError(name)
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("ingest: " + format, *args)

@@ -155,3 +155,29 @@ def test_replayed_pushes_do_not_flood_the_event_log(tmp_path):
     finally:
         server.stop()
         store.close()
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS", "TRACE", "PROPFIND", "PUT"])
+def test_every_other_method_is_405_like_the_api(ingest, method):
+    # issue #27 item 12: the push port answered 501 (the stdlib's default) where the API says 405
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=5)
+    try:
+        conn.request(method, EVENTS_PATH, body=b"" if method == "PUT" else None)
+        resp = conn.getresponse()
+        resp.read()
+        assert (resp.status, resp.getheader("Allow")) == (405, "POST")
+    finally:
+        conn.close()
+    assert ingest.store.pending() == []
+
+
+def test_a_client_gone_mid_reply_prints_no_traceback(ingest, capsys):
+    # issue #27 item 12: broken-pipe tracebacks on stderr (socketserver's handle_error prints them)
+    for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset"), TimeoutError()):
+        try:
+            raise exc
+        except OSError:
+            ingest._httpd.handle_error(None, ("127.0.0.1", 40000))
+    assert capsys.readouterr().err == ""

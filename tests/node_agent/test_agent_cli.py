@@ -227,3 +227,22 @@ def test_attest_table_is_strict(tmp_path: Path) -> None:
         load_attest_config(conf)
     conf.write_text('[attest]\nroot = "/"\ntpm-pcr = 23\n')
     assert load_attest_config(conf).tpm_pcr == 23
+
+
+def test_agent_http_405_and_no_broken_pipe_traceback(server, capsys) -> None:  # type: ignore[no-untyped-def]
+    import http.client
+
+    srv, _ = server
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+    try:
+        conn.request("OPTIONS", "/metrics")
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 405 and resp.getheader("Allow") == "GET, POST"
+    finally:
+        conn.close()
+    try:
+        raise BrokenPipeError(32, "Broken pipe")
+    except OSError:
+        srv.http.handle_error(None, ("127.0.0.1", 40000))
+    assert "Traceback" not in capsys.readouterr().err
