@@ -206,13 +206,15 @@ def main() -> None:
 @click.option("--log-format", default="json", type=click.Choice(["json", "text"]))
 def run(config_path: str, dry_run: bool, once: bool, log_level: str, log_format: str) -> None:
     """Run the controller (until SIGTERM/SIGINT, or one tick with --once)."""
+    from slurm_fleetyield.adapters.store import StoreError
     from slurm_fleetyield.daemon import build, serve, setup_logging
+    from slurm_fleetyield.gate.errors import GateError
 
     cfg = _load(config_path)
     setup_logging(log_level, json_lines=log_format == "json")
     try:
         runtime = build(cfg, dry_run=dry_run or None)
-    except (config_mod.ConfigError, OSError) as exc:
+    except (config_mod.ConfigError, StoreError, GateError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     outcome = serve(runtime, once=once)
     if outcome is not None:

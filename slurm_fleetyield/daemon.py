@@ -569,6 +569,13 @@ def build(
         )
     gate = GateAccess(config.gate_dir)
     closers.append(gate.close)
+    try:
+        _check_audit(gate)
+    except BaseException:
+        for close in closers:
+            close()
+        store.close()
+        raise
     holder: list[Daemon] = []
     redfish = build_redfish(config, slurm, gate, lambda: holder[0], dry_run=dry)
     if redfish is not None:
@@ -619,6 +626,22 @@ def build(
         )
         servers.append(api)
     return Runtime(daemon, store, servers, closers)
+
+
+def _check_audit(gate: GateAccess) -> None:
+    """The gate's audit chain, verified before the first decision is appended to it: an edited, deleted or
+    truncated row stops the start (``GateError`` naming gate.db and the first bad seq), so no new decision is
+    chained onto a log that no longer proves what happened."""
+    from slurm_fleetyield.gate.errors import GateError
+
+    gk = gate.get()
+    report = gk.verify_audit()
+    if not report.ok:
+        raise GateError(
+            f"{gk.db_path}: audit chain broken at seq {report.first_bad_seq} ({report.code}): "
+            f"{report.problem}. "
+            "Refusing to start; inspect with `fleetyield audit verify`, restore gate.db from backup"
+        )
 
 
 def build_attest(config: Config) -> AttestService | None:

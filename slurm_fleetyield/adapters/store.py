@@ -215,7 +215,7 @@ LEDGER_COLUMNS = (
 
 
 class StoreError(RuntimeError):
-    """The database cannot be opened or has an unknown schema."""
+    """The database cannot be opened, has an unknown schema or damaged contents; ``str()`` names the file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,8 +325,30 @@ class Store:
                 raise StoreError(f"{self.path}: no such database (has the daemon run yet?)")
         else:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            if Path(self.path).stat().st_size == 0 and not Path(f"{self.path}-wal").exists():
+                # SQLite would take an empty file for a new database: a truncated store would start the
+                # controller from nothing (every drain, proposal and attempt forgotten) without a word
+                raise StoreError(
+                    f"{self.path}: the store is an empty file (0 bytes), not a database; refusing to start "
+                    "over an existing store. Restore it from backup, or move it away to start fresh"
+                )
+        try:
+            self._open(readonly)
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise StoreError(
+                f"{self.path}: not a usable store database ({exc}); restore it from backup, or move it away "
+                "to start fresh (nothing was written to it)"
+            ) from None
+
+    def _open(self, readonly: bool) -> None:
+        """Connect; the writer also checks every page (``quick_check``) and brings the schema up to date."""
         conn = self._conn()
         if not readonly:
+            (check,) = conn.execute("PRAGMA quick_check(1)").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in KNOWN_SCHEMAS:
                 raise StoreError(f"{self.path}: schema version {version}, this build knows {SCHEMA_VERSION}")
@@ -447,8 +469,17 @@ class Store:
     # -- the tick -------------------------------------------------------------------------------------
 
     def load_state(self) -> StoredState | None:
-        """The last committed state; None before the first commit. Raises ``ValueError`` when the stored
-        state cannot be read (unsupported version, missing part)."""
+        """The last committed state; None before the first commit. Raises ``StoreError`` naming the file
+        when the stored state cannot be read (unsupported version, missing part, edited or damaged rows)."""
+        try:
+            return self._load_state()
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            raise StoreError(
+                f"{self.path}: the stored controller state cannot be read ({type(exc).__name__}: {exc}); "
+                "restore the store from backup (a fresh start would forget every drain and proposal)"
+            ) from None
+
+    def _load_state(self) -> StoredState | None:
         conn = self._conn()
         with self._state_lock, self._snapshot(conn):
             try:

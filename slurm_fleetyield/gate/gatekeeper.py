@@ -127,6 +127,15 @@ class Gatekeeper:
         self.db_path = Path(db_path)
         self.clock_skew_s = clock_skew_s
         self.max_ttl_s = max_ttl_s
+        if (
+            self.db_path.exists()
+            and self.db_path.stat().st_size == 0
+            and not Path(f"{self.db_path}-wal").exists()
+        ):
+            raise GateError(
+                f"{self.db_path}: the gate database is an empty file (0 bytes); refusing to start over its "
+                "proposals, nonces and audit chain. Restore it from backup, or move it away to start fresh"
+            )
         try:
             self.conn = connect(self.db_path)
         except sqlite3.DatabaseError as exc:

@@ -395,3 +395,14 @@ def test_withdraw_closes_a_pending_proposal_once_and_is_audited(tmp_path):
         kinds = [e.kind for e in gk.audit.entries()]
         assert kinds.count("withdrawn") == 1
         assert gk.verify_audit().ok
+
+
+def test_an_empty_gate_db_is_refused_not_started_over(tmp_path: Path) -> None:
+    # issue #27 item 8: SQLite takes a 0-byte file for a new database; the gate's nonces and audit chain
+    # would silently restart from nothing
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "gate.db").write_bytes(b"")
+    with pytest.raises(GateError, match="empty"):
+        Gatekeeper.open(state)
+    assert (state / "gate.db").read_bytes() == b""
