@@ -12,32 +12,39 @@ import socket
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from node_agent.gpu_models import MODELS
 
+MIN_SECRET_BYTES = 16
+"""Shortest push secret accepted (the controller's slurm_fleetyield/config.py applies the same rule)."""
+
+_PathLike = Annotated[Path, Strict(False)]
+"""Paths come as TOML strings; every other field is strict."""
+
 
 class AgentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "9400" is no port, "yes" no bool, 2.0 no GPU count; finite: inf/nan are refused
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     backend: Literal["fake", "nvml"] = "fake"
     listen: str = "0.0.0.0"
     port: int = Field(default=9400, ge=0, le=65535)
-    state_dir: Path
+    state_dir: _PathLike
     gpus: int = Field(default=8, ge=1, le=64)
     model: str = "h100"
     seed: int = 0
     hostname: str | None = None
     lowercase_hostname: bool = False
-    hpc_job_mapping_dir: Path | None = None
+    hpc_job_mapping_dir: _PathLike | None = None
     xid_count_window_ms: int = Field(default=300000, ge=1)
     nvml_slow_interval_s: float = Field(default=10.0, ge=0, le=300)
     push_url: str | None = None
-    push_secret_file: Path | None = None
-    scenario: Path | None = None
-    outcomes_dir: Path | None = Path("/var/spool/fleetyield/outcomes")
+    push_secret_file: _PathLike | None = None
+    scenario: _PathLike | None = None
+    outcomes_dir: _PathLike | None = Path("/var/spool/fleetyield/outcomes")
     outcomes_url: str | None = None
     outcomes_interval_s: float = Field(default=5.0, gt=0, le=3600)
 
@@ -70,8 +77,11 @@ class AgentConfig(BaseModel):
             raise ValueError(
                 f"--push-secret-file {self.push_secret_file} must not be group/world accessible (chmod 600)"
             )
-        if len(secret) < 16:
-            raise ValueError("--push-secret-file holds a secret shorter than 16 bytes")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"--push-secret-file {self.push_secret_file} holds a secret shorter than "
+                f"{MIN_SECRET_BYTES} bytes"
+            )
         return secret
 
 
@@ -79,7 +89,12 @@ def build_config(config_file: Path | None, flags: dict[str, Any]) -> AgentConfig
     data: dict[str, Any] = {}
     if config_file is not None:
         try:
-            data = tomllib.loads(config_file.read_text())
+            data = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"cannot load --config {config_file}: not UTF-8 text (TOML must be): byte "
+                f"{exc.object[exc.start]:#04x} at offset {exc.start}"
+            ) from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"cannot load --config {config_file}: {exc}") from None
         # settings: the [agent] table, else the top level ([attest] is node_agent/attest/config.py's)
@@ -89,5 +104,13 @@ def build_config(config_file: Path | None, flags: dict[str, Any]) -> AgentConfig
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"bad configuration: {problems}") from None
+        source = f"{config_file} (and flags)" if config_file is not None else "flags"
+        raise ValueError(f"bad configuration in {source}: {_problems(exc)}") from None
+
+
+def _problems(exc: ValidationError) -> str:
+    out = []
+    for e in exc.errors():
+        shown = "" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})"
+        out.append(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}{shown}")
+    return "; ".join(out)

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
@@ -28,6 +28,7 @@ from node_agent.collector import GpuCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
+from node_agent.httpd import QuietThreadingHTTPServer
 from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
 from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
@@ -121,6 +122,20 @@ class _Handler(BaseHTTPRequestHandler):
         status, doc = endpoint.handle(dict(self.headers.items()), self.rfile.read(length))
         self._send(status, json.dumps(doc).encode() + b"\n", "application/json")
 
+    def _not_allowed(self) -> None:
+        """Any other method: 405 naming the two served, not the stdlib's 501."""
+        self.close_connection = True
+        self.send_response(405)
+        self.send_header("Allow", "GET, POST")
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
     def _send(self, code: int, body: bytes, ctype: str) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -132,7 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class _HTTPServer(ThreadingHTTPServer):
+class _HTTPServer(QuietThreadingHTTPServer):  # a scraper that times out prints no traceback
     daemon_threads = True
     allow_reuse_address = True
 

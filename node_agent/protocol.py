@@ -9,7 +9,11 @@ Input: fatal events from the agent. Output: ``POST {push_url}`` (controller path
 
 The controller imports this module and calls ``verify()``; the agent calls ``sign()``
 (through ``signed_headers``). Events carry a uuid4 ``event_id``: receivers must treat a
-repeated ``event_id`` as a duplicate (the agent retries undelivered events).
+repeated ``event_id`` as a duplicate (the agent retries undelivered events). The id is also
+the replay defence: the signature proves who sent an event, the id that it is new; a request
+replayed inside the timestamp window (``max_skew_s``) finds every id seen and writes nothing
+(the controller keeps seen ids, fatal or not, for 7 days, longer than any window). No wire
+change: every agent already sends unique ids.
 """
 
 from __future__ import annotations

@@ -24,8 +24,16 @@ CLASS DESIGN
   brackets/parentheses whose ORs are all inside them -> `<user>&fy_ok_x`. A constraint
   that would need nested parentheses (top-level `|` mixed with `[`/`(`, which Slurm's
   feature parser does not nest) is left untouched and logged: the job runs ungated
-  rather than being rejected for something the user did right. Re-running the plugin
-  (job modify) first strips a previously appended `&fy_ok_*`, so it never stacks.
+  rather than being rejected for something the user did right. A constraint that
+  already has the class feature as a top-level AND term (`a&fy_ok_x`, `fy_ok_x`) is
+  left as is: the term is never doubled. Other fy_ok_* terms the user wrote are the
+  user's and stay (`--constraint=fy_ok_decode` on an undeclared job gives
+  `fy_ok_decode&fy_ok_train`: both are required). Re-running the plugin on a job modify
+  that keeps the stored constraint first strips the one `&fy_ok_*` appended at submit,
+  so it never stacks; a constraint given in the modify is the user's and is kept whole.
+  (One ambiguity remains: a stored constraint ending in the class feature the user
+  wrote themselves cannot be told from an appended one; if the modify changes the
+  class, that term is replaced by the new class's.)
 
   The controller owns the fy_ok_* node features and recomputes them from node health
   and price tier. Decode trade-off: fy_ok_decode is only given to healthy NON-premium
@@ -169,10 +177,35 @@ local function has_top_level_or(expr)
    return false
 end
 
+-- Is `feature` one of the expression's top-level AND terms (split at `&`/`,` outside () and [])?
+local function has_top_level_term(expr, feature)
+   if has_top_level_or(expr) then
+      return false
+   end
+   local depth, start = 0, 1
+   for i = 1, #expr + 1 do
+      local c = string.sub(expr, i, i)
+      if c == "(" or c == "[" then
+         depth = depth + 1
+      elseif c == ")" or c == "]" then
+         depth = depth - 1
+      elseif (c == "&" or c == "," or c == "") and depth == 0 then
+         if string.match(string.sub(expr, start, i - 1), "^%s*(.-)%s*$") == feature then
+            return true
+         end
+         start = i + 1
+      end
+   end
+   return false
+end
+
 -- Returns the new constraint string, or nil when it cannot be combined safely.
 local function combine(user, feature)
    if user == nil or string.match(user, "^%s*$") then
       return feature
+   end
+   if has_top_level_term(user, feature) then
+      return user
    end
    local grouped = string.find(user, "[%(%[]") ~= nil
    if not has_top_level_or(user) then
@@ -184,8 +217,10 @@ local function combine(user, feature)
    return "(" .. user .. ")&" .. feature
 end
 
--- Decide the constraint for a job. Returns rc, new_features_or_nil, message.
-local function decide(comment, partition, qos, features, uid, job_label)
+-- Decide the constraint for a job. Returns rc, new_features_or_nil, message. `stored`: `features`
+-- is the job record's constraint (a modify that did not give one), which may end in the term
+-- this plugin appended at submit; otherwise it is the user's own and nothing of it is removed.
+local function decide(comment, partition, qos, features, uid, job_label, stored)
    if is_disabled() then
       log(job_label .. ": kill switch on, constraint left as is")
       return slurm.SUCCESS, nil
@@ -204,7 +239,10 @@ local function decide(comment, partition, qos, features, uid, job_label)
       class, source = "default", "canary-not-allowed"
    end
    local feature = CLASS_FEATURE[class]
-   local user = strip_fy(features)
+   local user = features
+   if stored then
+      user = strip_fy(features)
+   end
    if not feature then
       log(string.format("%s: class=%s (%s), no feature added", job_label, class, source))
       if user ~= features then
@@ -226,7 +264,7 @@ end
 function slurm_job_submit(job_desc, part_list, submit_uid)
    local label = "submit uid=" .. tostring(submit_uid)
    local rc, features = decide(job_desc.comment, job_desc.partition, job_desc.qos,
-                               job_desc.features, submit_uid, label)
+                               job_desc.features, submit_uid, label, false)
    if rc == slurm.SUCCESS and features ~= nil then
       job_desc.features = features
    end
@@ -252,7 +290,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    -- The canary check uses the modifier's UID: the controller (or root) re-pins canaries.
    local rc, features = decide(pick(job_desc.comment, "comment"), pick(job_desc.partition, "partition"),
                                pick(job_desc.qos, "qos"), pick(job_desc.features, "features"),
-                               modify_uid, label)
+                               modify_uid, label, job_desc.features == nil)
    if rc == slurm.SUCCESS and features ~= nil then
       job_desc.features = features
    end

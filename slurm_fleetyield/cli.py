@@ -25,6 +25,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import click
@@ -246,13 +247,15 @@ def main() -> None:
 @json_option("With --once: the tick's summary as JSON.")
 def run(config_path: str, dry_run: bool, once: bool, log_level: str, log_format: str, as_json: bool) -> None:
     """Run the controller (until SIGTERM/SIGINT, or one tick with --once)."""
+    from slurm_fleetyield.adapters.store import StoreError
     from slurm_fleetyield.daemon import build, serve, setup_logging
+    from slurm_fleetyield.gate.errors import GateError
 
     cfg = _load(config_path)
     setup_logging(log_level, json_lines=log_format == "json")
     try:
         runtime = build(cfg, dry_run=dry_run or None)
-    except (config_mod.ConfigError, OSError) as exc:
+    except (config_mod.ConfigError, StoreError, GateError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     outcome = serve(runtime, once=once)
     if outcome is not None:
@@ -472,7 +475,10 @@ def _proposals(
 )
 @_json_option
 def keygen(name: str, out_dir: str, as_json: bool) -> None:
-    """Create an admin's Ed25519 key pair; append NAME.pub to the controller's authorized-keys file."""
+    """Create an admin's Ed25519 key pair (NAME.key, NAME.pub) and print NAME.pub's line.
+
+    Nothing else is changed: to authorize the admin, append that line to the file the controller's
+    gate.authorized_keys names (on the controller host; it is re-read at every approval)."""
     from slurm_fleetyield.gate import GateError
     from slurm_fleetyield.gate import keygen as make_keys
 
@@ -651,14 +657,31 @@ main.command("approve")(_decision_command("approve"))
 main.command("deny")(_decision_command("deny"))
 
 
+def _read_text(path: str, what: str) -> str:
+    """A file's text, or a ClickException naming the file (unreadable, not UTF-8)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(
+            f"{path}: {what} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+
+
 @main.command("submit-approval")
-@click.argument("envelope_file", type=click.File("r"))
+@click.argument("envelope_file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--submit", "submit", help="Listener URL (default: from the config's [push] host/port).")
 @_config_option
 @_json_option
-def submit_approval(envelope_file: Any, submit: str | None, config_path: str | None, as_json: bool) -> None:
+def submit_approval(envelope_file: str, submit: str | None, config_path: str | None, as_json: bool) -> None:
     """Submit an envelope written by ``approve/deny --out`` to the controller's listener."""
-    envelope = envelope_file.read().strip()
+    if envelope_file == "-":
+        envelope = click.get_text_stream("stdin").read().strip()
+    else:
+        envelope = _read_text(envelope_file, "the envelope").strip()
     cfg = None if submit else _gate_cfg(config_path)
     status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope)
     _report_submission(status_code, doc, as_json)
@@ -670,7 +693,11 @@ def audit() -> None:
 
 
 @audit.command("verify")
-@click.option("--jsonl", type=click.File("r"), help="Verify an exported JSONL file instead of the database.")
+@click.option(
+    "--jsonl",
+    type=click.Path(dir_okay=False),
+    help="Verify an exported JSONL file instead of the database.",
+)
 @click.option(
     "--head",
     "head_path",
@@ -679,24 +706,30 @@ def audit() -> None:
 )
 @_config_option
 @_json_option
-def audit_verify(jsonl: Any, head_path: str | None, config_path: str | None, as_json: bool) -> None:
+def audit_verify(jsonl: str | None, head_path: str | None, config_path: str | None, as_json: bool) -> None:
     """Check the audit chain (and its head checkpoint); exit 1 and print the first bad seq on any problem."""
+    import sqlite3
+
     from slurm_fleetyield.gate import GateError, Gatekeeper, read_head, verify_jsonl
 
+    db = None
     try:
         head = read_head(head_path) if head_path else None
         if jsonl is not None:
-            report = verify_jsonl(jsonl, head)
+            report = verify_jsonl(_read_text(jsonl, "the audit export").splitlines(), head)
         else:
-            from pathlib import Path
-
             cfg = _gate_cfg(config_path)
-            if not (Path(cfg.gate_dir) / "gate.db").exists():
+            db = Path(cfg.gate_dir) / "gate.db"
+            if not db.exists():
                 raise click.ClickException(f"{cfg.gate_dir}: no gate database")
             with Gatekeeper.open(cfg.gate_dir) as gk:
                 report = gk.audit.verify(head)
     except GateError as exc:
         raise click.ClickException(str(exc)) from None
+    except sqlite3.DatabaseError as exc:  # damaged past what the chain check reads: pages, header
+        raise click.ClickException(
+            f"{db}: the gate database is damaged ({exc}); restore it from backup"
+        ) from None
     if as_json:
         _emit_json(report.model_dump())
     elif report.ok:

@@ -13,16 +13,29 @@ import re
 import textwrap
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from node_agent.xid_catalog import CatalogError, Handling
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.redfish_config import RedfishConfig
 from slurm_fleetyield.xids import catalog_at, resolve
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+# Strict types ("0.5", true or 1 is no float, "yes" no bool, "9402" no int; an integer is a float) and finite
+# numbers only (inf/nan refused), like core/params.py.
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+MIN_SECRET_BYTES = 16
+"""Shortest HMAC secret accepted, on both sides of the channel (node_agent/config.py: the same rule)."""
 
 
 class ConfigError(Exception):
@@ -180,7 +193,13 @@ class PushConfig(BaseModel):
         description="Larger requests are refused with 413. An agent sends up to 200 events (~70 KB) per "
         "request; 1 MiB leaves room without letting one request pin much memory.",
     )
-    max_skew_s: float = Field(300.0, gt=0, description="Signed timestamps further than this from now: 401.")
+    max_skew_s: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="Signed timestamps further than this from now: 401. At most an hour: the "
+        "window bounds how long a captured request stays replayable.",
+    )
 
     @model_validator(mode="after")
     def _secret(self) -> PushConfig:
@@ -222,10 +241,12 @@ class LoopConfig(BaseModel):
     interval_s: float = Field(
         30.0, gt=0, le=3600, description="Seconds between ticks (a pushed event wakes early)."
     )
-    backoff_initial_s: float = Field(1.0, gt=0, description="First wait after a failed tick.")
-    backoff_max_s: float = Field(300.0, gt=0, description="Longest wait between failed ticks.")
+    backoff_initial_s: float = Field(1.0, gt=0, le=3600, description="First wait after a failed tick.")
+    backoff_max_s: float = Field(
+        300.0, gt=0, le=86_400, description="Longest wait between failed ticks (at most a day)."
+    )
     backoff_factor: float = Field(
-        2.0, ge=1, description="Wait growth per consecutive failure; resets on success."
+        2.0, ge=1, le=10, description="Wait growth per consecutive failure; resets on success (1 .. 10)."
     )
     push_reuse_samples_s: float = Field(
         60.0,
@@ -401,7 +422,8 @@ class XidsConfig(BaseModel):
         "(node_agent/data/xid_catalog.csv: xid, mnemonic, description, immediate_action, "
         "investigatory_action); unset: the shipped one. `fleetyield xids` shows the result.",
     )
-    overrides: dict[int, Handling] = Field(
+    # TOML table keys are strings and values names: these two are parsed (lax), everything else is strict
+    overrides: dict[Annotated[int, Strict(False)], Annotated[Handling, Strict(False)]] = Field(
         default_factory=dict,
         description="Per-XID handling over the catalog's (and over core.quarantine's explicit lists), "
         'e.g. {79 = "drain", 13 = "ignore", 145 = "risk"}. drain: quarantine the node; risk: '
@@ -555,14 +577,22 @@ def load(path: str | Path) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            str(path),
+            [f"not UTF-8 text (TOML must be): byte {exc.object[exc.start]:#04x} at offset {exc.start}"],
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None
     return from_mapping(data, str(path))
 
 
-def read_secret(path: str | Path, field: str = "push.secret_file") -> bytes:
-    """The push secret: file contents without surrounding whitespace. Empty, or readable by group/others
-    (the agent refuses such a file too), is an error."""
+def read_secret(
+    path: str | Path, field: str = "push.secret_file", min_bytes: int = MIN_SECRET_BYTES
+) -> bytes:
+    """A secret: file contents without surrounding whitespace. Shorter than ``min_bytes`` (an HMAC secret:
+    16, the agent's own minimum) or readable by group/others (the agent refuses such a file too) is an
+    error."""
     try:
         mode = Path(path).stat().st_mode
         if mode & 0o077:
@@ -574,6 +604,14 @@ def read_secret(path: str | Path, field: str = "push.secret_file") -> bytes:
         raise ConfigError(str(path), [f"{field}: cannot read: {exc.strerror or exc}"]) from None
     if not secret:
         raise ConfigError(str(path), [f"{field}: the secret is empty"])
+    if len(secret) < min_bytes:
+        raise ConfigError(
+            str(path),
+            [
+                f"{field}: the secret is {len(secret)} bytes, shorter than {min_bytes} bytes "
+                "(the agents refuse it)"
+            ],
+        )
     return secret
 
 

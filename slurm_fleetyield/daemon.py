@@ -569,6 +569,13 @@ def build(
         )
     gate = GateAccess(config.gate_dir)
     closers.append(gate.close)
+    try:
+        _check_audit(gate)
+    except BaseException:
+        for close in closers:
+            close()
+        store.close()
+        raise
     holder: list[Daemon] = []
     redfish = build_redfish(config, slurm, gate, lambda: holder[0], dry_run=dry)
     if redfish is not None:
@@ -600,6 +607,7 @@ def build(
             max_body_bytes=config.push.max_body_bytes,
             max_skew_s=config.push.max_skew_s,
             on_accept=lambda n: stats.add("push_accepted", n),
+            on_unauthenticated=stats.unauthenticated,
             gate_dir=config.gate_dir,
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),
@@ -619,6 +627,22 @@ def build(
         )
         servers.append(api)
     return Runtime(daemon, store, servers, closers)
+
+
+def _check_audit(gate: GateAccess) -> None:
+    """The gate's audit chain, verified before the first decision is appended to it: an edited, deleted or
+    truncated row stops the start (``GateError`` naming gate.db and the first bad seq), so no new decision is
+    chained onto a log that no longer proves what happened."""
+    from slurm_fleetyield.gate.errors import GateError
+
+    gk = gate.get()
+    report = gk.verify_audit()
+    if not report.ok:
+        raise GateError(
+            f"{gk.db_path}: audit chain broken at seq {report.first_bad_seq} ({report.code}): "
+            f"{report.problem}. "
+            "Refusing to start; inspect with `fleetyield audit verify`, restore gate.db from backup"
+        )
 
 
 def build_attest(config: Config) -> AttestService | None:
@@ -710,7 +734,7 @@ def build_sense(config: Config) -> tuple[SensePort, Callable[[], None]]:
 
         p = config.prometheus
         token = (
-            read_secret(p.bearer_token_file, "prometheus.bearer_token_file").decode()
+            read_secret(p.bearer_token_file, "prometheus.bearer_token_file", min_bytes=1).decode()
             if p.bearer_token_file
             else None
         )

@@ -429,7 +429,9 @@ def check_clocks(ctx: Context) -> list[Finding]:
     return out
 
 
-def _secret_file(path: str | None, field_name: str, missing: Finding | None) -> list[Finding]:
+def _secret_file(
+    path: str | None, field_name: str, missing: Finding | None, min_bytes: int = 1
+) -> list[Finding]:
     if not path:
         return [missing] if missing else []
     p = Path(path)
@@ -448,8 +450,18 @@ def _secret_file(path: str | None, field_name: str, missing: Finding | None) -> 
                 f"chmod 600 {path}",
             )
         ]
-    if not p.read_bytes().strip():
+    secret = p.read_bytes().strip()
+    if not secret:
         return [Finding("keys", "FAIL", f"{field_name}={path} is empty", "write the shared secret into it")]
+    if len(secret) < min_bytes:
+        return [
+            Finding(
+                "keys",
+                "FAIL",
+                f"{field_name}={path} holds {len(secret)} bytes, fewer than {min_bytes} (agents refuse it)",
+                f"write a longer secret: head -c 32 /dev/urandom | base64 > {path}",
+            )
+        ]
     return [Finding("keys", "OK", f"{field_name}={path} (mode {stat.S_IMODE(st.st_mode):o})")]
 
 
@@ -466,8 +478,9 @@ def check_keys(ctx: Context) -> list[Finding]:
                 "push.secret_file is unset: agents cannot push fatal events",
                 "set push.secret_file (the agents' --push-secret-file, mode 0600)",
             ),
+            config_mod.MIN_SECRET_BYTES,
         )
-        out += _secret_file(cfg.control.secret_file, "control.secret_file", None)
+        out += _secret_file(cfg.control.secret_file, "control.secret_file", None, config_mod.MIN_SECRET_BYTES)
         out += _secret_file(cfg.alertmanager.token_file, "alertmanager.token_file", None)
         ak = cfg.gate.authorized_keys
         if not ak:

@@ -113,13 +113,16 @@ def approval_listener(
     secret: bytes,
     wake: threading.Event | None = None,
     clock: Callable[[], float] | None = None,
+    on_unauthenticated: Callable[[str, str], None] | None = None,
 ) -> tuple[Any, Path]:
     """The admin's side of the human gate: the controller's REAL approval listener (``IngestServer``, started
     on a free port) and the ``fy.toml`` that ``fleetyield pending/approve/deny --config`` read (store, gate
     and push sections pointing at it). Returns (server, config path); the caller stops the server."""
     from slurm_fleetyield.adapters.ingest import IngestServer
 
-    kw = {} if clock is None else {"clock": clock}
+    kw: dict[str, Any] = {} if clock is None else {"clock": clock}
+    if on_unauthenticated is not None:
+        kw["on_unauthenticated"] = on_unauthenticated
     server = IngestServer(
         "127.0.0.1",
         0,

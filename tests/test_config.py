@@ -73,9 +73,9 @@ def test_missing_file(tmp_path):
 
 def test_secret_file(tmp_path):
     secret = tmp_path / "secret"
-    secret.write_text("  abc\n")
+    secret.write_text("  abcdefghijklmnop\n")
     secret.chmod(0o600)
-    assert read_secret(secret) == b"abc"
+    assert read_secret(secret) == b"abcdefghijklmnop"
     secret.chmod(0o644)
     with pytest.raises(ConfigError, match="group/world accessible"):
         read_secret(secret)
@@ -123,3 +123,77 @@ def test_every_field_is_described():
                 walk(ann, f"{path}{name}.")
 
     walk(config.Config, "")
+
+
+# --- issue #27 item 7: strict types, finite numbers, sane bounds, one secret rule, unreadable bytes ------
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "value"),
+    [
+        ('[core.quarantine]\ndrain_cap_fraction = "0.5"\n', "core.quarantine.drain_cap_fraction", "'0.5'"),
+        ("[core.quarantine]\ndrain_cap_fraction = true\n", "core.quarantine.drain_cap_fraction", "True"),
+        ('[slurm]\ndry_run = "yes"\n', "slurm.dry_run", "'yes'"),
+        ("[slurm]\ndry_run = 1\n", "slurm.dry_run", "1"),
+        ('[push]\nport = "9402"\n', "push.port", "'9402'"),
+        ("[push]\nport = 9402.0\n", "push.port", "9402.0"),
+        ("[push]\nmax_skew_s = inf\n", "push.max_skew_s", "inf"),
+        ("[push]\nmax_skew_s = nan\n", "push.max_skew_s", "nan"),
+        ("[push]\nmax_skew_s = 86400\n", "push.max_skew_s", "86400"),
+        (
+            "[core.quarantine]\ndrain_cap_min_nodes = 1000000\n",
+            "core.quarantine.drain_cap_min_nodes",
+            "1000000",
+        ),
+        ("[loop]\nbackoff_factor = inf\n", "loop.backoff_factor", "inf"),
+        ("[loop]\nbackoff_factor = 1e300\n", "loop.backoff_factor", "1e+300"),
+        ("[loop]\nbackoff_max_s = inf\n", "loop.backoff_max_s", "inf"),
+        ("[core.risk]\nred_threshold = 1.5\n", "core.risk.red_threshold", "1.5"),
+        ('[core.risk]\ntrend_windows_s = ["60"]\n', "core.risk.trend_windows_s", "'60'"),
+        ("[core.lifecycle]\ncanary_timeout_s = inf\n", "core.lifecycle.canary_timeout_s", "inf"),
+        ("[redfish]\nretries = 2.5\n", "redfish.retries", "2.5"),
+        ('[core.premium]\nenabled = "true"\n', "core.premium.enabled", "'true'"),
+    ],
+)
+def test_lax_values_are_refused(tmp_path, text, field, value):
+    if "trend_windows_s" in text:  # the trend windows live in [core.sense]
+        text = text.replace("[core.risk]", "[core.sense]")
+        field = "core.sense.trend_windows_s.0"
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and f"{field}: " in message and f"(got {value})" in message
+
+
+def test_strict_types_keep_what_toml_means(tmp_path):
+    # an integer where a float is expected is a number, not a lax coercion; lists load into tuples
+    cfg = load(
+        write(
+            tmp_path,
+            "[loop]\ninterval_s = 10\n[core.quarantine]\ndrain_cap_fraction = 1\nquarantine_xids = [48, 79]\n"
+            "risk_only_xids = [13]\n",
+        )
+    )
+    assert cfg.loop.interval_s == 10.0 and cfg.core.quarantine.drain_cap_fraction == 1.0
+    assert cfg.core.quarantine.quarantine_xids == (48, 79)
+
+
+def test_non_utf8_file_names_the_file(tmp_path):
+    path = tmp_path / "fy.toml"
+    path.write_bytes(b'[slurm]\nbin_dir = "/opt/\xff\xfe"\n')
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value).startswith(f"{path}: ") and "UTF-8" in str(err.value)
+
+
+def test_secret_shorter_than_the_agents_minimum_is_refused(tmp_path):
+    # the agent refuses a push secret under 16 bytes; the controller must refuse the same secret
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcde\n")  # 15 bytes
+    secret.chmod(0o600)
+    with pytest.raises(ConfigError) as err:
+        read_secret(secret)
+    assert str(err.value).startswith(f"{secret}: push.secret_file: ") and "16 bytes" in str(err.value)
+    secret.write_bytes(b"0123456789abcdef\n")
+    assert read_secret(secret) == b"0123456789abcdef"

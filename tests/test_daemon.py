@@ -373,3 +373,60 @@ def test_outcomes_are_delivered_once_and_land_in_the_ledger(tmp_path, agent):
     assert [r["job_id"] for r in rows] == [41] and rows[0]["workload"] == "batch"
     assert daemon.stats.read_extra()[1]["jobs"] == 1
     daemon.store.close()
+
+
+# --------------------------------------------------------------------------------------------------------
+# issue #27 item 8: damaged files stop the start with a clear error, never a silent fresh start
+# --------------------------------------------------------------------------------------------------------
+
+
+def _run_once(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from slurm_fleetyield.cli import main
+
+    cfg = tmp_path / "fy.toml"
+    cfg.write_text(
+        f'[store]\npath = "{tmp_path / "fy.db"}"\n[api]\nenabled = false\n'
+        f'[slurm]\nbin_dir = "{tmp_path}/no-slurm-here"\n'
+    )
+    return CliRunner().invoke(main, ["run", "--config", str(cfg), "--once"])
+
+
+def test_run_refuses_an_empty_store_file(tmp_path):
+    (tmp_path / "fy.db").write_bytes(b"")
+    out = _run_once(tmp_path)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), repr(out.exception)
+    assert str(tmp_path / "fy.db") in out.output and "empty" in out.output
+    assert (tmp_path / "fy.db").read_bytes() == b""
+
+
+def test_run_refuses_a_gate_whose_audit_chain_was_edited(tmp_path):
+    import sqlite3
+
+    from slurm_fleetyield.gate import Gatekeeper, Proposal
+
+    gate_dir = tmp_path / "gate"
+    with Gatekeeper.open(gate_dir) as gk:
+        for i in range(3):
+            gk.propose(
+                Proposal.new(
+                    id=f"p-00000000000{i}",
+                    node=f"gpu-0{i}",
+                    gpus=(1,),
+                    risk=0.8,
+                    evidence="e",
+                    affected_jobs=(),
+                    now=time.time(),
+                    ttl_s=3600,
+                )
+            )
+    conn = sqlite3.connect(gate_dir / "gate.db", isolation_level=None)
+    conn.execute("DROP TRIGGER IF EXISTS audit_no_update")
+    conn.execute("""UPDATE audit SET actor = 'mallory' WHERE seq = 2""")  # an edited middle row
+    conn.close()
+    out = _run_once(tmp_path)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), repr(out.exception)
+    assert "audit" in out.output and "seq 2" in out.output and str(gate_dir) in out.output
+    with Gatekeeper.open(gate_dir) as gk:  # nothing appended to the tampered log
+        assert [e.seq for e in gk.audit.entries()] == [1, 2, 3]

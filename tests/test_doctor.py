@@ -116,7 +116,7 @@ def agent():
 
 def write_config(tmp: Path, agent_port: int, api_port: int = 1, **extra: str) -> Path:
     secret = tmp / "push.secret"
-    secret.write_bytes(b"s3cret")
+    secret.write_bytes(b"s3cret-of-32-bytes-0123456789abc")
     secret.chmod(0o600)
     keys = tmp / "authorized_keys"
     keys.write_text("fleetyield-ed25519 AAAA alice\n")
@@ -305,6 +305,15 @@ def test_keys_safe_and_unsafe(tmp_path, agent):
     cfg = write_config(tmp_path, agent.port, secret=str(tmp_path / "nope"))
     assert any(
         "No such file" in f.detail for f in run(tmp_path, cfg, Slurm(), only=["keys"]) if f.status == "FAIL"
+    )
+    short = tmp_path / "short.secret"
+    short.write_bytes(b"0123456789abcde")  # 15 bytes: the agents and the controller refuse it
+    short.chmod(0o600)
+    cfg = write_config(tmp_path, agent.port, secret=str(short))
+    assert any(
+        "15 bytes, fewer than 16" in f.detail
+        for f in run(tmp_path, cfg, Slurm(), only=["keys"])
+        if f.status == "FAIL"
     )
 
 

@@ -1,6 +1,7 @@
 """The human gate end to end: ``fleetyield keygen/pending/approve/deny/submit-approval/audit verify`` through
 click's CliRunner against the REAL approval listener (``IngestServer`` ``POST /v1/approvals``) and a real
-``Gatekeeper``. Every rejection must change nothing but the audit log, which records it with its code.
+``Gatekeeper``. Every rejection must change nothing but the audit log, which records it with its code when
+the envelope is authentic (an unauthenticated one writes nothing and is counted).
 """
 
 from __future__ import annotations
@@ -51,14 +52,23 @@ def rig(tmp_path: Path):
             )
     store = Store(tmp_path / "fy.db")
     wake = threading.Event()
-    server, cfg = approval_listener(tmp_path, store, gate_dir, auth, b"secret-0123456789abcdef", wake)
+    unauthenticated: list[tuple[str, str]] = []
+    server, cfg = approval_listener(
+        tmp_path,
+        store,
+        gate_dir,
+        auth,
+        b"secret-0123456789abcdef",
+        wake,
+        on_unauthenticated=lambda endpoint, reason: unauthenticated.append((endpoint, reason)),
+    )
 
     class Rig:
         pass
 
     r = Rig()
     r.tmp, r.alice, r.mallory, r.auth, r.gate_dir, r.cfg = tmp_path, alice, mallory, auth, gate_dir, cfg
-    r.server, r.wake, r.store = server, wake, store
+    r.server, r.wake, r.store, r.unauthenticated = server, wake, store, unauthenticated
     r.url = f"http://127.0.0.1:{server.port}/v1/approvals"
     yield r
     server.stop()
@@ -184,10 +194,33 @@ def test_every_rejection_changes_nothing_and_is_audited(rig, case: str, code: st
     assert (got_status, doc["error"]) == (status, code), doc
     after, audit_after = gate_state(rig.gate_dir)
     assert after == before  # nothing changed ...
-    assert len(audit_after) == len(audit_before) + 1  # ... except the audit log, which names the reason
-    kind, _subject, data = audit_after[-1]
-    assert kind == "rejected" and data["reason"] == code
+    if code in ("unknown_key", "bad_signature", "malformed"):
+        # ... not even the audit log: a request that fails authentication writes no durable row, it is
+        # counted (fleetyield_unauthenticated_requests) instead
+        assert audit_after == audit_before
+        assert rig.unauthenticated == [("approvals", code)]
+    else:
+        assert len(audit_after) == len(audit_before) + 1  # ... except the audit log, naming the reason
+        kind, _subject, data = audit_after[-1]
+        assert kind == "rejected" and data["reason"] == code
+        assert rig.unauthenticated == []
     assert not rig.wake.is_set()
+
+
+def test_a_flood_of_unsigned_approvals_writes_no_row(rig) -> None:
+    # issue #27 item 4: unsigned POST /v1/approvals appended 2,303 audit rows in 20 s
+    db = rig.gate_dir / "gate.db"
+    before = (gate_state(rig.gate_dir), db.stat().st_size, (rig.gate_dir / "audit.head").read_bytes())
+    wal = Path(f"{db}-wal")
+    wal_before = wal.read_bytes() if wal.exists() else b""
+    forged = _tamper(_envelope(rig, rig.alice, PID, "gpu-01"), note="forged")
+    unknown = _envelope(rig, rig.mallory, PID, "gpu-01").encode()
+    for body in [b"{}", b"\xff\xfe", forged.encode(), unknown] * 25:
+        assert post(rig.url, body)[0] in (400, 403)
+    assert (gate_state(rig.gate_dir), db.stat().st_size, (rig.gate_dir / "audit.head").read_bytes()) == before
+    assert (wal.read_bytes() if wal.exists() else b"") == wal_before
+    assert len(rig.unauthenticated) == 100
+    assert {reason for _, reason in rig.unauthenticated} == {"malformed", "bad_signature", "unknown_key"}
 
 
 def test_replayed_and_already_settled_are_rejected(rig) -> None:
@@ -248,3 +281,62 @@ def test_approve_refuses_a_settled_proposal_without_signing(rig) -> None:
     out = CliRunner().invoke(main, ["approve", PID, "--key", str(rig.alice), "--config", str(rig.cfg)])
     assert out.exit_code != 0 and "already approved" in out.output
     assert ProposalStatus.APPROVED.value == gate_state(rig.gate_dir)[0][PID]
+
+
+# --- issue #27 item 12: clear errors, not tracebacks; help that says what the command does ---------------
+
+
+def _clean_failure(out) -> None:  # type: ignore[no-untyped-def]
+    """A refusal through click (exit 1, a message), not an exception escaping the command."""
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), repr(out.exception)
+
+
+def test_keygen_help_says_what_it_does(tmp_path: Path) -> None:
+    # it promised to append NAME.pub to the authorized-keys file, and never touched that file
+    text = CliRunner().invoke(main, ["keygen", "--help"]).output
+    assert "append NAME.pub to the controller" not in text and "print" in text
+    auth = tmp_path / "authorized_keys"
+    auth.write_text("")
+    out = CliRunner().invoke(main, ["keygen", "dave", "--dir", str(tmp_path / "k")])
+    assert out.exit_code == 0 and auth.read_text() == ""
+    assert (tmp_path / "k" / "dave.pub").read_text().strip() in out.output
+
+
+def test_submit_approval_of_a_non_utf8_file_names_it(rig) -> None:
+    bad = rig.tmp / "envelope.json"
+    bad.write_bytes(b'{"statement": "\xff\xfe"}')
+    out = CliRunner().invoke(main, ["submit-approval", str(bad), "--submit", rig.url])
+    _clean_failure(out)
+    assert str(bad) in out.output and "UTF-8" in out.output
+    assert gate_state(rig.gate_dir)[0] == {PID: "pending", PID2: "pending"}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed_pages"])
+def test_audit_verify_on_a_corrupt_gate_db_is_a_clear_error(rig, damage: str) -> None:
+    db = rig.gate_dir / "gate.db"
+    with Gatekeeper.open(rig.gate_dir):  # checkpoint the WAL into the file so the damage hits real pages
+        pass
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = db.read_bytes()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    if damage == "garbage":
+        db.write_bytes(b"this is not a database" * 100)
+    elif damage == "truncated":
+        db.write_bytes(data[: len(data) // 2 + 100])
+    else:
+        db.write_bytes(data[:4096] + b"\x00" * (len(data) - 4096))
+    out = CliRunner().invoke(main, ["audit", "verify", "--config", str(rig.cfg)])
+    _clean_failure(out)
+    assert str(db) in out.output, out.output
+
+
+def test_audit_verify_of_a_non_utf8_export_names_it(tmp_path: Path) -> None:
+    bad = tmp_path / "audit.jsonl"
+    bad.write_bytes(b'{"seq": 1, "actor": "\xff"}\n')
+    out = CliRunner().invoke(main, ["audit", "verify", "--jsonl", str(bad)])
+    _clean_failure(out)
+    assert str(bad) in out.output and "UTF-8" in out.output

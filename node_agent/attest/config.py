@@ -9,31 +9,37 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from node_agent.attest.measure import DEFAULT_PERSISTENCE
 
 VERDICT_FILE = "attest-verdict.json"
 
 
-class AttestConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_PathLike = Annotated[Path, Strict(False)]  # TOML strings; every other field is strict
 
-    root: Path = Field(default=Path("/"), description="Prefix of every measured path (tests: a fixture).")
+
+class AttestConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    root: _PathLike = Field(
+        default=Path("/"), description="Prefix of every measured path (tests: a fixture)."
+    )
     persistence: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PERSISTENCE),
         description="Persistence points measured, in order (absolute paths under root).",
     )
-    agent_config_file: Path | None = Field(default=None, description="The agent config file measured.")
+    agent_config_file: _PathLike | None = Field(default=None, description="The agent config file measured.")
     controller_url: str | None = Field(
         default=None,
         description="Controller listener for the hand-over (nonce + quote), e.g. http://ctl:8701.",
     )
-    controller_pubkey: Path | None = Field(
+    controller_pubkey: _PathLike | None = Field(
         default=None, description="The controller's public key line; verdicts are verified with it."
     )
-    verdict_file: Path | None = Field(
+    verdict_file: _PathLike | None = Field(
         default=None, description=f"Where the verified verdict goes (default STATE_DIR/{VERDICT_FILE})."
     )
     tpm_tcti: str | None = Field(
@@ -52,7 +58,9 @@ def load_attest_config(config_file: Path | None) -> AttestConfig:
     data: dict = {}
     if config_file is not None:
         try:
-            data = dict(tomllib.loads(Path(config_file).read_text()).get("attest", {}))
+            data = dict(tomllib.loads(Path(config_file).read_text(encoding="utf-8")).get("attest", {}))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"cannot load {config_file}: not UTF-8 text at offset {exc.start}") from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"cannot load {config_file}: {exc}") from None
         data = {k.replace("-", "_"): v for k, v in data.items()}

@@ -9,12 +9,14 @@ Input: signed HTTP requests (``node_agent.protocol``: HMAC-SHA256 over timestamp
 Output: fatal events written durably to the store's inbox BEFORE the reply, then the daemon is woken so a
 fatal XID drains its node within about a second instead of waiting for the next scrape.
 
-Replies: 202 accepted (with counts; a repeated event_id is accepted again as a duplicate, so agent retries
-are safe), 400 malformed (the signature is good but the body is not a valid batch), 401 unauthenticated
-(missing/stale/bad signature), 404/405 elsewhere, 411 without Content-Length, 413 too large. A rejected
-request changes nothing. Non-fatal events are acknowledged and logged, not queued: the inbox feeds drains
-(an XID the controller's ``quarantine_xids`` names is queued even when the agent's catalog calls it non-fatal;
-repeats of one GPU's XID within a push are one row, ``fatal_events``).
+Replies: 202 accepted (with counts of fatal events; a repeated event_id, fatal or not, is accepted again as a
+duplicate and written nowhere, so agent retries are safe and a replayed request adds no row), 400 malformed
+(the signature is good but the body is not a valid batch), 401 unauthenticated (missing/stale/bad signature),
+404/405 elsewhere, 411 without Content-Length, 413 too large. A rejected request changes nothing. Non-fatal
+events are acknowledged and logged, not queued: the inbox feeds drains; an XID the controller's
+``quarantine_xids`` names is queued even when
+the agent's catalog calls it non-fatal, and repeats of one GPU's XID within a push are one row
+(``fatal_events``).
 Outcomes: 202 only once every record is durable in the store (idempotent per record: a resent file is a
 duplicate), so the agent deletes its spool file only when nothing can be lost.
 
@@ -28,7 +30,14 @@ Approvals: 200 ``{"proposal_id", "status", "admin", "audit_seq"}`` when the deci
 the gate's rejection code in ``{"error": <code>, "message": ...}`` with 400 (malformed, bad_lifetime), 403
 (unknown_key, bad_signature), 404 (unknown_proposal), 409 (wrong_proposal, wrong_node, replayed,
 already_settled, proposal_expired, expired, issued_in_future); 503 when the gate is not configured or its
-audit log refuses to append. Every refusal is itself in the audit log (``Gatekeeper.submit``).
+audit log refuses to append. Every refusal of an authentic envelope is itself in the audit log
+(``Gatekeeper.submit``).
+
+Unauthenticated requests (an approval that is malformed, of an unknown key or badly signed; a push without a
+valid HMAC; a webhook without the token) write nothing durable and take no lock: they are refused before the
+gate or the store is opened, and counted through ``on_unauthenticated``
+(``fleetyield_unauthenticated_requests_total{endpoint, reason}``), so a flood of them costs no disk and
+cannot push real history out of the logs.
 """
 
 from __future__ import annotations
@@ -124,6 +133,10 @@ def fatal_events(
     return out
 
 
+def _event_data(event: AgentEvent) -> dict[str, Any]:
+    return {"event_id": event.event_id, "xid": event.xid}
+
+
 def to_fatal_event(event: AgentEvent) -> FatalEvent:
     return FatalEvent(
         event_id=event.event_id,
@@ -159,10 +172,12 @@ class IngestServer(BackgroundServer):
         attest: AttestRoute | None = None,
         settle: Callable[[float, float], bool] | None = None,
         drain_xids: frozenset[int] = frozenset(),
+        on_unauthenticated: Callable[[str, str], None] | None = None,
     ) -> None:
         self.drain_xids = (
             drain_xids  # the controller's quarantine_xids: kept even when the agent says non-fatal
         )
+        self.on_unauthenticated = on_unauthenticated  # (endpoint, reason): ControllerStats.unauthenticated
         self.attest = attest
         self.settle = settle  # Daemon.wait_tick_after: a failed verdict is answered once its drain is applied
         self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
@@ -191,11 +206,13 @@ class IngestServer(BackgroundServer):
         new, dup = self.store.put_events(fatal, received_at=now) if fatal else (0, 0)
         others = [e for e in batch.events if not (e.fatal or (e.kind == "xid" and e.xid in self.drain_xids))]
         if others:
-            self.store.append_log(
+            # event_id is the agent's nonce (node_agent/protocol.py): a replayed or retried event logs once
+            self.store.log_agent_events(
                 [
-                    LogRow(now, f"agent_{e.kind}", e.node, e.message, {"event_id": e.event_id, "xid": e.xid})
+                    (e.event_id, LogRow(now, f"agent_{e.kind}", e.node, e.message, _event_data(e)))
                     for e in others
-                ]
+                ],
+                received_at=now,
             )
         self._accepted(new)
         return 202, {"accepted": new, "duplicates": dup, "ignored_nonfatal": len(others)}
@@ -213,9 +230,15 @@ class IngestServer(BackgroundServer):
             log.info("outcomes stored", extra={"fy": {"node": batch.node, "new": new, "duplicates": dup}})
         return 202, {"accepted": new, "duplicates": dup}
 
+    def unauthenticated(self, endpoint: str, reason: str) -> None:
+        """A request failed authentication: counted, never stored."""
+        if self.on_unauthenticated is not None:
+            self.on_unauthenticated(endpoint, reason)
+
     def handle_approval(self, body: bytes) -> tuple[int, dict]:
         """Run ``Gatekeeper.submit`` on an envelope; the reply names the decision or the rejection code."""
         from slurm_fleetyield.gate import ApprovalRejected, GateError, Gatekeeper, load_authorized_keys
+        from slurm_fleetyield.gate.approvals import authenticate, parse_envelope
 
         if not self.gate_dir or not self.authorized_keys:
             return 503, {"error": "gate_not_configured", "message": "gate.state_dir/authorized_keys unset"}
@@ -226,9 +249,13 @@ class IngestServer(BackgroundServer):
             log.error("authorized keys unusable: %s", exc)
             return 503, {"error": "authorized_keys_unusable", "message": str(exc)}
         try:
+            # authenticity first, before the gate is opened (opening takes its write lock)
+            authenticate(parse_envelope(body), keys)
             with Gatekeeper.open(self.gate_dir) as gk:
                 applied = gk.submit(body, keys, now)
         except ApprovalRejected as rej:
+            if not rej.authenticated:
+                self.unauthenticated("approvals", rej.reason.value)
             log.warning(
                 "approval rejected",
                 extra={"fy": {"reason": rej.reason.value, "message": rej.message[:300]}},
@@ -307,6 +334,9 @@ class IngestServer(BackgroundServer):
             return check(self.secret, headers, body, now, max_skew_s=self.max_skew_s), None
         except SignatureError as exc:
             status = 400 if self._signature_valid(headers, body) else 401
+            if status == 401:
+                endpoint = "outcomes" if check is verify_outcomes else "events"
+                self.unauthenticated(endpoint, "bad_signature")
             return None, (status, {"error": str(exc)})
 
     def _signature_valid(self, headers: dict[str, str], body: bytes) -> bool:
@@ -405,6 +435,7 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
         def _alertmanager(self, receiver: AlertmanagerWebhook) -> None:
             # The token first: an unauthenticated sender learns nothing else (not even the size limit).
             if not receiver.authorized(dict(self.headers.items())):
+                server.unauthenticated("alertmanager", "bad_token")
                 self._reply(401, {"error": "missing or wrong bearer token"})
                 return
             # our store failed: Alertmanager retries 5xx, so never a 2xx here
@@ -419,11 +450,18 @@ def _handler_for(server: IngestServer) -> type[BaseHTTPRequestHandler]:
             self._reply(status, doc)
 
         def _not_allowed(self) -> None:
-            self._reply(
-                405, {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals, /v1/attest/*"}
-            )
+            doc = {"error": "only POST /v1/agent/events, /v1/agent/outcomes, /v1/approvals, /v1/attest/*"}
+            data = b"" if self.command == "HEAD" else json.dumps(doc).encode()
+            send(self, 405, data, [("Allow", "POST"), ("Content-Type", "application/json")], close=True)
+            server.rejected += 1
 
         do_GET = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+        def __getattr__(self, name: str) -> Any:
+            """Every other method (HEAD, OPTIONS, TRACE, ...) is 405 as on the API, not the stdlib's 501."""
+            if name.startswith("do_"):
+                return self._not_allowed
+            raise AttributeError(name)
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("ingest: " + format, *args)

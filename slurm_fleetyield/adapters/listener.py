@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from node_agent.httpd import QuietThreadingHTTPServer
 
 
 class RequestRefused(Exception):
@@ -66,10 +68,11 @@ def send(
 
 
 class BackgroundServer:
-    """A ThreadingHTTPServer on a daemon thread named ``name``. ``port=0`` binds any free port (``.port``)."""
+    """A ThreadingHTTPServer on a daemon thread named ``name``. ``port=0`` binds any free port (``.port``).
+    A client that disconnects mid-request prints nothing (``node_agent.httpd``)."""
 
     def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], name: str) -> None:
-        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd = QuietThreadingHTTPServer((host, port), handler)
         self._httpd.daemon_threads = True
         self._name = name
         self._thread: threading.Thread | None = None

@@ -47,6 +47,7 @@ class ControllerStats:
         self.counts: Counter[str] = Counter()
         self.gauges: dict[str, float] = {}
         self.ledger: dict[str, float] = {}
+        self.unauth: Counter[tuple[str, str]] = Counter()
 
     def record_tick(self, snap: TickSnapshot) -> None:
         kinds = Counter(r.action.kind for r in snap.report.results if r.ok)
@@ -67,6 +68,15 @@ class ControllerStats:
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counts[name] += n
+
+    def unauthenticated(self, endpoint: str, reason: str) -> None:
+        """A listener refused a request that failed authentication (nothing of it was stored)."""
+        with self._lock:
+            self.unauth[(endpoint, reason)] += 1
+
+    def read_unauthenticated(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.unauth)
 
     def set_gauge(self, name: str, value: float) -> None:
         with self._lock:
@@ -121,6 +131,15 @@ class ControllerCollector:
             ),
         ):
             yield CounterMetricFamily(name, doc, value=counts.get(key, 0))
+        unauth = CounterMetricFamily(
+            "fleetyield_unauthenticated_requests",
+            "Requests refused before authentication (approvals: malformed/unknown_key/bad_signature; agent "
+            "pushes: bad_signature; Alertmanager: bad_token). They write no durable row.",
+            labels=["endpoint", "reason"],
+        )
+        for (endpoint, reason), n in sorted(self._stats.read_unauthenticated().items()):
+            unauth.add_metric([endpoint, reason], n)
+        yield unauth
         gauges, ledger = self._stats.read_extra()
         if "proposals_pending" in gauges:
             yield GaugeMetricFamily(

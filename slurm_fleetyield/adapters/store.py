@@ -18,7 +18,9 @@ job-outcome records as agents forwarded them: key PK, processed_at), ``attempts`
 to the core, so a late record of another node of the same attempt is not delivered twice), ``ledger``
 (one row per settled job attempt, append-only), ``gate_marks`` (what the shell did with a gate decision:
 ``executed`` = Slurm shows the approved drain, ``delivered`` = a denial was handed to the core), and
-``canary_rounds`` / ``canary_seen`` (canary job names submitted, results handed to the core).
+``canary_rounds`` / ``canary_seen`` (canary job names submitted, results handed to the core), and
+``agent_seen`` (ids of the agents' non-fatal events already logged, kept ``INBOX_KEEP_S``: a replayed or
+retried push adds no row to the log; the fatal ones are deduplicated by the inbox itself).
 
 Exactly once. Everything the core is handed from these tables (outcomes, denials, canary results) is marked
 in ``commit_tick``'s transaction together with the state that consumed it: a kill -9 before the commit
@@ -144,6 +146,10 @@ CREATE TABLE IF NOT EXISTS canary_seen (
     state TEXT NOT NULL,
     seen_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS agent_seen (
+    id TEXT PRIMARY KEY,
+    received_at REAL NOT NULL
+);
 """
 
 _MIGRATIONS: dict[int, str] = {
@@ -209,7 +215,7 @@ LEDGER_COLUMNS = (
 
 
 class StoreError(RuntimeError):
-    """The database cannot be opened or has an unknown schema."""
+    """The database cannot be opened, has an unknown schema or damaged contents; ``str()`` names the file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,8 +325,30 @@ class Store:
                 raise StoreError(f"{self.path}: no such database (has the daemon run yet?)")
         else:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            if Path(self.path).stat().st_size == 0 and not Path(f"{self.path}-wal").exists():
+                # SQLite would take an empty file for a new database: a truncated store would start the
+                # controller from nothing (every drain, proposal and attempt forgotten) without a word
+                raise StoreError(
+                    f"{self.path}: the store is an empty file (0 bytes), not a database; refusing to start "
+                    "over an existing store. Restore it from backup, or move it away to start fresh"
+                )
+        try:
+            self._open(readonly)
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise StoreError(
+                f"{self.path}: not a usable store database ({exc}); restore it from backup, or move it away "
+                "to start fresh (nothing was written to it)"
+            ) from None
+
+    def _open(self, readonly: bool) -> None:
+        """Connect; the writer also checks every page (``quick_check``) and brings the schema up to date."""
         conn = self._conn()
         if not readonly:
+            (check,) = conn.execute("PRAGMA quick_check(1)").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in KNOWN_SCHEMAS:
                 raise StoreError(f"{self.path}: schema version {version}, this build knows {SCHEMA_VERSION}")
@@ -401,6 +429,24 @@ class Store:
                 new += cur.rowcount
         return new, len(events) - new
 
+    def log_agent_events(self, rows: Sequence[tuple[str, LogRow]], received_at: float) -> tuple[int, int]:
+        """Append the log row of each agent event ``(event_id, row)`` not logged before (idempotent by
+        event_id, like ``put_events``: a replayed or retried push writes nothing). Returns (new, duplicates).
+        """
+        new = 0
+        with self._write() as conn:
+            fresh = []
+            for event_id, row in rows:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO agent_seen (id, received_at) VALUES (?, ?)",
+                    (event_id, received_at),
+                )
+                if cur.rowcount:
+                    fresh.append(row)
+            self._append(conn, fresh, None)
+            new = len(fresh)
+        return new, len(rows) - new
+
     def pending(self) -> list[FatalEvent]:
         rows = (
             self._conn()
@@ -423,8 +469,17 @@ class Store:
     # -- the tick -------------------------------------------------------------------------------------
 
     def load_state(self) -> StoredState | None:
-        """The last committed state; None before the first commit. Raises ``ValueError`` when the stored
-        state cannot be read (unsupported version, missing part)."""
+        """The last committed state; None before the first commit. Raises ``StoreError`` naming the file
+        when the stored state cannot be read (unsupported version, missing part, edited or damaged rows)."""
+        try:
+            return self._load_state()
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            raise StoreError(
+                f"{self.path}: the stored controller state cannot be read ({type(exc).__name__}: {exc}); "
+                "restore the store from backup (a fresh start would forget every drain and proposal)"
+            ) from None
+
+    def _load_state(self) -> StoredState | None:
         conn = self._conn()
         with self._state_lock, self._snapshot(conn):
             try:
@@ -567,6 +622,7 @@ class Store:
         conn.execute(
             "DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (now - INBOX_KEEP_S,)
         )
+        conn.execute("DELETE FROM agent_seen WHERE received_at < ?", (now - INBOX_KEEP_S,))
 
     @staticmethod
     def _write_view(conn: sqlite3.Connection, view: RenderedView, tick: int, now: float) -> None:

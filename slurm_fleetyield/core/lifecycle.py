@@ -35,9 +35,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from slurm_fleetyield.core.model import OUR_REASON_PREFIX, LogEvent, Tier
 from slurm_fleetyield.core.plan import DrainNode, ResumeNode
@@ -128,7 +128,8 @@ DEFAULT_REMEDIATION_TIMEOUT_S: Mapping[Remediation, float] = {
 class LifecycleParams(BaseModel):
     """Rehabilitation: remediation ladder, canary, probation, retirement."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict and finite like core/params.py; remediation names (TOML strings) still become Remediation
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     canary_passes_required: int = Field(
         2,
@@ -172,7 +173,7 @@ class LifecycleParams(BaseModel):
         "escalates an XID that survived two reboots to hardware inspection. Retirement (max_failures) is "
         "checked first.",
     )
-    remediation_timeout_s: dict[Remediation, float] = Field(
+    remediation_timeout_s: dict[Annotated[Remediation, Strict(False)], float] = Field(
         default_factory=lambda: dict(DEFAULT_REMEDIATION_TIMEOUT_S),
         description="Per remediation kind, seconds until an unconfirmed remediation counts as failed. "
         "Kinds not given keep their defaults (gpu_reset 300, reboot 900, power_cycle 1200).",
@@ -190,7 +191,7 @@ class LifecycleParams(BaseModel):
         description="Use the power_cycle rungs of the ladders (needs the Redfish adapter). Off: those rungs "
         "are skipped and the strongest remaining rung is repeated.",
     )
-    ladders: dict[str, tuple[Remediation, ...]] = Field(
+    ladders: dict[str, Annotated[tuple[Annotated[Remediation, Strict(False)], ...], Strict(False)]] = Field(
         default_factory=lambda: dict(DEFAULT_LADDERS),
         description="Escalation ladder per fault class (xid_<n>, gpu_missing, check_failed, alert, "
         "approved, default), gentlest first. Attempt n uses rung n, the last rung once exhausted. A class "

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from slurm_fleetyield.core.lifecycle import LifecycleParams
 from slurm_fleetyield.core.signals import SIGNAL_NAMES, SIGNALS_BY_NAME
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
+# Strict: a TOML string "0.5", a boolean or 1 is never a float, "yes" never a bool, "9402" never an int; an
+# integer is still a float. Finite: inf/nan are refused (max_skew = inf would accept replays forever).
+_FROZEN = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+_LAX = Strict(False)
+"""On a container only: TOML gives lists where a tuple is kept (its items stay strict)."""
 
 # --- base-rate derivation (kept as named constants so explain/README can quote them) ----------------------
 LLAMA3_INTERRUPTIONS = 419  # Llama 3, arXiv 2407.21783, Table 5: unexpected interruptions
@@ -41,7 +46,7 @@ class SenseParams(BaseModel):
         "Two missed 30 s scrapes: long enough to ride out one slow scrape, short enough that a dead "
         "exporter is noticed within a minute.",
     )
-    trend_windows_s: tuple[float, ...] = Field(
+    trend_windows_s: Annotated[tuple[float, ...], _LAX] = Field(
         (600.0, 3600.0),
         description="Windows (seconds) over which counter growth is turned into a per-hour rate; a signal "
         "uses the largest rate over all windows, so a 10-minute burst and an hour-long trickle are both "
@@ -93,7 +98,7 @@ class RiskParams(BaseModel):
         "GPU-attributable share (faulty GPU 148 + HBM3 72 + SRAM 19 + GSP 17 = 256, 61%) gives "
         "256 / (54 x 16,384) = 2.89e-4 per GPU-day, i.e. 0.20% per GPU and 1.6% per 8-GPU node over 7 days.",
     )
-    signals: tuple[str, ...] = Field(
+    signals: Annotated[tuple[str, ...], _LAX] = Field(
         SIGNAL_NAMES,
         description="Enabled risk signals, by name, evaluated in this order (see core/signals.py). "
         "An unknown name is a validation error.",
@@ -103,7 +108,7 @@ class RiskParams(BaseModel):
         description="Per-signal scale of its log-odds steps (default 1.0 each; 0 mutes a signal but keeps "
         "its value in explanations).",
     )
-    steps: dict[str, tuple[tuple[float, float], ...]] = Field(
+    steps: dict[str, Annotated[tuple[Annotated[tuple[float, float], _LAX], ...], _LAX]] = Field(
         default_factory=dict,
         description="Per-signal override of its (threshold, log-odds) step table; thresholds strictly "
         "increasing (for margin signals: strictly decreasing).",
@@ -214,13 +219,13 @@ class ProfileParams(BaseModel):
 
     model_config = _FROZEN
 
-    premium_gpu_models: tuple[str, ...] = Field(
+    premium_gpu_models: Annotated[tuple[str, ...], _LAX] = Field(
         ("h100", "h200", "b200", "gb200"),
         description="A node is premium when Slurm's gpu_type or any NVML model name contains one of these "
         "(case-insensitive substring). Premium nodes are priced last so that cheap work fills other "
         "nodes first, and admit decode only when lent by premium widening (see premium).",
     )
-    nvlink_gpu_models: tuple[str, ...] = Field(
+    nvlink_gpu_models: Annotated[tuple[str, ...], _LAX] = Field(
         ("sxm", "hbm3", "h200", "b200", "gb200", "nvl"),
         description="NVML model (or Slurm gpu_type) substrings of boards with NVLink (SXM / HGX / NVL). "
         "By model only: exporters publish NVLink counters as zeros on PCIe boards too. 'PCIe' boards "
@@ -282,7 +287,7 @@ class QuarantineParams(BaseModel):
 
     model_config = _FROZEN
 
-    quarantine_xids: tuple[int, ...] = Field(
+    quarantine_xids: Annotated[tuple[int, ...], _LAX] = Field(
         DEFAULT_QUARANTINE_XIDS,
         description="XIDs that drain the node (pushed or seen growing in a fresh scrape). Unset: those "
         "whose NVIDIA Xid catalog immediate action is a reset, a reboot or a hardware check (RESET_GPU, "
@@ -290,7 +295,7 @@ class QuarantineParams(BaseModel):
         "[xids] overrides applied; given: exactly these (the overrides still apply). `fleetyield xids` "
         "lists the result.",
     )
-    risk_only_xids: tuple[int, ...] = Field(
+    risk_only_xids: Annotated[tuple[int, ...], _LAX] = Field(
         DEFAULT_RISK_ONLY_XIDS,
         description="XIDs counted by the xid_nonfatal risk signal only. Unset: 13, 31, 43 (usually the "
         "application), 63, 92, 94 (contained memory events), 154 (recovery action changed), 167, 169 (no "
@@ -307,8 +312,10 @@ class QuarantineParams(BaseModel):
     drain_cap_min_nodes: int = Field(
         1,
         ge=0,
+        le=100,
         description="The cap never goes below this many nodes, so a small cluster can still quarantine a "
-        "dead GPU (10% of 8 nodes would otherwise be 0).",
+        "dead GPU (10% of 8 nodes would otherwise be 0). At most 100: a larger floor switches the cap off "
+        "for most fleets; a bigger cap is drain_cap_fraction's job.",
     )
     max_new_drains_per_window: int = Field(3, ge=0, description="At most this many new drains per window_s.")
     window_s: float = Field(600.0, gt=0, description="Rate window of max_new_drains_per_window (seconds).")
@@ -582,7 +589,7 @@ class GangParams(BaseModel):
         "green nodes only, which in a fleet with many repaired (yellow) nodes keeps gangs waiting for days "
         "(simulated high-fault fleet: -10.5% net goodput vs Slurm off, docs/results.md).",
     )
-    classes: tuple[str, ...] = Field(
+    classes: Annotated[tuple[str, ...], _LAX] = Field(
         ("pretrain",),
         description="Workload classes whose jobs need fy_ok_train (job_submit.lua: pretrain) and may borrow "
         "yellow nodes.",
@@ -669,7 +676,7 @@ class ReclaimParams(BaseModel):
         description="A reclaimed node keeps fy_ok_batch (and decode loans) off for at most this long, even "
         "if the premium job it was reclaimed for is still pending (something else holds it back).",
     )
-    classes: tuple[str, ...] = Field(
+    classes: Annotated[tuple[str, ...], _LAX] = Field(
         ("batch",),
         description="Workload classes that may be requeued (checkpointable by the site's convention; the job "
         "must also carry Slurm's Requeue flag).",
@@ -725,7 +732,7 @@ class SettleParams(BaseModel):
 
     model_config = _FROZEN
 
-    premium_needing_classes: tuple[str, ...] = Field(
+    premium_needing_classes: Annotated[tuple[str, ...], _LAX] = Field(
         ("pretrain", "finetune"),
         description="Workload classes that need premium GPUs. Other work on premium GPUs while one of these "
         "was pending is premium misuse.",
@@ -818,7 +825,7 @@ def _workload_classes(v: tuple[str, ...], where: str) -> tuple[str, ...]:
 class Params(BaseModel):
     """All decision-core parameters, grouped per stage."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _FROZEN
 
     sense: SenseParams = Field(default_factory=SenseParams, description="Freshness and trend windows.")
     risk: RiskParams = Field(default_factory=RiskParams, description="Risk model and tier thresholds.")

@@ -1,7 +1,8 @@
 """The human gate: a pre-emptive drain of a degrading (not dead) node needs an admin's signed approval.
 
 Input: drain proposals from the core, Ed25519-signed approve/deny envelopes from admins, the clock. Output:
-proposals settled exactly once and a hash-chained audit log of every decision and every refusal.
+proposals settled exactly once and a hash-chained audit log of every decision and every refusal of an
+authentic envelope (one that fails authentication writes nothing; the listener counts it).
 
 Modules, one idea each:
 * ``keys``       admin key pairs, the authorized-keys file, safe private-key loading

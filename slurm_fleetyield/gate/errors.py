@@ -63,6 +63,13 @@ class RejectReason(StrEnum):
     ISSUED_IN_FUTURE = "issued_in_future"  # issued_at later than now + allowed clock skew
 
 
+UNAUTHENTICATED_REASONS = frozenset(
+    {RejectReason.MALFORMED, RejectReason.UNKNOWN_KEY, RejectReason.BAD_SIGNATURE}
+)
+"""Refusals before an authorized key is proven to have signed: anyone can cause them, so they write nothing
+durable (the audit log is for what admins did); the listener counts them in a metric."""
+
+
 class ApprovalRejected(GateError):
     """An envelope was refused. ``reason`` is machine-readable, ``message`` is for humans."""
 
@@ -70,6 +77,11 @@ class ApprovalRejected(GateError):
         self.reason = reason
         self.message = message
         super().__init__(f"{reason.value}: {message}")
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether an authorized admin's signature checked out (then the refusal is audited)."""
+        return self.reason not in UNAUTHENTICATED_REASONS
 
 
 class UnknownProposal(GateError):

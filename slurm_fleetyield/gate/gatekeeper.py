@@ -1,8 +1,8 @@
 """The gate's state: proposals, consumed nonces and the audit log, in one SQLite database.
 
 Input: proposals from the core, envelopes from admins, manual drain reasons seen in Slurm, the clock. Output:
-proposals moved to their final status exactly once, each move (and each rejected envelope) recorded in the
-hash-chained audit log in the same transaction.
+proposals moved to their final status exactly once, each move (and each authentic envelope refused) recorded
+in the hash-chained audit log in the same transaction. An envelope that fails authentication writes nothing.
 
 Atomicity: ``submit`` takes SQLite's write lock (``BEGIN IMMEDIATE``), re-reads the proposal and the nonce
 table under it, and commits the nonce, the status change and the audit entry together. A crash before
@@ -127,10 +127,28 @@ class Gatekeeper:
         self.db_path = Path(db_path)
         self.clock_skew_s = clock_skew_s
         self.max_ttl_s = max_ttl_s
-        self.conn = connect(self.db_path)
+        if (
+            self.db_path.exists()
+            and self.db_path.stat().st_size == 0
+            and not Path(f"{self.db_path}-wal").exists()
+        ):
+            raise GateError(
+                f"{self.db_path}: the gate database is an empty file (0 bytes); refusing to start over its "
+                "proposals, nonces and audit chain. Restore it from backup, or move it away to start fresh"
+            )
+        try:
+            self.conn = connect(self.db_path)
+        except sqlite3.DatabaseError as exc:
+            raise GateError(f"{self.db_path}: not a usable gate database ({exc})") from None
         try:
             self._init_schema()
             self.audit = AuditLog(self.conn, head_path)
+        except sqlite3.DatabaseError as exc:  # not a database, a damaged header or schema page
+            self.conn.close()
+            raise GateError(
+                f"{self.db_path}: not a usable gate database ({exc}); restore it from backup, never "
+                "delete it (its nonces and audit chain are the record of every decision)"
+            ) from None
         except BaseException:
             self.conn.close()
             raise
@@ -266,20 +284,21 @@ class Gatekeeper:
 
         On success the proposal becomes approved/denied, the nonce is consumed and an ``approved``/``denied``
         audit entry (holding the envelope, so the signature can be re-checked later) is appended, all in one
-        transaction. On refusal a ``rejected`` audit entry with the reason code is committed and
-        ``ApprovalRejected`` is raised. ``expect_proposal_id`` binds the envelope to the id the caller meant.
+        transaction. An authentic envelope that is refused commits a ``rejected`` audit entry with the reason
+        code; one that is not authentic (malformed, unknown key, bad signature: anyone can send those) writes
+        nothing and takes no lock, so a flood of forgeries cannot grow the log or stall the gate. Either way
+        ``ApprovalRejected`` is raised (``.authenticated`` tells which). ``expect_proposal_id`` binds the
+        envelope to the id the caller meant.
         """
         digest = envelope_digest(envelope_text)
+        env = parse_envelope(envelope_text)  # ApprovalRejected(malformed): nothing written
+        st = env.statement
+        admin = authenticate(env, authorized_keys)  # unknown_key / bad_signature: nothing written
         rejected: ApprovalRejected | None = None
         applied: AppliedDecision | None = None
         with immediate_transaction(self.conn):
-            admin: AdminKey | None = None
-            subject, claimed_key, action, nonce = "-", None, None, None
+            subject, claimed_key, action, nonce = st.proposal_id, st.key_id, st.action, st.nonce
             try:
-                env = parse_envelope(envelope_text)
-                st = env.statement
-                subject, claimed_key, action, nonce = st.proposal_id, st.key_id, st.action, st.nonce
-                admin = authenticate(env, authorized_keys)
                 if expect_proposal_id is not None and st.proposal_id != expect_proposal_id:
                     raise ApprovalRejected(
                         RejectReason.WRONG_PROPOSAL, f"signed for {st.proposal_id}, not {expect_proposal_id}"
@@ -301,7 +320,7 @@ class Gatekeeper:
                 rejected = r
                 self.audit.append(
                     time=now,
-                    actor=f"admin:{admin.name}" if admin else "unauthenticated",
+                    actor=f"admin:{admin.name}",
                     kind="rejected",
                     subject=subject,
                     data={

@@ -84,6 +84,18 @@ def test_rejections_change_nothing(ingest, mutate, status):
     assert ingest.store.pending() == [] and not ingest.wake.is_set()
 
 
+def test_unauthenticated_pushes_are_counted_not_stored(ingest):
+    seen: list[tuple[str, str]] = []
+    ingest.on_unauthenticated = lambda endpoint, reason: seen.append((endpoint, reason))
+    batch = AgentEventBatch(node="gpu-01", events=[event("e1", fatal=False, xid=13)])
+    for _ in range(5):
+        assert post(ingest, *signed(batch, secret=b"other-secret-0123456789"))[0] == 401
+    body, headers = signed(batch)
+    assert post(ingest, body, {**headers, "X-FleetYield-Node": "gpu-02"})[0] == 400  # authentic: not counted
+    assert seen == [("events", "bad_signature")] * 5
+    assert ingest.store.events() == [] and ingest.store.pending() == []
+
+
 def test_wrong_secret_stale_timestamp_and_bad_json(ingest):
     batch = AgentEventBatch(node="gpu-01", events=[event("e1")])
     assert post(ingest, *signed(batch, secret=b"other"))[0] == 401
@@ -137,3 +149,64 @@ def test_an_xid_the_controller_drains_is_queued_though_the_agent_calls_it_non_fa
         assert [e.event_id for e in store.pending()] == ["e13"]
     finally:
         store.close()
+
+
+def test_replayed_pushes_do_not_flood_the_event_log(tmp_path):
+    # issue #27 item 5: 50 replays of one 200-event body wrote 10,000 rows, pushing history past events_keep
+    store = Store(tmp_path / "fy.db", events_keep=100)
+    server = IngestServer("127.0.0.1", 0, SECRET, store, threading.Event(), max_body_bytes=1 << 20)
+    server.start()
+    try:
+        events = [event(f"n{i:03d}", fatal=False, xid=13) for i in range(190)]
+        # ten fatal events of ten GPUs (one GPU's repeats of one XID would fold into one row)
+        events += [event(f"f{i:03d}").model_copy(update={"gpu": i}) for i in range(10)]
+        body, headers = signed(AgentEventBatch(node="gpu-01", events=events))
+        status, doc = post(server, body, headers)
+        assert status == 202 and (doc["accepted"], doc["ignored_nonfatal"]) == (10, 190)
+        first = store.events(limit=10_000)
+        for _ in range(50):
+            status, doc = post(server, body, headers)
+            assert status == 202 and (doc["accepted"], doc["duplicates"]) == (0, 10)
+        assert store.events(limit=10_000) == first and len(store.pending()) == 10
+        # an agent's retry of the same events (new timestamp, same ids) is a duplicate too, after a restart
+        store.close()
+        store = server.store = Store(tmp_path / "fy.db", events_keep=100)
+        assert (
+            post(server, *signed(AgentEventBatch(node="gpu-01", events=events[180:])))[1]["duplicates"] == 10
+        )
+        assert store.events(limit=10_000) == first
+        # new events still go in
+        assert (
+            post(server, *signed(AgentEventBatch(node="gpu-01", events=[event("new", fatal=False)])))[0]
+            == 202
+        )
+        assert [e["data"]["event_id"] for e in store.events(limit=1)] == ["new"]
+    finally:
+        server.stop()
+        store.close()
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS", "TRACE", "PROPFIND", "PUT"])
+def test_every_other_method_is_405_like_the_api(ingest, method):
+    # issue #27 item 12: the push port answered 501 (the stdlib's default) where the API says 405
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=5)
+    try:
+        conn.request(method, EVENTS_PATH, body=b"" if method == "PUT" else None)
+        resp = conn.getresponse()
+        resp.read()
+        assert (resp.status, resp.getheader("Allow")) == (405, "POST")
+    finally:
+        conn.close()
+    assert ingest.store.pending() == []
+
+
+def test_a_client_gone_mid_reply_prints_no_traceback(ingest, capsys):
+    # issue #27 item 12: broken-pipe tracebacks on stderr (socketserver's handle_error prints them)
+    for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset"), TimeoutError()):
+        try:
+            raise exc
+        except OSError:
+            ingest._httpd.handle_error(None, ("127.0.0.1", 40000))
+    assert capsys.readouterr().err == ""

@@ -106,3 +106,16 @@ def test_reclaim_gauges_and_requeue_actions(tick_parts):
     assert values[("fleetyield_reclaim_blocked_jobs", ())] == 2
     assert values[("fleetyield_plan_actions", (("kind", "requeue"),))] == 1
     assert values[("fleetyield_plan_actions", (("kind", "drain"),))] == 0
+
+
+def test_unauthenticated_requests_are_counted_by_endpoint_and_reason():
+    # issue #27 item 4: refusals before authentication write nothing durable; this counter is their trace
+    stats = ControllerStats()
+    assert not any(n == "fleetyield_unauthenticated_requests_total" for n, _ in scrape(stats))
+    for _ in range(3):
+        stats.unauthenticated("approvals", "bad_signature")
+    stats.unauthenticated("events", "bad_signature")
+    values = scrape(stats)
+    key = "fleetyield_unauthenticated_requests_total"
+    assert values[(key, (("endpoint", "approvals"), ("reason", "bad_signature")))] == 3
+    assert values[(key, (("endpoint", "events"), ("reason", "bad_signature")))] == 1

@@ -415,3 +415,81 @@ def test_kill_9_mid_commit_leaves_the_previous_consistent_state(tmp_path):
     assert _written_at(store, loaded.tick + 1) == 30
     assert Store(path).load_state().state == _fleet_state(loaded.tick + 1)
     store.close()
+
+
+def test_agent_event_log_is_idempotent_by_event_id_and_its_memory_bounded(tmp_path):
+    from slurm_fleetyield.adapters.store import INBOX_KEEP_S
+
+    store = Store(tmp_path / "fy.db")
+    rows = [(f"e{i}", LogRow(10.0, "agent_xid", "gpu-01", f"m{i}")) for i in range(3)]
+    assert store.log_agent_events(rows, received_at=10.0) == (3, 0)
+    assert store.log_agent_events(rows, received_at=11.0) == (0, 3)  # a replay or a retry
+    assert len(store.events(limit=100)) == 3
+    store.commit_tick(1, 10.0 + INBOX_KEEP_S + 1, st(1))  # seen ids older than the inbox's memory go
+    assert store._conn().execute("SELECT COUNT(*) FROM agent_seen").fetchone() == (0,)
+    store.close()
+
+
+# --- issue #27 item 8: a damaged store is a clear error, never a silent fresh start -----------------------
+
+
+def _committed_store(path: Path) -> bytes:
+    store = Store(path)
+    store.commit_tick(1, 1.0, st(1), (), [LogRow(1.0, "x", "n1", "m")])
+    store._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return path.read_bytes()
+
+
+def test_an_empty_existing_store_is_refused_not_started_over(tmp_path):
+    path = tmp_path / "fy.db"
+    path.write_bytes(b"")
+    with pytest.raises(StoreError) as err:
+        Store(path)
+    assert str(path) in str(err.value) and "empty" in str(err.value)
+    assert path.read_bytes() == b""  # nothing written over it
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed"])
+def test_a_damaged_store_is_a_store_error_naming_the_file(tmp_path, damage):
+    path = tmp_path / "fy.db"
+    data = _committed_store(path)
+    damaged = {
+        "garbage": b"not sqlite at all " * 300,
+        "truncated": data[: len(data) // 2 + 10],
+        "zeroed": data[:100] + b"\x00" * (len(data) - 100),
+    }[damage]
+    path.write_bytes(damaged)
+    with pytest.raises(StoreError) as err:
+        store = Store(path)
+        store.load_state()
+    assert str(path) in str(err.value)
+    assert path.read_bytes() == damaged  # changed nothing
+
+
+def test_an_edited_state_row_is_a_store_error(tmp_path):
+    path = tmp_path / "fy.db"
+    _committed_store(path)
+    with sqlite3.connect(path) as conn:
+        first = conn.execute("SELECT MIN(part) FROM state_parts").fetchone()[0]
+        conn.execute("UPDATE state_parts SET doc = '{not json' WHERE part = ?", (first,))
+    with pytest.raises(StoreError, match=str(path)):
+        Store(path).load_state()
+
+
+def test_page_level_damage_is_found_at_open(tmp_path):
+    # a flipped byte in a page the first reads never touch must stop the start, not a later tick
+    path = tmp_path / "fy.db"
+    store = Store(path)
+    for t in range(1, 30):
+        store.commit_tick(t, float(t), st(t), (), [LogRow(float(t), "x", "n1", "m" * 2000)])
+    store._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    data = bytearray(path.read_bytes())
+    page = len(data) // 4096 - 2  # an events page near the end
+    data[page * 4096 : page * 4096 + 8] = b"\xff" * 8  # its b-tree page header
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=str(path)):
+        Store(path)

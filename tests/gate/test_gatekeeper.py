@@ -133,22 +133,9 @@ def test_expect_proposal_id_binds_the_envelope(gk: Gatekeeper, admins: Admins) -
     )
 
 
-@pytest.mark.parametrize(
-    ("case", "reason", "actor"),
-    [
-        ("garbage", "malformed", "unauthenticated"),
-        ("mallory", "unknown_key", "unauthenticated"),
-        ("tampered", "bad_signature", "unauthenticated"),
-        ("expired", "expired", "admin:alice"),
-        ("future", "issued_in_future", "admin:alice"),
-        ("other node", "wrong_node", "admin:alice"),
-    ],
-)
-def test_every_rejection_is_audited_with_its_reason(
-    gk: Gatekeeper, admins: Admins, case: str, reason: str, actor: str
-) -> None:
+def _envelope(gk: Gatekeeper, admins: Admins, case: str) -> str | bytes:
     p = gk.get(PID)
-    env = {
+    return {
         "garbage": lambda: b"\x00not an envelope",
         "mallory": lambda: sign_statement(admins.mallory, p, "approve", now=T0),
         "tampered": lambda: sign_statement(admins.alice, p, "approve", now=T0).replace('"approve"', '"deny"'),
@@ -156,12 +143,40 @@ def test_every_rejection_is_audited_with_its_reason(
         "future": lambda: sign_statement(admins.alice, p, "approve", now=T0 + 3000),
         "other node": lambda: sign_statement(admins.alice, make_proposal(node="gpu-099"), "approve", now=T0),
     }[case]()
-    assert _rejected(gk, env, admins) == reason
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [("expired", "expired"), ("future", "issued_in_future"), ("other node", "wrong_node")],
+)
+def test_every_authenticated_rejection_is_audited_with_its_reason(
+    gk: Gatekeeper, admins: Admins, case: str, reason: str
+) -> None:
+    assert _rejected(gk, _envelope(gk, admins, case), admins) == reason
     last = list(gk.audit.entries())[-1]
-    assert last.actor == actor and last.subject == (PID if case != "garbage" else "-")
+    assert last.actor == "admin:alice" and last.subject == PID
     assert len(last.data["envelope_sha256"]) == 64 and "envelope" not in last.data
     assert gk.get(PID).status is ProposalStatus.PENDING  # nothing applied
     assert gk.verify_audit().ok
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [("garbage", "malformed"), ("mallory", "unknown_key"), ("tampered", "bad_signature")],
+)
+def test_an_unauthenticated_envelope_writes_nothing(
+    gk: Gatekeeper, admins: Admins, case: str, reason: str
+) -> None:
+    # issue #27 item 4: 2,303 unsigned POSTs appended 2,303 audit rows (an fsync each, under the gate lock)
+    db = gk.db_path
+    before = ([e.seq for e in gk.audit.entries()], db.read_bytes(), Path(f"{db}-wal").read_bytes())
+    for _ in range(20):
+        with pytest.raises(ApprovalRejected) as e:
+            gk.submit(_envelope(gk, admins, case), admins.keys, T0 + 5)
+        assert e.value.reason.value == reason and not e.value.authenticated
+    after = ([e.seq for e in gk.audit.entries()], db.read_bytes(), Path(f"{db}-wal").read_bytes())
+    assert after == before  # not a row, not a page: the refusal is the caller's to count
+    assert gk.get(PID).status is ProposalStatus.PENDING and gk.verify_audit().ok
 
 
 def test_failure_mid_apply_leaves_nothing(
@@ -337,7 +352,11 @@ def test_mixed_workflow_audit_verifies_and_exports(tmp_path: Path, admins: Admin
         )
         g.submit(sign_statement(admins.bob, g.get("p-000000000001"), "deny", now=T0), admins.keys, T0 + 11)
         with pytest.raises(ApprovalRejected):
-            g.submit("{}", admins.keys, T0 + 12)
+            g.submit("{}", admins.keys, T0 + 12)  # unauthenticated: not audited
+        with pytest.raises(ApprovalRejected):  # authentic but too late: audited
+            g.submit(
+                sign_statement(admins.alice, g.get("p-000000000001"), "approve", now=T0), admins.keys, T0 + 12
+            )
         g.settle_by_admin("p-000000000002", "manual #p-000000000002", T0 + 13)
         g.expire(T0 + 3603.5)
         out = io.StringIO()
@@ -376,3 +395,14 @@ def test_withdraw_closes_a_pending_proposal_once_and_is_audited(tmp_path):
         kinds = [e.kind for e in gk.audit.entries()]
         assert kinds.count("withdrawn") == 1
         assert gk.verify_audit().ok
+
+
+def test_an_empty_gate_db_is_refused_not_started_over(tmp_path: Path) -> None:
+    # issue #27 item 8: SQLite takes a 0-byte file for a new database; the gate's nonces and audit chain
+    # would silently restart from nothing
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "gate.db").write_bytes(b"")
+    with pytest.raises(GateError, match="empty"):
+        Gatekeeper.open(state)
+    assert (state / "gate.db").read_bytes() == b""

@@ -192,3 +192,63 @@ def test_serve_process_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "value"),
+    [
+        ('port = "9400"', "port", "'9400'"),
+        ("gpus = 2.0", "gpus", "2.0"),
+        ('lowercase-hostname = "yes"', "lowercase_hostname", "'yes'"),
+        ("nvml-slow-interval-s = inf", "nvml_slow_interval_s", "inf"),
+        ("outcomes-interval-s = nan", "outcomes_interval_s", "nan"),
+    ],
+)
+def test_config_file_values_are_strict(tmp_path: Path, line: str, field: str, value: str) -> None:
+    conf = tmp_path / "agent.toml"
+    conf.write_text(f'[agent]\nstate-dir = "{tmp_path / "s"}"\n{line}\n')
+    with pytest.raises(ValueError) as err:
+        build_config(conf, {})
+    message = str(err.value)
+    assert str(conf) in message and f"{field}: " in message and f"(got {value})" in message
+
+
+def test_non_utf8_config_file_names_the_file(tmp_path: Path) -> None:
+    conf = tmp_path / "agent.toml"
+    conf.write_bytes(b'[agent]\nhostname = "\xff"\n')
+    with pytest.raises(ValueError) as err:
+        build_config(conf, {})
+    assert str(conf) in str(err.value) and "UTF-8" in str(err.value)
+
+
+def test_attest_table_is_strict(tmp_path: Path) -> None:
+    from node_agent.attest.config import load_attest_config
+
+    conf = tmp_path / "agent.toml"
+    conf.write_text('[attest]\ntpm-pcr = "16"\n')
+    with pytest.raises(ValueError, match=r"attest.tpm_pcr: .*\(got '16'\)"):
+        load_attest_config(conf)
+    conf.write_text("[attest]\ntimeout-s = nan\n")
+    with pytest.raises(ValueError, match=r"attest.timeout_s: .*\(got nan\)"):
+        load_attest_config(conf)
+    conf.write_text('[attest]\nroot = "/"\ntpm-pcr = 23\n')
+    assert load_attest_config(conf).tpm_pcr == 23
+
+
+def test_agent_http_405_and_no_broken_pipe_traceback(server, capsys) -> None:  # type: ignore[no-untyped-def]
+    import http.client
+
+    srv, _ = server
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+    try:
+        conn.request("OPTIONS", "/metrics")
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 405 and resp.getheader("Allow") == "GET, POST"
+    finally:
+        conn.close()
+    try:
+        raise BrokenPipeError(32, "Broken pipe")
+    except OSError:
+        srv.http.handle_error(None, ("127.0.0.1", 40000))
+    assert "Traceback" not in capsys.readouterr().err

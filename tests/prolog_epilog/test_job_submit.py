@@ -231,3 +231,32 @@ def test_modify_to_unknown_class_rejected(run_lua) -> None:  # type: ignore[no-u
 def test_modify_to_canary_clears_feature_for_controller(run_lua) -> None:  # type: ignore[no-untyped-def]
     res = run_lua("modify", comment="fy:canary", uid="0", rec__features="fy_canary&fy_ok_train")
     assert (res.rc, res.features) == (0, "fy_canary")
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # issue #27 item 11: --constraint=fy_ok_decode without a class became Features=fy_ok_train
+        ({"features": "fy_ok_decode"}, "fy_ok_decode&fy_ok_train"),
+        ({"features": "h100&fy_ok_decode"}, "h100&fy_ok_decode&fy_ok_train"),
+        ({"features": "fy_ok_batch", "comment": "fy:decode"}, "fy_ok_batch&fy_ok_decode"),
+        # the class's own feature is not added twice
+        ({"features": "fy_ok_decode", "comment": "fy:decode"}, "fy_ok_decode"),
+        ({"features": "fy_ok_train&h100"}, "fy_ok_train&h100"),
+        ({"features": "h100,fy_ok_train"}, "h100,fy_ok_train"),
+        # inside an OR it is no guarantee: the class feature is still ANDed
+        ({"features": "h100|fy_ok_train"}, "(h100|fy_ok_train)&fy_ok_train"),
+    ],
+)
+def test_user_fy_terms_are_kept_and_never_duplicated(run_lua, fields, expected) -> None:  # type: ignore[no-untyped-def]
+    res = run_lua(**fields)
+    assert (res.rc, res.features) == (0, expected)
+
+
+def test_modify_keeps_the_users_fy_term_under_the_appended_one(run_lua) -> None:  # type: ignore[no-untyped-def]
+    # stored constraint: the user's fy_ok_decode, then the fy_ok_train the plugin appended at submit
+    res = run_lua("modify", partition="batch", rec__features="fy_ok_decode&fy_ok_train")
+    assert (res.rc, res.features) == (0, "fy_ok_decode&fy_ok_batch")
+    # a new constraint given in the modify is the user's: nothing of it is stripped
+    res = run_lua("modify", features="fy_ok_decode", rec__features="fy_ok_train")
+    assert (res.rc, res.features) == (0, "fy_ok_decode&fy_ok_train")
