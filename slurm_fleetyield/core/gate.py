@@ -33,7 +33,7 @@ from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_in
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import ProposeDrain, WithdrawProposal
 from slurm_fleetyield.core.quarantine import Drains
-from slurm_fleetyield.core.stake import drain_pays
+from slurm_fleetyield.core.stake import Withheld, drain_pays
 from slurm_fleetyield.core.state import ControllerState, Denial, OpenProposal
 
 if TYPE_CHECKING:
@@ -131,9 +131,11 @@ def propose(
     now: float,
     rng: random.Random,
     evidence: Callable[[str], str],
+    withheld: Withheld | None = None,
 ) -> Proposed:
     """``rehab``: this tick's lifecycle (its ``approved``: node -> proposal id drained for, no longer open).
-    ``evidence(node)``: the explain text shown to admins."""
+    ``evidence(node)``: the explain text shown to admins. ``withheld``: this tick's stakes (core/stake.py),
+    with which a proposal is made only when the drain pays (``drain_pays``)."""
     closed, lifecycle = rehab.approved, rehab.lifecycle
     gp = params.gate
     keep = gp.min_risk_to_keep_open if gp.min_risk_to_keep_open is not None else params.risk.yellow_threshold
@@ -183,9 +185,9 @@ def propose(
                 and r.probability < d.risk + gp.deny_risk_margin
             ):
                 continue
-            if params.stake.enabled:
-                pays, why = drain_pays(node, r.probability, obs, params)
-                if not pays:
+            if params.stake.enabled and withheld is not None:
+                ok, _ = drain_pays(node, r.probability, obs, params, withheld)
+                if not ok:
                     continue
             pid = new_proposal_id(rng)
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(

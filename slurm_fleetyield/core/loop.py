@@ -111,7 +111,7 @@ def tick(
     wh = stake.withhold(obs, priced, params, now)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now)
-    proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node)
+    proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node, wh)
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
     remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)

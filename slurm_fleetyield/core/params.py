@@ -417,6 +417,12 @@ class ClassStake(BaseModel):
         "the lost time of every interruption).",
     )
 
+    @property
+    def lost_s(self) -> float:
+        """Seconds each GPU of an interrupted job loses: half a checkpoint interval (half the run when it
+        cannot checkpoint) of progress, plus the restart."""
+        return (self.checkpoint_s or self.run_s) / 2 + self.restart_s
+
 
 def _default_stakes() -> dict[str, ClassStake]:
     # Sources: the simulator's trace conventions (sim/traces.py): training checkpoints hourly, batch every

@@ -62,6 +62,7 @@ class Stake:
 class Withheld:
     nodes: Mapping[str, frozenset[str]]  # node -> class features it does not carry
     stakes: tuple[Stake, ...] = ()
+    pending: frozenset[str] = frozenset()  # classes with pending work
     events: tuple[LogEvent, ...] = ()
     tripped: tuple[str, ...] = ()  # classes whose breaker held this tick
 
@@ -81,8 +82,7 @@ def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
     out = []
     for w, cs in sorted(params.stake.classes.items()):
         gpus = 1 << max(0, largest.get(w, 1) - 1).bit_length()  # next power of two
-        lost = (cs.checkpoint_s or cs.run_s) / 2 + cs.restart_s
-        out.append(Stake(w, gpus, lost))
+        out.append(Stake(w, gpus, cs.lost_s))
     return tuple(out)
 
 
@@ -96,15 +96,15 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
     # the lowest hazard at which any class is withheld anywhere (a node of one GPU): nodes below it carry all
     floor = min((1.0 / (s.gpus * s.lost_s) for s in st), default=math.inf)
     p_floor = -math.expm1(-floor * horizon)
-    pending = {j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None}
-    gpus_of = _gpus(obs)
+    pending = frozenset(j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None)
+    gpus_of: dict[str, int] = {}
     out: dict[str, frozenset[str]] = {}
     losses: dict[str, list[tuple[float, str]]] = {}
     service_gpus = 0
     for name, pn in priced.nodes.items():
         if pn.tier not in SERVICE_TIERS or not pn.managed or pn.keep_fy is not None:
             continue
-        g = gpus_of.get(name, 0)
+        g = gpus_of[name] = node_gpus(obs, name)
         service_gpus += g
         if not pn.risk >= p_floor:  # NaN (unknown) carries what it had
             continue
@@ -112,26 +112,26 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
         drop = []
         for s in st:
             loss = s.loss_rate(lam)
-            if loss > min(s.gpus, max(g, 1)):
+            if loss > min(s.gpus, g):
                 drop.append(CLASS_FEATURE[s.workload])
-                losses.setdefault(s.workload, []).append((loss / max(g, 1), name))
+                losses.setdefault(s.workload, []).append((loss / g, name))
         if drop:
             out[name] = frozenset(drop)
     events: list[LogEvent] = []
     tripped: list[str] = []
     cap = sp.withhold_cap_fraction * service_gpus
     for w, nodes in sorted(losses.items()):
-        held = sum(gpus_of.get(n, 0) for _, n in nodes)
+        held = sum(gpus_of[n] for _, n in nodes)
         if w not in pending or held <= cap:
             continue
         tripped.append(w)
         nodes.sort(reverse=True)  # highest loss per GPU first: those stay withheld
         keep, used = set(), 0
         for _, n in nodes:
-            if used + gpus_of.get(n, 0) > cap:
+            if used + gpus_of[n] > cap:
                 continue
             keep.add(n)
-            used += gpus_of.get(n, 0)
+            used += gpus_of[n]
         feat = CLASS_FEATURE[w]
         for _, n in nodes:
             if n not in keep:
@@ -156,35 +156,35 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
                 },
             )
         )
-    return Withheld(out, st, tuple(events), tuple(tripped))
+    return Withheld(out, st, pending, tuple(events), tuple(tripped))
 
 
-def drain_pays(node: str, p: float, obs: Observations, params: Params) -> tuple[bool, str]:
+def drain_pays(node: str, p: float, obs: Observations, params: Params, wh: Withheld) -> tuple[bool, str]:
     """Does a pre-emptive drain of ``node`` (fatal probability ``p`` within the horizon, false alarms
     included: that is what a probability is) pay? The drain moves the work a fault there would kill:
-    the jobs it requeues now (each loses half a checkpoint interval and a restart at once) and the work that
-    would land there next (the largest stake among the pending classes, ``stakes``); jobs without the
-    Requeue flag run to their end on the node either way. Averted: p x (the stake moved + the node's GPUs
-    down for ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for ``drain_s`` plus the
-    requeue's loss. In GPU-hours, with the figures, for the proposal's log."""
+    the jobs it requeues now (each loses half a checkpoint interval and a restart at once) and the work
+    that would land there next (the largest of this tick's stakes, ``wh``, among the pending classes); jobs
+    without the Requeue flag run to their end on the node either way. Averted: p x (the stake moved + the
+    node's GPUs down for ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for
+    ``drain_s`` plus the requeue's loss. In GPU-hours, with the figures, for the proposal's log."""
     sp = params.stake
     default = ClassStake()
-    g = (obs.slurm[node].gpu_count if node in obs.slurm else 0) or 8
+    g = node_gpus(obs, node)
     moved = 0.0
     for j in obs.jobs:
         if j.state != "RUNNING" or node not in j.nodes or not j.requeue:
             continue
         cs = sp.classes.get(j.workload.value, default) if j.workload is not None else default
         if cs.checkpoint_s > 0:
-            moved += j.gpus * (cs.checkpoint_s / 2 + cs.restart_s)
-    pending = {j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None}
-    nxt = max((x.gpus * x.lost_s for x in stakes(obs, params) if x.workload in pending), default=0.0)
+            moved += j.gpus * cs.lost_s
+    nxt = max((x.gpus * x.lost_s for x in wh.stakes if x.workload in wh.pending), default=0.0)
     averted = p * (moved + nxt + g * sp.repair_s) / 3600.0
     cost = (g * sp.drain_s + moved) / 3600.0
     why = f"averted {averted:.1f} GPU-h (p {p:.2f}) vs cost {cost:.1f} GPU-h"
     return averted > cost, why
 
 
-def _gpus(obs: Observations) -> dict[str, int]:
-    """GPUs per node from Slurm's Gres (8 when Slurm does not say)."""
-    return {n: (s.gpu_count or 8) for n, s in obs.slurm.items()}
+def node_gpus(obs: Observations, node: str) -> int:
+    """A node's GPUs from Slurm's Gres (8 when Slurm does not say)."""
+    s = obs.slurm.get(node)
+    return (s.gpu_count if s is not None else 0) or 8

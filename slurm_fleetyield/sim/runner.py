@@ -96,17 +96,7 @@ POLICIES = (
     "fy_no_gangs",
     "fy_tiers",
 )
-FY_POLICIES = frozenset(
-    {
-        "fleetyield",
-        "fy_no_premium",
-        "fy_no_widening",
-        "fy_no_yellow",
-        "fy_no_drain",
-        "fy_no_gangs",
-        "fy_tiers",
-    }
-)
+FY_POLICIES = frozenset(POLICIES) - {"baseline", "oracle"}
 PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
 OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
 ADMIN_CONSTRAINT = {"pretrain": ("h100",)}  # gangs need NVLink boards under every policy (an admin feature)

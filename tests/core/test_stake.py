@@ -88,18 +88,23 @@ def test_out_of_service_nodes_and_the_old_rule_are_not_the_stages():
     assert stake.withhold(obs, _priced({"n0": math.nan}), Params(), 0.0).nodes == {}
 
 
+def _pays(node: str, prob: float, f: Fleet, p: Params) -> tuple[bool, str]:
+    obs = f.observe(0.0)
+    return stake.drain_pays(node, prob, obs, p, stake.withhold(obs, Priced({}), p, 0.0))
+
+
 def test_a_drain_pays_only_when_the_averted_loss_exceeds_the_capacity_drained():
     f = _fleet(1)
     p = Params()
-    assert not stake.drain_pays("n0", 0.6, f.observe(0.0), p)[0]  # nothing at stake: downtime either way
-    assert not stake.drain_pays("n0", 0.999, f.observe(0.0), p)[0]
+    assert not _pays("n0", 0.6, f, p)[0]  # nothing at stake: downtime either way
+    assert not _pays("n0", 0.999, f, p)[0]
     f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 256)]  # a gang would land there next
-    pays, why = stake.drain_pays("n0", 0.9, f.observe(0.0), p)
+    pays, why = _pays("n0", 0.9, f, p)
     assert pays and "averted" in why
-    assert not stake.drain_pays("n0", 0.5, f.observe(0.0), p)[0]  # a coin flip does not pay a day's swap
+    assert not _pays("n0", 0.5, f, p)[0]  # a coin flip does not pay a day's swap
     # a job that cannot be requeued runs to its end on the node: the drain averts nothing for it
     f.jobs = [JobView(1, "RUNNING", ("n0", "n9"), False, WorkloadClass.DECODE, 64)]
-    assert not stake.drain_pays("n0", 0.9, f.observe(0.0), p)[0]
+    assert not _pays("n0", 0.9, f, p)[0]
 
 
 def test_a_red_node_with_nothing_at_stake_gets_no_proposal():
