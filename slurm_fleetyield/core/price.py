@@ -251,14 +251,15 @@ def _todo(
 ) -> set[str] | None:
     """The nodes whose pricing may differ from last tick's answer, or None (not known: price every node).
 
-    Known when Slurm's nodes are the same, in the same order, the params the very same object and the learned
-    base multiplier (``m``) the same. Then a node is priced again when any input of the per-node memo is
-    another object than last tick (its Slurm view, risk, envelope, memory, lifecycle memory), when it has a drain, hold or fence now or had one last
-    tick, when last tick's pricing logged an event (not memoized), or when it was a lemon last tick (its
-    verdict moves with time). Every other node has the very inputs of its memo entry, whose PricedNode is
-    last tick's answer: with the very same memory, a node that was no lemon is none now either (learn's
-    ``is_lemon`` counts the failures in a window that only moves forward over a fixed history: the count
-    of failures more than ``lemon_dedup_s`` apart can only fall as old reports leave it)."""
+    Known when Slurm's nodes are the same, in the same order, the params the very same object and the
+    learned base multiplier (``m``) the same. Then a node is priced again when any input of the per-node
+    memo is another object than last tick (its Slurm view, risk, envelope, memory, lifecycle memory), when
+    it has a drain, hold or fence now or had one last tick, when last tick's pricing logged an event (not
+    memoized), or when it was a lemon last tick (its verdict moves with time). Every other node has the
+    very inputs of its memo entry, whose PricedNode is last tick's answer: with the very same memory, a
+    node that was no lemon is none now either (learn's ``is_lemon`` counts the failures in a window that
+    only moves forward over a fixed history: the count of failures more than ``lemon_dedup_s`` apart can
+    only fall as old reports leave it)."""
     if last is None or last["params"] is not params or last["keys"] != keys or last["m"] != m:
         return None  # (``m``: the learned base multiplier; the relative tier thresholds follow it)
     todo: set[str] = set()
