@@ -185,10 +185,12 @@ def propose(
                 and r.probability < d.risk + gp.deny_risk_margin
             ):
                 continue
+            figures: dict[str, str] = {}
             if params.stake.enabled and withheld is not None:
-                ok, _ = drain_pays(node, r.probability, obs, params, withheld)
+                ok, why = drain_pays(node, r.probability, obs, params, withheld)
                 if not ok:
                     continue
+                figures["stake"] = why
             pid = new_proposal_id(rng)
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(
                 g.index for g in r.gpus if g.contributions
@@ -203,7 +205,13 @@ def propose(
                     node,
                     "drain_proposal",
                     f"drain proposal {pid}: {r.reason}",
-                    {"proposal_id": pid, "risk": r.probability, "red_threshold": red, "jobs": list(jobs)},
+                    {
+                        "proposal_id": pid,
+                        "risk": r.probability,
+                        "red_threshold": red,
+                        "jobs": list(jobs),
+                        **figures,
+                    },
                 )
             )
     return Proposed(tuple(actions), out, tuple(events))

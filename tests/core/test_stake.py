@@ -113,3 +113,12 @@ def test_a_red_node_with_nothing_at_stake_gets_no_proposal():
     res = Runner(f).tick()
     assert res.nodes["gpu000"].tier is Tier.RED
     assert "drain_proposal" not in [e.kind for e in res.events]
+
+
+def test_a_proposal_that_pays_logs_the_arithmetic():
+    f = Fleet(1)
+    f.set("gpu000", 2, s.REMAP_FAILURE, 1)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]  # a big gang would land there
+    res = Runner(f).tick()
+    ev = [e for e in res.events if e.kind == "drain_proposal"]
+    assert len(ev) == 1 and ev[0].data["stake"].startswith("averted ")
