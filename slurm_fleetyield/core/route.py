@@ -61,6 +61,7 @@ from slurm_fleetyield.core.state import changed_keys, note_changes, slurm_view, 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 # in service: under the stake rule (core/stake.py) every class feature the envelope allows, less withheld ones
 SERVICE_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.RED, Tier.PROBATION})
+_GREEN = frozenset({Tier.GREEN})  # the tier rule: gang and premium-class features on green nodes only
 _DECODE = f"{FY_PREFIX}ok_decode"
 _TRAIN = f"{FY_PREFIX}ok_train"
 _BATCH = f"{FY_PREFIX}ok_batch"
@@ -104,35 +105,22 @@ def fy_features(
         f.append(f"{FY_PREFIX}nvlink_full")
     if env.hbm_full:
         f.append(f"{FY_PREFIX}hbm_full")
-    if service:
-        if lemon:
-            f.append(f"{FY_PREFIX}lemon")
-        if tier in SERVICE_TIERS:
-            if not (batch_wall and tier is Tier.GREEN and env.premium and not lent):
-                f.append(f"{FY_PREFIX}ok_batch")
-            if trainable(env, False):
-                f.append(f"{FY_PREFIX}ok_train")
-            if env.hbm_full:
-                f.append(f"{FY_PREFIX}ok_finetune")
-                if not env.premium or lent or not reserve:
-                    f.append(f"{FY_PREFIX}ok_decode")
-        elif tier is Tier.CANARY:
-            f.append(f"{FY_PREFIX}canary")
-        return tuple(sorted(f))
-    if tier in OK_BATCH_TIERS and not (
-        batch_wall and tier is Tier.GREEN and env.premium and not lemon and not lent
+    barred = lemon and not service  # the tier rule keeps lemons off gang and premium-class work
+    batch_tiers, class_tiers = (SERVICE_TIERS, SERVICE_TIERS) if service else (OK_BATCH_TIERS, _GREEN)
+    if tier in batch_tiers and not (
+        batch_wall and tier is Tier.GREEN and env.premium and not barred and not lent
     ):
         f.append(f"{FY_PREFIX}ok_batch")
     if lemon:
         f.append(f"{FY_PREFIX}lemon")
-    if tier is Tier.GREEN and not lemon:
-        if trainable(env, lemon):
+    if tier in class_tiers and not barred:
+        if trainable(env, False):
             f.append(f"{FY_PREFIX}ok_train")
         if env.hbm_full:
             f.append(f"{FY_PREFIX}ok_finetune")
-            if not env.premium or lent:
+            if not env.premium or lent or not reserve:
                 f.append(f"{FY_PREFIX}ok_decode")
-    if train_lent and tier is Tier.YELLOW and trainable(env, lemon):
+    elif train_lent and tier is Tier.YELLOW and trainable(env, lemon):
         f.append(f"{FY_PREFIX}ok_train")
     if tier is Tier.CANARY:
         f.append(f"{FY_PREFIX}canary")

@@ -38,6 +38,14 @@ def test_without_the_reservation_decode_runs_on_premium_nodes_too():
     assert "fy_ok_decode" in res.nodes["l"].fy_features
 
 
+def test_the_tier_rule_without_the_reservation_puts_decode_on_premium_nodes():
+    # premium.reserve false lends nothing (core/premium.py), so the tier rule must not wall decode off
+    f = Fleet(0)
+    f.add("h", H100)
+    res = Runner(f, Params(stake={"enabled": False})).tick()
+    assert "fy_ok_decode" in res.nodes["h"].fy_features
+
+
 def test_yellow_node_admits_batch_only_under_the_tier_rule():
     f = Fleet(2)  # gpu001 green: it carries every class feature, so none is kept open on gpu000
     f.set("gpu000", 0, s.REMAP_PENDING, 1)
