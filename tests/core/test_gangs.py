@@ -30,9 +30,7 @@ TRAIN = "fy_ok_train"
 SPARE = Params(gangs={"lend_degrading": False})  # degrading yellow nodes are not lent
 
 
-@pytest.fixture(autouse=True)
-def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
+pytestmark = pytest.mark.usefixtures("tier_rule")  # Runner() runs builders.TIER_RULE
 
 
 def fleet(green: int = 2, yellow: int = 2, l40s: int = 1) -> Fleet:

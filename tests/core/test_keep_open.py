@@ -14,9 +14,7 @@ TRAIN, FINETUNE, DECODE = "fy_ok_train", "fy_ok_finetune", "fy_ok_decode"
 CLOSED = Params(keep_open={"enabled": False})
 
 
-@pytest.fixture(autouse=True)
-def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
+pytestmark = pytest.mark.usefixtures("tier_rule")  # Runner() runs builders.TIER_RULE
 
 
 def yellow_fleet(n: int = 3, model: str = L40S) -> Fleet:

@@ -19,9 +19,7 @@ from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 D, P = WorkloadClass.DECODE, WorkloadClass.PRETRAIN
 
 
-@pytest.fixture(autouse=True)
-def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
+pytestmark = pytest.mark.usefixtures("tier_rule")  # Runner() runs builders.TIER_RULE
 
 
 def fleet(h: int = 4, l: int = 1) -> Fleet:  # noqa: E741

@@ -17,9 +17,7 @@ B, D, P, F = WorkloadClass.BATCH, WorkloadClass.DECODE, WorkloadClass.PRETRAIN, 
 FAST = {"reclaim": {"after_s": 75.0}}  # ticks every 30 s: the 4th tick (90 s) acts
 
 
-@pytest.fixture(autouse=True)
-def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
+pytestmark = pytest.mark.usefixtures("tier_rule")  # Runner() runs builders.TIER_RULE
 
 
 def fleet(h: int = 2, l: int = 1) -> Fleet:  # noqa: E741

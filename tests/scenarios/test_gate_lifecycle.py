@@ -26,9 +26,7 @@ from slurm_fleetyield.core.model import (
 T0 = 1_000_000.0
 
 
-@pytest.fixture(autouse=True)
-def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
+pytestmark = pytest.mark.usefixtures("tier_rule")  # Runner() runs builders.TIER_RULE
 
 
 class Loop(Runner):

@@ -13,9 +13,7 @@ from slurm_fleetyield.core.model import JobView, WorkloadClass
 D, P, F = WorkloadClass.DECODE, WorkloadClass.PRETRAIN, WorkloadClass.FINETUNE
 
 
-@pytest.fixture(autouse=True)
-def _tier_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "default_params", staticmethod(Params))
+pytestmark = pytest.mark.usefixtures("tier_rule")  # Runner() runs builders.TIER_RULE
 
 
 @dataclass
