@@ -98,26 +98,20 @@ def _split(kw: dict) -> tuple[dict, dict]:
 
 
 def _core_overrides(path: str) -> str:
-    """The [core] table of ``path``, validated as ``Params``, as JSON (SimConfig.core); errors name it."""
+    """The [core] table of ``path`` as JSON (SimConfig.core), validated by the controller's own loader
+    (``config.load``: errors name the file, the field and the value)."""
     import tomllib
 
-    from pydantic import ValidationError
-
-    from slurm_fleetyield.core.params import Params
+    from slurm_fleetyield.config import ConfigError, load
 
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise click.ClickException(f"{path}: {exc}") from None
-    core = doc.get("core", {})
-    if not isinstance(core, dict) or set(doc) - {"core"}:
+        load(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    if set(doc) - {"core"}:
         raise click.ClickException(f"{path}: expected only a [core] table, got {sorted(doc)}")
-    try:
-        Params(**core)
-    except ValidationError as exc:
-        raise click.ClickException(f"{path}: [core]: {exc}") from None
-    return json.dumps(core, sort_keys=True)
+    return json.dumps(doc.get("core", {}), sort_keys=True)
 
 
 @simulate.command("run")
