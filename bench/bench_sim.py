@@ -12,7 +12,8 @@ the node's risk and the node's decision, compared by value with the previous tic
 incremental tick (only the nodes that changed) could not skip: the floor of such a rewrite.
 ``--recompute`` adds, from one more run, the cost of a recomputed node: the run's last tick replayed with
 the memo of reusable per-node results kept, then emptied (every node recomputed); median of 7 replays each.
-Target (issue #5): 1,000 nodes x 8 GPUs x 90 days in < 60 s per policy run on one core.
+Targets: 1,000 nodes x 8 GPUs x 90 days of openb in < 60 s per policy run on one core (issue #5);
+``--workload frontier --nodes 512,1024,2048 --days 30``: 2,048 nodes x 30 days in < 120 s (issue #26).
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ def _spread(xs: list[int]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="32,100,300,1000")
+    ap.add_argument("--workload", default="openb", help="openb | synthetic | frontier (all-H100 fleet)")
     ap.add_argument("--days", type=float, default=90.0)
     ap.add_argument("--policies", default="baseline,fleetyield")
     ap.add_argument("--control-interval", type=float, default=900.0)
@@ -161,7 +163,14 @@ def main() -> None:
     head = ("nodes", "policy", "jobs", "ticks", "wall_s", "tick_s", "us/GPU/tick")
     print(" ".join(head))
     for n in (int(x) for x in a.nodes.split(",")):
-        cfg = runner.make_config(nodes=n, days=a.days, seed=a.seed, control_interval_s=a.control_interval)
+        cfg = runner.make_config(
+            nodes=n,
+            days=a.days,
+            seed=a.seed,
+            control_interval_s=a.control_interval,
+            workload=a.workload,
+            premium_share=1.0 if a.workload == "frontier" else 0.5,
+        )
         t0 = time.perf_counter()
         inputs = runner.build_inputs(cfg)
         build_s = time.perf_counter() - t0

@@ -20,7 +20,9 @@ from slurm_fleetyield.sim.traces import TraceError
 
 def _common(f):  # type: ignore[no-untyped-def]
     opts = [
-        click.option("--nodes", default=64, show_default=True, help="Fleet size (8-GPU nodes)."),
+        click.option(
+            "--nodes", type=int, default=None, help="Fleet size (8-GPU nodes) [default: 64; frontier: 2048]."
+        ),
         click.option("--days", default=30.0, show_default=True, help="Simulated horizon in days."),
         click.option("--seeds", default=10, show_default=True, help="Number of seeds (>= 10 for the CIs)."),
         click.option("--first-seed", default=0, show_default=True),
@@ -28,10 +30,16 @@ def _common(f):  # type: ignore[no-untyped-def]
             "--workload",
             default="openb",
             show_default=True,
-            help="openb | synthetic | path to a generic CSV/JSON or sacct --parsable2 trace.",
+            help="openb | synthetic | frontier (one gang over 15/16 of the fleet for the whole horizon, "
+            "small jobs beside it) | path to a generic CSV/JSON or sacct --parsable2 trace.",
         ),
         click.option("--load", default=0.7, show_default=True, help="Offered GPU-hours / fleet GPU-hours."),
-        click.option("--premium-share", default=0.5, show_default=True, help="Share of H100 nodes."),
+        click.option(
+            "--premium-share",
+            type=float,
+            default=None,
+            help="Share of H100 nodes [default: 0.5; frontier: 1].",
+        ),
         click.option(
             "--node-rate",
             "node_rate_per_1000_node_days",
@@ -62,6 +70,29 @@ def _common(f):  # type: ignore[no-untyped-def]
         ),
         click.option("--human-delay-h", default=4.0, show_default=True, help="Drain proposal -> approval."),
         click.option("--repair-h", default=24.0, show_default=True),
+        click.option(
+            "--collective-timeout",
+            "collective_timeout_s",
+            default=600.0,
+            show_default=True,
+            help="Seconds a job of more than one GPU hangs on a dead GPU before it fails (PyTorch's NCCL "
+            "process-group timeout, 10 min by default).",
+        ),
+        click.option(
+            "--health-check-interval",
+            "health_check_interval_s",
+            default=300.0,
+            show_default=True,
+            help="Slurm HealthCheckInterval: NHC drains a node with a dead GPU at its next run.",
+        ),
+        click.option(
+            "--restart-s",
+            "restart_s",
+            default=300.0,
+            show_default=True,
+            help="Seconds each restart of an interrupted job spends before progress (scheduling, "
+            "initialisation, checkpoint load; assumption, sweep it).",
+        ),
         click.option("--swap-h", default=24.0, show_default=True),
         click.option("--policies", default=",".join(runner.POLICIES), show_default=True),
         click.option("--workers", default=1, show_default=True, help="Processes (one seed each)."),
@@ -94,6 +125,11 @@ def _split(kw: dict) -> tuple[dict, dict]:
     path = kw.pop("params_file", None)
     if path:
         kw["core"] = _core_overrides(path)
+    frontier = kw.get("workload") == "frontier"
+    if kw.get("nodes") is None:
+        kw["nodes"] = 2048 if frontier else 64
+    if kw.get("premium_share") is None:
+        kw["premium_share"] = 1.0 if frontier else 0.5
     return run, kw
 
 

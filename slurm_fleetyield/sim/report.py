@@ -78,6 +78,9 @@ SCALARS = (
     "refused_jobs",
     "refused_gpu_h",
     "reclaimed_jobs",
+    "stalled_gpu_h",
+    "train_interruptions",
+    "ettr",
 )
 TABLE = (
     "net_goodput_gpu_h",
@@ -88,6 +91,7 @@ TABLE = (
     "drained_gpu_h",
     "preemptive_drains",
     "gap_closed",
+    "ettr",
 )
 
 
@@ -145,9 +149,22 @@ def build(cfg: Any, results: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> d
             row["net_vs_baseline"] = ci([_rel(results[s][p], results[s]["baseline"]) for s in seeds])
         if "baseline" in results[seeds[0]] and "oracle" in results[seeds[0]]:
             row["gap_closed"] = _gap_row(results, p)
+            row["ettr_gap_closed"] = ci([_ettr_gap(results[s], p) for s in seeds])
         out["policies"][p] = row
     out["per_seed"] = {str(s): {p: {k: results[s][p][k] for k in SCALARS} for p in policies} for s in seeds}
     return _round(out)
+
+
+ETTR_GAP_MIN = 0.005
+"""The oracle's ETTR must exceed the baseline's by half a point for an ETTR gap to be defined."""
+
+
+def _ettr_gap(seed: Mapping[str, Mapping[str, Any]], p: str) -> float:
+    """Share of the baseline -> oracle ETTR gap that ``p`` closes on one seed (NaN: no gap, or no ETTR)."""
+    b, o, m = (seed[k].get("ettr", math.nan) for k in ("baseline", "oracle", p))
+    if not all(isinstance(x, float) and math.isfinite(x) for x in (b, o, m)) or o - b < ETTR_GAP_MIN:
+        return math.nan
+    return (m - b) / (o - b)
 
 
 def _rel(m: Mapping[str, Any], base: Mapping[str, Any]) -> float:

@@ -36,10 +36,24 @@ immediate tick on every pushed fatal event (the live daemon ticks every 30 s and
 keeps a 1,000-node x 90-day run tractable, and the core's trends use a 1 h window, which 15-min points
 resolve). Scheduling passes run at most every ``sched_interval_s`` (Slurm's sched_interval, 60 s).
 
-A fatal fault interrupts every job on its node (a GPU reset or reboot needs the node empty), marks the node
-DOWN for ``repair_h`` (reset, diagnostics) and raises the XID in the GPU's telemetry; XID 79 hides the GPU
-from the scrape until repaired. Interrupted jobs are requeued: from their last checkpoint if checkpointable,
-else from zero. A quiet corruption (SDC) is not seen by anyone: it costs the affected jobs one checkpoint
+Fatal faults (the world after one, the same for every policy; only who notices and what they do differ):
+- the GPU is dead from the fault on and its XID shows in its telemetry (XID 79 hides the GPU from the scrape
+  until repaired), but Slurm does not know: the node stays in service;
+- a job on it of more than one GPU hangs in its next collective until ``collective_timeout_s`` (PyTorch's
+  ``init_process_group`` timeout: 10 min for NCCL by default, pytorch.org/docs/stable/distributed.html;
+  swept 5-30 min), then fails and is requeued; a 1-GPU job fails at once. A job Slurm places on the dead
+  node before anyone drains it fails the same way (so a requeued gang can land on it again);
+- NHC, as Slurm's HealthCheckProgram every ``health_check_interval_s`` (LBNL NHC's documented example: 300 s;
+  swept 60-600 s), drains the node at its next run under every policy; draining does not kill the hung job;
+- FleetYield's agent pushes the XID at once: the core's quarantine drains the node and requeues the jobs on
+  it with Slurm's Requeue flag in the same tick (fast requeue: no hang);
+- once the dead node is drained and empty it is DOWN for ``repair_h`` (reset, diagnostics), then comes back.
+A requeued job restarts from its last checkpoint if checkpointable, else from zero, and each restart spends
+``restart_s`` (scheduling, initialisation, checkpoint load; assumption: 5 min, swept) before progress; a
+checkpoint write blocks training for the job's ``ckpt_write_s`` every ``checkpoint_s`` of work. The GPU time
+a job holds without progress (hang, restart) counts as wasted, with the progress it loses (``stalled_gpu_h``
+is that part). ``ettr``: the training gangs' effective training time ratio (``_ettr_of``).
+A quiet corruption (SDC) is not seen by anyone: it costs the affected jobs one checkpoint
 interval of redone work (whole run when not checkpointable) and counts as a failure hitting a job.
 """
 
@@ -51,7 +65,7 @@ import heapq
 import json
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -118,7 +132,7 @@ DAY, HOUR = 86_400.0, 3_600.0
 SIM_ADMIN = "sim-admin"  # the simulated approver, as GateDecision.admin
 
 # event kinds on the heap (job arrivals are not events: ``Simulation.run`` reads them beside the heap)
-END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED = range(1, 9)
+END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED, HANGUP, CHECK = range(1, 11)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +144,7 @@ class SimConfig:
     premium_share: float = 0.5  # share of H100 (NVLink, premium) nodes; the rest are L40S (PCIe)
     days: float = 30.0
     seed: int = 0
-    workload: str = "openb"  # openb | synthetic | path to a generic/sacct trace
+    workload: str = "openb"  # openb | synthetic | frontier | path to a generic/sacct trace
     openb_path: str = str(openb_pods())
     load: float = 0.7  # offered GPU-hours / fleet GPU-hours
     gpu_scale: int = 8
@@ -142,6 +156,10 @@ class SimConfig:
     human_delay_h: float = 4.0  # drain proposal -> approval
     oracle_lead_s: float = 3600.0
     bf_max_job_test: int = 100
+    # the world after a fatal fault (see "Fatal faults" in the module's docs)
+    collective_timeout_s: float = 600.0  # PyTorch's NCCL process-group timeout default (10 min)
+    health_check_interval_s: float = 300.0  # Slurm HealthCheckInterval running NHC (LBNL NHC's example)
+    restart_s: float = 300.0  # per restart: scheduling, initialisation, checkpoint load (assumption, swept)
     faults: fm.FaultParams = field(default_factory=fm.FaultParams)
     # decision-core overrides for the FleetYield policies, as JSON of the config file's [core] table
     # (``simulate --params FILE``); applied under each ablation's own switch
@@ -215,6 +233,8 @@ def build_inputs(cfg: SimConfig) -> Inputs:
         jobs = traces.fill(
             _TRACE_CACHE[key], cfg.horizon_s, fleet_gpus, cfg.load, job_rng, traces.OPENB_DAYS * DAY
         )
+    elif cfg.workload == "frontier":
+        jobs = traces.frontier(traces.FrontierParams(), cfg.horizon_s, cfg.nodes, cfg.gpus_per_node, job_rng)
     elif cfg.workload == "synthetic":
         jobs = traces.synthetic(
             traces.SyntheticParams(), cfg.horizon_s, fleet_gpus, cfg.load, job_rng, cfg.gpus_per_node
@@ -315,7 +335,20 @@ def _submit(j: traces.Job) -> float:
 
 
 class _JobState:
-    __slots__ = ("done", "extra", "finished", "first_start", "job", "run_id", "started")
+    __slots__ = (
+        "done",
+        "ended",
+        "extra",
+        "finished",
+        "first_start",
+        "hung_since",
+        "job",
+        "rate",
+        "restarts",
+        "run_id",
+        "started",
+        "startup",
+    )
 
     def __init__(self, job: traces.Job) -> None:
         self.job = job
@@ -323,8 +356,26 @@ class _JobState:
         self.extra = 0.0  # work to redo after a quiet corruption
         self.started: float | None = None
         self.first_start: float | None = None
+        self.ended: float | None = None  # completed at
         self.run_id = 0
         self.finished = False  # completed: its work is already counted as useful
+        self.hung_since: float | None = None  # stuck in a collective on a dead GPU since
+        self.startup = 0.0  # the current run's restart cost (no progress during it)
+        self.restarts = 0
+        # work per second of running: a blocking checkpoint write every checkpoint_s of work
+        c, w = job.checkpoint_s, job.ckpt_write_s
+        self.rate = c / (c + w) if c and w > 0 else 1.0
+
+    def progress(self, t: float) -> float:
+        """Work done by ``t``: retained work plus this run's, less its start-up, frozen while it hangs."""
+        if self.started is None:
+            return self.done
+        end = t if self.hung_since is None else min(t, self.hung_since)
+        return self.done + max(0.0, end - self.started - self.startup) * self.rate
+
+    def wall_left(self, startup: float) -> float:
+        """Wall-clock seconds a (re)start needs to finish: start-up plus the remaining work at its rate."""
+        return startup + (self.job.duration + self.extra - self.done) / self.rate
 
 
 class Simulation:
@@ -360,6 +411,7 @@ class Simulation:
         self.sched_pending = False
         # faults
         self.cancelled: set[int] = set()
+        self.broken: dict[str, fm.Fault] = {}  # a dead GPU, the node not yet out of service -> its fault
         self.gpu_failed: dict[tuple[str, int], int] = {}  # fatal events per GPU (repeat share)
         self.fault_hist: list[tuple[float, str, int, float | None]] = []  # time, node, GPU, its swap time
         self.swapped_at: dict[tuple[str, int], float] = {}
@@ -413,6 +465,8 @@ class Simulation:
                 "refused_jobs",
                 "refused_gpu_h",
                 "reclaimed_jobs",
+                "stalled_gpu_h",
+                "train_interruptions",
             ),
             0.0,
         )
@@ -465,6 +519,7 @@ class Simulation:
         horizon = cfg.horizon_s
         for j in self.inp.jobs:
             self.jobs[j.job_id] = _JobState(j)
+        self.horizon = horizon
         # Arrivals are not pushed: they are read in time order beside the heap and win every tie, as they
         # would in it (pushed first, they would carry the lowest sequence numbers, in the trace's order).
         # The heap then holds only what the run schedules (thousands of events, not every job).
@@ -486,6 +541,8 @@ class Simulation:
             APPROVE: self._approve,
             ORACLE: self._oracle_drain,
             SWAPPED: self._swapped,
+            HANGUP: self._hangup,
+            CHECK: self._check,
         }
         heap = self.heap
         arrive = self._arrive
@@ -508,9 +565,9 @@ class Simulation:
         self._advance(horizon)
         for js in self.jobs.values():  # progress of jobs still running at the end counts as useful
             if js.started is not None:
-                self.m["useful_gpu_h"] += (
-                    js.job.gpus * min(horizon - js.started + js.done, js.job.duration) / HOUR
-                )
+                self.m["useful_gpu_h"] += js.job.gpus * min(js.progress(horizon), js.job.duration) / HOUR
+                hung = horizon - js.hung_since if js.hung_since is not None else 0.0
+                self._stalled(js.job.gpus, min(js.startup, horizon - js.started) + hung)
             elif js.done and not js.finished:  # interrupted, waiting in the queue: its retained progress
                 self.m["useful_gpu_h"] += js.job.gpus * js.done / HOUR
         return self._metrics()
@@ -552,7 +609,7 @@ class Simulation:
             js = self.jobs[jid]
             j = js.job
             q.append(
-                (jid, self.constraint[j.workload], j.nodes, j.gpus_per_node, j.duration + js.extra - js.done)
+                (jid, self.constraint[j.workload], j.nodes, j.gpus_per_node, js.wall_left(self._startup(js)))
             )
         placed = self.slurm.schedule(self.now, q)
         if not placed:
@@ -564,9 +621,11 @@ class Simulation:
         for jid, nodes in placed:
             js = self.jobs[jid]
             j = js.job
-            remaining = j.duration + js.extra - js.done
+            js.startup = self._startup(js)
+            remaining = js.wall_left(js.startup)
             self.slurm.start(jid, nodes, j.gpus_per_node, self.now + remaining, j.workload, _requeueable(j))
             js.started = self.now
+            js.hung_since = None
             js.run_id += 1
             if js.first_start is None:
                 js.first_start = self.now
@@ -577,12 +636,24 @@ class Simulation:
             else:
                 self.misuse_gpus += sum(j.gpus_per_node for n in nodes if n in self.premium)
             self.push(self.now + remaining, END, (jid, js.run_id))
+            if self.broken and any(n in self.broken for n in nodes):
+                # placed on a dead GPU nobody has drained yet (the baseline between the fault and NHC)
+                self.m["failures_hitting_jobs"] += 1
+                self._hang(js)
+
+    def _startup(self, js: _JobState) -> float:
+        """A restart pays ``restart_s`` (the trace's durations already hold the first start's set-up)."""
+        return self.cfg.restart_s if js.restarts else 0.0
 
     def _release(self, js: _JobState) -> None:
         p = self.slurm.finish(js.job.job_id)
         if js.job.workload not in PREMIUM_NEEDING:
             self.misuse_gpus -= sum(p.gpus_per_node for n in p.nodes if n in self.premium)
         js.started = None
+        if self.broken:
+            for n in p.nodes:
+                if n in self.broken:
+                    self._maybe_repair(n)
         if self.awaiting_swap:
             for n in p.nodes:
                 if n in self.awaiting_swap and not self.slurm.jobs_on(n):
@@ -594,10 +665,12 @@ class Simulation:
         js = self.jobs[jid]
         if js.run_id != run_id or js.started is None:
             return  # interrupted since
+        self._stalled(js.job.gpus, js.startup)
         self._release(js)
         js.done = js.job.duration
         js.extra = 0.0
         js.finished = True
+        js.ended = self.now
         self.m["useful_gpu_h"] += js.job.gpu_hours
         self.m["jobs_completed"] += 1
 
@@ -606,7 +679,11 @@ class Simulation:
         if js.started is None:
             return
         j = js.job
-        progress = js.done + (self.now - js.started)
+        progress = js.progress(self.now)
+        # GPU time held without progress: this run's restart cost and the hang on a dead GPU
+        ran = self.now - js.started
+        hang = self.now - js.hung_since if js.hung_since is not None else 0.0
+        self._stalled(j.gpus, min(js.startup, ran) + hang)
         if keep_progress:
             retained = progress
         elif j.checkpoint_s:
@@ -616,9 +693,17 @@ class Simulation:
         self.m["wasted_gpu_h"] += j.gpus * (progress - retained) / HOUR
         js.done = min(retained, j.duration + js.extra)
         js.run_id += 1
+        js.restarts += 1
+        js.hung_since = None
         self._release(js)
         self.m["requeues"] += 1
         self._enqueue(js)
+
+    def _stalled(self, gpus: int, seconds: float) -> None:
+        """GPU time a job held without progress (restart, hang): wasted."""
+        if seconds > 0:
+            self.m["stalled_gpu_h"] += gpus * seconds / HOUR
+            self.m["wasted_gpu_h"] += gpus * seconds / HOUR
 
     def _requeue_from_drain(self, jid: int) -> None:
         self._interrupt(jid, keep_progress=self.policy == "oracle")
@@ -642,37 +727,36 @@ class Simulation:
             for jid in jobs:
                 js = self.jobs[jid]
                 j = js.job
-                redo = j.checkpoint_s or (self.now - js.started + js.done)
+                redo = j.checkpoint_s or js.progress(self.now)
                 js.extra += redo
                 self.m["wasted_gpu_h"] += j.gpus * redo / HOUR
                 self.m["failures_hitting_jobs"] += 1
                 # the job now ends later: move its END
                 js.run_id += 1
-                p = self.slurm.extend(jid, redo)
+                p = self.slurm.extend(jid, redo / js.rate)
                 self.push(p.end, END, (jid, js.run_id))
             return
         n = self.slurm.nodes[node]
-        if n.down or node in self.swapping:
-            return  # already out for repair or a GPU swap: the GPU is being looked at anyway
+        if n.down or node in self.swapping or node in self.broken:
+            return  # already dead, or out for repair or a GPU swap: the GPU is being looked at anyway
         self.m["fatal_faults"] += 1
         key = (node, f.gpu)
         self.gpu_failed[key] = self.gpu_failed.get(key, 0) + 1
         self.fault_hist.append((self.now, node, f.gpu, self.swapped_at.get(key)))
+        self.broken[node] = f
         for jid in jobs:
             self.m["failures_hitting_jobs"] += 1
-            self._interrupt(jid)
+            self._hang(self.jobs[jid])
         x = self.xids.setdefault(key, {})
         assert f.xid is not None
         x[f.xid] = x.get(f.xid, 0.0) + 1.0
         self._dirty_gpu(key)
         if f.xid == 79:
             self.hidden.add(key)
-        self.slurm.set_down(node, True)
-        self.repairing.add(node)
-        self.push(self.now + self.cfg.repair_h * HOUR, REPAIRED, node)
-        if self.policy == "baseline":
-            self.slurm.set_drain(node, f"nhc: XID {f.xid} on gpu {f.gpu}")
-        elif self.policy in FY_POLICIES:
+        # NHC (Slurm's HealthCheckProgram) finds it at its next run, under every policy
+        iv = self.cfg.health_check_interval_s
+        self.push(math.floor(self.now / iv) * iv + iv, CHECK, node)
+        if self.policy in FY_POLICIES:
             self.pending_events.append(
                 FatalEvent(
                     f"sim-{f.fault_id}",
@@ -687,6 +771,46 @@ class Simulation:
                 )
             )
             self._tick("push")
+
+    def _hang(self, js: _JobState) -> None:
+        """The job's GPU died under it: a job of more than one GPU waits in its next collective until the
+        timeout, then fails; a 1-GPU job fails at once (its CUDA call returns the error)."""
+        if js.started is None or js.hung_since is not None:
+            return
+        js.hung_since = self.now
+        js.run_id += 1  # its END is void
+        if js.job.workload == "pretrain":
+            self.m["train_interruptions"] += 1
+        wait = self.cfg.collective_timeout_s if js.job.gpus > 1 else 0.0
+        self.push(self.now + wait, HANGUP, (js.job.job_id, js.run_id))
+
+    def _hangup(self, payload: tuple[int, int]) -> None:
+        """The hung job fails (collective timeout): Slurm requeues it (its progress since the last
+        checkpoint lost), unless a drain requeued it first."""
+        jid, run_id = payload
+        js = self.jobs[jid]
+        if js.run_id == run_id and js.started is not None:
+            self._interrupt(jid)
+
+    def _check(self, node: str) -> None:
+        """NHC's periodic run on ``node``: a dead GPU nobody took out yet is drained the NHC way (the jobs
+        on it are not killed: a hung one keeps the node until its timeout)."""
+        f = self.broken.get(node)
+        n = self.slurm.nodes[node]
+        if f is None or n.drain or n.down:
+            return
+        self.slurm.set_drain(node, f"nhc: XID {f.xid} on gpu {f.gpu}")
+        self._maybe_repair(node)
+
+    def _maybe_repair(self, node: str) -> None:
+        """A dead node that is drained (by anyone) and empty goes DOWN for its repair (reset, diagnostics)."""
+        n = self.slurm.nodes[node]
+        if node not in self.broken or not n.drain or self.slurm.jobs_on(node):
+            return
+        del self.broken[node]
+        self.slurm.set_down(node, True)
+        self.repairing.add(node)
+        self.push(self.now + self.cfg.repair_h * HOUR, REPAIRED, node)
 
     def _drain(self, node: str, reason: str) -> None:
         """The oracle's drain: requeues every job on the node, keeping its progress (it checkpoints first)."""
@@ -876,6 +1000,8 @@ class Simulation:
         for a in drains:
             if isinstance(a, DrainNode) and a.cause == "approved":
                 self._approved_drain(a.node)
+            if isinstance(a, DrainNode) and a.node in self.broken:
+                self._maybe_repair(a.node)
         # the gate's record of open proposals, kept as the live shell keeps it: from the plan's actions
         for a in plan.of_kind("withdraw_proposal"):
             if isinstance(a, WithdrawProposal) and self.open_proposals.get(a.node, ("",))[0] == a.proposal_id:
@@ -938,6 +1064,10 @@ class Simulation:
 
     # ---- results -----------------------------------------------------------------------------------------
 
+    def _ettr(self) -> float:
+        """ETTR of the training gangs (class pretrain)."""
+        return _ettr_of((js for js in self.jobs.values() if js.job.workload == "pretrain"), self.horizon)
+
     def _metrics(self) -> dict[str, Any]:
         m = dict(self.m)
         m["net_goodput_gpu_h"] = m["useful_gpu_h"] - m["wasted_gpu_h"]
@@ -945,8 +1075,24 @@ class Simulation:
             c: (self.wait_sum[c] / self.wait_n[c] / HOUR if self.wait_n[c] else 0.0) for c in traces.CLASSES
         }
         m["repeat_share"] = _repeat_share(self.fault_hist)
+        m["ettr"] = self._ettr()
         m["ticks"] = float(self.ticks)
         return m
+
+
+def _ettr_of(jobs: Iterable[_JobState], horizon: float) -> float:
+    """Effective training time ratio (Meta RSC, arXiv 2410.21680): productive training time over the
+    wall-clock time the jobs were in the system, from first start to completion (or the horizon). Productive:
+    the work kept (progress lost to a fault, hangs, restarts, re-queue waits and checkpoint writes are not).
+    NaN when no training job started."""
+    kept = wall = 0.0
+    for js in jobs:
+        if js.first_start is None:
+            continue
+        end = js.ended if js.ended is not None else horizon
+        wall += end - js.first_start
+        kept += js.job.duration if js.finished else min(js.progress(horizon), js.job.duration)
+    return kept / wall if wall > 0 else math.nan
 
 
 def _repeat_share(hist: Sequence[tuple[float, str, int, float | None]]) -> float:
@@ -1014,4 +1160,13 @@ def make_config(**kw: Any) -> SimConfig:
     if unknown:
         raise ValueError(f"unknown simulation option(s): {', '.join(sorted(unknown))}")
     base = kw.pop("faults", fm.FaultParams())
-    return SimConfig(**kw, faults=replace(base, **fkw).validate())
+    cfg = SimConfig(**kw, faults=replace(base, **fkw).validate())
+    checks = {
+        "collective_timeout_s": cfg.collective_timeout_s >= 0,
+        "health_check_interval_s": cfg.health_check_interval_s > 0,
+        "restart_s": cfg.restart_s >= 0,
+    }
+    for name, ok in checks.items():
+        if not ok or not math.isfinite(getattr(cfg, name)):
+            raise ValueError(f"simulation option {name}={getattr(cfg, name)!r} is out of range")
+    return cfg
