@@ -13,7 +13,13 @@
 # same source in both A/B arms, whether or not a controller collects the epilog's records). Checkpoint
 # convention of the epilog (prolog_epilog/epilog.py), kept too:
 #   date +%s > /var/spool/fleetyield/ckpt/$SLURM_JOB_ID
-# Exit codes: 0 done, 86 crashed on a GPU fault (the chaos ledger and the NHC emulation read this).
+# Checkpoint signals (FleetYield's convention, stake.classes.<class>.checkpoint_signals = "batch": this script
+# trains in the batch shell, so FleetYield signals it with scancel --batch): SIGUSR2 -> checkpoint at the end
+# of the current step and keep running (sent with a drain proposal); SIGUSR1 -> checkpoint, then
+# `scontrol requeue $SLURM_JOB_ID` (sent right after an approved drain: the job restarts elsewhere from now).
+#   FY_SCONTROL    scontrol to requeue with [scontrol]
+# Exit codes: 0 done (or requeued itself), 86 crashed on a GPU fault (the chaos ledger and the NHC emulation
+# read this).
 set -u
 JOB=${SLURM_JOB_ID:?not a Slurm job}
 WORK=${FY_WORK_S:-300}
@@ -32,6 +38,11 @@ if [ -s "$PROG" ]; then
   echo "fy-train-job $JOB: resuming at ${done_s}s of ${WORK}s (restart ${SLURM_RESTART_COUNT:-?})"
 fi
 last_ckpt=$done_s
+ckpt_now=0
+requeue_now=0
+trap 'ckpt_now=1' USR2
+trap 'ckpt_now=1; requeue_now=1' USR1
+echo "fy-train-job $JOB: training from ${done_s}s"
 
 gpu_faulted() {  # 0 when the fatal marker lists one of our GPUs (or a node-wide event)
   [ -s "$FATAL" ] || return 1
@@ -60,9 +71,15 @@ while [ "$done_s" -lt "$WORK" ]; do
   fi
   sleep "$STEP"
   done_s=$((done_s + STEP))
-  if [ "$CKPT" -gt 0 ] && [ $((done_s - last_ckpt)) -ge "$CKPT" ]; then
+  if [ "$ckpt_now" = 1 ] || { [ "$CKPT" -gt 0 ] && [ $((done_s - last_ckpt)) -ge "$CKPT" ]; }; then
     checkpoint "$done_s"
     last_ckpt=$done_s
+    ckpt_now=0
+  fi
+  if [ "$requeue_now" = 1 ]; then
+    echo "fy-train-job $JOB: checkpointed at ${done_s}s on request: requeueing myself"
+    "${FY_SCONTROL:-scontrol}" requeue "$JOB"
+    exit 0
   fi
 done
 echo "$WORK $(date +%s) done" > "$PROG.tmp" && mv "$PROG.tmp" "$PROG"

@@ -32,6 +32,7 @@ from slurm_fleetyield.core.plan import (
     RebootNode,
     RequeueJobs,
     ResumeNode,
+    SignalJobs,
     SubmitCanary,
     UpdateNodes,
 )
@@ -759,6 +760,11 @@ class SlurmCli:
             return commands
         if isinstance(action, RequeueJobs):
             return [_requeue(scontrol, action.jobs)]
+        if isinstance(action, SignalJobs):
+            # steps: no --batch/--full, every step of the job gets it (the training processes), not the batch
+            # shell (which a signal it does not trap would kill); batch: only the batch script, which traps it
+            where = ("--batch",) if action.target == "batch" else ()
+            return [(self._bin("scancel"), *where, f"--signal={action.signal}", *map(str, action.jobs))]
         if isinstance(action, ResumeNode):
             return [(scontrol, "update", f"NodeName={action.node}", "State=RESUME")]
         if isinstance(action, RebootNode):

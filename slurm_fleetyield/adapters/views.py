@@ -45,6 +45,7 @@ from slurm_fleetyield.core.plan import (
     RequeueJobs,
     ResetGpu,
     ResumeNode,
+    SignalJobs,
     SubmitCanary,
     UpdateNodes,
     WithdrawProposal,
@@ -80,7 +81,14 @@ def action_dict(action: Action) -> dict[str, Any]:
         return {"kind": "resume", "node": action.node, "reason": action.reason}
     if isinstance(
         action,
-        ResetGpu | RebootNode | PowerCycle | SubmitCanary | CancelCanaries | WithdrawProposal | RequeueJobs,
+        ResetGpu
+        | RebootNode
+        | PowerCycle
+        | SubmitCanary
+        | CancelCanaries
+        | WithdrawProposal
+        | RequeueJobs
+        | SignalJobs,
     ):
         return {"kind": action.kind, **dataclasses.asdict(action)}
     if isinstance(action, ProposeDrain):

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage
 from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.plan import ProposeDrain, WithdrawProposal
+from slurm_fleetyield.core.plan import ProposeDrain, SignalJobs, WithdrawProposal
 from slurm_fleetyield.core.quarantine import Drains
-from slurm_fleetyield.core.stake import Withheld, drain_pays
+from slurm_fleetyield.core.stake import Withheld, drain_pays, signal_actions
 from slurm_fleetyield.core.state import ControllerState, Denial, OpenProposal
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def _acted_on(m: LifecycleMemory | None, proposal_id: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Proposed:
-    actions: tuple[ProposeDrain | WithdrawProposal, ...]
+    actions: tuple[ProposeDrain | WithdrawProposal | SignalJobs, ...]
     proposals: Mapping[str, OpenProposal]
     events: tuple[LogEvent, ...] = ()
 
@@ -139,7 +139,7 @@ def propose(
     closed, lifecycle = rehab.approved, rehab.lifecycle
     gp = params.gate
     keep = gp.min_risk_to_keep_open if gp.min_risk_to_keep_open is not None else params.risk.yellow_threshold
-    actions: list[ProposeDrain | WithdrawProposal] = []
+    actions: list[ProposeDrain | WithdrawProposal | SignalJobs] = []
     events: list[LogEvent] = []
     out: dict[str, OpenProposal] = {}
     for node, p in sorted(decided.proposals.items()):
@@ -195,10 +195,14 @@ def propose(
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(
                 g.index for g in r.gpus if g.contributions
             )
-            jobs = tuple(sorted(j.job_id for j in job_index(obs.jobs).holding if node in j.nodes))
+            running = tuple(j for j in job_index(obs.jobs).holding if node in j.nodes)
+            jobs = tuple(sorted(j.job_id for j in running))
             p = OpenProposal(pid, node, r.probability, now, now + gp.proposal_ttl_s, gpus)
             out[node] = p
             actions.append(ProposeDrain(pid, node, gpus, r.probability, evidence(node), jobs, p.expires_at))
+            # checkpoint now: not destructive, so before the approval (a fault meanwhile loses less)
+            why_sig = f"drain proposal {pid}: checkpoint now"
+            actions.extend(signal_actions(node, running, "USR2", why_sig, params))
             events.append(
                 LogEvent(
                     now,

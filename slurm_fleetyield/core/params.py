@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
@@ -408,6 +408,16 @@ class ClassStake(BaseModel):
     )
     run_s: float = Field(
         86_400.0, gt=0, description="Typical run length (used only when checkpoint_s is None)."
+    )
+    checkpoint_signals: Literal["off", "steps", "batch"] = Field(
+        "off",
+        description="Jobs of this class follow the checkpoint-signal convention: on SIGUSR2 they "
+        "checkpoint and keep running, on SIGUSR1 they checkpoint and requeue themselves (scontrol requeue "
+        "$SLURM_JOB_ID, as PyTorch Lightning's SLURM auto-requeue does). 'steps': the srun-launched "
+        "processes handle them (scancel --signal=SIG JOB; Lightning's way); 'batch': the batch script traps "
+        "them (scancel --batch). FleetYield then sends USR2 with a drain proposal and USR1 right after an "
+        "approved drain instead of requeueing the job. 'off' by default: a process that does not handle "
+        "the signal is killed by it.",
     )
     restart_s: float = Field(
         600.0,

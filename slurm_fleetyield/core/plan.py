@@ -58,6 +58,30 @@ class RequeueJobs:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalJobs:
+    """Ask running jobs on ``node`` to checkpoint: ``scancel --signal=<signal> <job>`` (every step of the
+    job, not the batch shell; ``--batch`` for ``target`` batch). Only for jobs of a class that follows the
+    checkpoint-signal convention
+    (``stake.classes.<class>.checkpoint_signals``; README "Checkpoint signals"):
+    - ``USR2``: checkpoint now and keep running. Sent with a drain proposal: not destructive, so it does not
+      wait for the approval, and a fault before the approval loses only what came after it;
+    - ``USR1``: checkpoint, then requeue yourself (``scontrol requeue $SLURM_JOB_ID``, the convention of
+      PyTorch Lightning's SLURM auto-requeue). Sent right after an approved drain (plan order), instead of
+      requeueing the job: it restarts elsewhere from a checkpoint taken now, not from the last periodic one.
+    Idempotent in effect: a second signal costs one more checkpoint write."""
+
+    node: str
+    jobs: tuple[int, ...]
+    signal: str  # USR2 | USR1
+    reason: str
+    target: str = "steps"  # steps: the job's srun steps | batch: the batch script (scancel --batch)
+
+    @property
+    def kind(self) -> str:
+        return "signal"
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeNode:
     """Resume a node FleetYield drained itself (never one drained by someone else)."""
 
@@ -186,6 +210,7 @@ Action = (
     UpdateNodes
     | DrainNode
     | RequeueJobs
+    | SignalJobs
     | ResumeNode
     | ResetGpu
     | RebootNode

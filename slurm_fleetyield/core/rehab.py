@@ -46,6 +46,7 @@ from slurm_fleetyield.core.plan import Action, DrainNode, Hold, ResumeNode, Subm
 from slurm_fleetyield.core.quarantine import Drains, Fatal
 from slurm_fleetyield.core.quarantine import _most_specific as most_specific
 from slurm_fleetyield.core.sense import Sensed
+from slurm_fleetyield.core.stake import signal_actions, signals_checkpoint
 from slurm_fleetyield.core.state import ControllerState
 
 SLURM_OWN_REASONS = (
@@ -261,18 +262,24 @@ def _approve(
     actions: list[Action],
     events: list[LogEvent],
 ) -> LifecycleMemory:
-    """Step APPROVED_DRAIN; the drain carries the gate's reason: ``... [approved by <admin> #<id>]``."""
+    """Step APPROVED_DRAIN; the drain carries the gate's reason: ``... [approved by <admin> #<id>]``. Jobs
+    that follow the checkpoint-signal convention are not requeued by the drain: right after it (lifecycle
+    actions follow drains in the plan) they get USR1, checkpoint now and requeue themselves."""
     pid = ap.proposal.proposal_id
     suffix = f" [approved by {ap.admin} #{pid}]"
     head = f"fleetyield: {approved_summary(r)}"
     reason = head[: MAX_REASON_LEN - len(suffix)] + suffix
-    t = step(m, Event.approved(pid, _requeue(running)), now, params.lifecycle)
+    rest = tuple(j for j in running if not signals_checkpoint(j, params))
+    t = step(m, Event.approved(pid, _requeue(rest)), now, params.lifecycle)
     events.extend(t.log)
     for a in t.actions:
         if isinstance(a, DrainNode):
             drain_actions.append(replace(a, reason=reason, cause="approved"))
         else:
             actions.append(a)
+    if t.accepted:
+        why = f"approved drain {pid}: checkpoint and requeue"
+        actions.extend(signal_actions(m.node, running, "USR1", why, params))
     return replace(t.memory, reason=reason) if t.accepted else t.memory
 
 

@@ -34,8 +34,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import FY_PREFIX, LogEvent, Observations
+from slurm_fleetyield.core.model import FY_PREFIX, JobView, LogEvent, Observations
 from slurm_fleetyield.core.params import ClassStake, Params
+from slurm_fleetyield.core.plan import SignalJobs
 from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.route import SERVICE_TIERS
 
@@ -182,6 +183,28 @@ def drain_pays(node: str, p: float, obs: Observations, params: Params, wh: Withh
     cost = (g * sp.drain_s + moved) / 3600.0
     why = f"averted {averted:.1f} GPU-h (p {p:.2f}) vs cost {cost:.1f} GPU-h"
     return averted > cost, why
+
+
+def signals_checkpoint(job: JobView, params: Params) -> str:
+    """Which of ``job``'s processes handle checkpoint signals ('steps' | 'batch'; '' for none): its class's
+    ``checkpoint_signals``, for a job Slurm may requeue. Such a job is asked to checkpoint by a drain
+    instead of being requeued from its last periodic checkpoint."""
+    if job.workload is None or not job.requeue:
+        return ""
+    cs = params.stake.classes.get(job.workload.value)
+    return "" if cs is None or cs.checkpoint_signals == "off" else cs.checkpoint_signals
+
+
+def signal_actions(
+    node: str, jobs: tuple[JobView, ...], signal: str, reason: str, params: Params
+) -> list[SignalJobs]:
+    """One ``SignalJobs`` per target for the jobs on ``node`` that follow the convention."""
+    by: dict[str, list[int]] = {}
+    for j in jobs:
+        t = signals_checkpoint(j, params)
+        if t:
+            by.setdefault(t, []).append(j.job_id)
+    return [SignalJobs(node, tuple(sorted(ids)), signal, reason, t) for t, ids in sorted(by.items())]
 
 
 def node_gpus(obs: Observations, node: str) -> int:

@@ -44,6 +44,7 @@ from slurm_fleetyield.core.plan import (
     Plan,
     RequeueJobs,
     ResumeNode,
+    SignalJobs,
     SubmitCanary,
     UpdateNodes,
 )
@@ -104,6 +105,7 @@ class SimSlurm:
         self.running: dict[int, Placed] = {}
         self.on_node: dict[str, set[int]] = {n: set() for n in self.nodes}
         self.on_requeue = on_requeue
+        self.on_signal: Callable[[int, str], None] | None = None  # scancel --signal: the job's handler
         self.bf_max_job_test = bf_max_job_test
         self._views: dict[str, SlurmNode] = {}
         self._dirty: set[str] = set(self.nodes)
@@ -182,6 +184,11 @@ class SimSlurm:
             elif isinstance(a, RequeueJobs):
                 self._requeue(a.jobs)
                 results.append(ActionResult(a, True, ("scontrol", "requeue", ",".join(map(str, a.jobs)))))
+            elif isinstance(a, SignalJobs):
+                for jid in a.jobs:
+                    if jid in self.running and self.on_signal is not None:
+                        self.on_signal(jid, a.signal)
+                results.append(ActionResult(a, True, ("scancel", f"--signal={a.signal}", *map(str, a.jobs))))
             elif isinstance(a, ResumeNode):
                 self.resume(a.node)
                 results.append(

@@ -199,6 +199,17 @@ def policy_params(policy: str, core: str = "") -> Params:
     return Params(**over)
 
 
+def _site_params(p: Params, cfg: SimConfig) -> Params:
+    """What the simulated site configures beyond the defaults: the frontier workload's gangs follow the
+    checkpoint-signal convention (its chaos training job implements it), so its pretrain class says so."""
+    if cfg.workload != "frontier" or "checkpoint_signals" in cfg.core:
+        return p
+    classes = dict(p.stake.classes)
+    if "pretrain" in classes:
+        classes["pretrain"] = classes["pretrain"].model_copy(update={"checkpoint_signals": "steps"})
+    return p.model_copy(update={"stake": p.stake.model_copy(update={"classes": classes})})
+
+
 # ---- inputs shared by all policies of a seed -------------------------------------------------------------
 
 
@@ -346,6 +357,7 @@ class _JobState:
         "rate",
         "restarts",
         "run_id",
+        "saved",
         "started",
         "startup",
     )
@@ -362,6 +374,7 @@ class _JobState:
         self.hung_since: float | None = None  # stuck in a collective on a dead GPU since
         self.startup = 0.0  # the current run's restart cost (no progress during it)
         self.restarts = 0
+        self.saved = 0.0  # progress of an off-cycle checkpoint (a checkpoint signal)
         # work per second of running: a blocking checkpoint write every checkpoint_s of work
         c, w = job.checkpoint_s, job.ckpt_write_s
         self.rate = c / (c + w) if c and w > 0 else 1.0
@@ -383,7 +396,7 @@ class Simulation:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.cfg, self.policy, self.inp = cfg, policy, inputs
-        self.params = params or policy_params(policy, cfg.core)
+        self.params = params or _site_params(policy_params(policy, cfg.core), cfg)
         self.now = 0.0
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -401,6 +414,7 @@ class Simulation:
             )
         self.slurm = SimSlurm(specs, self._requeue_from_drain, cfg.bf_max_job_test)
         self.slurm.pending = self._pending_views
+        self.slurm.on_signal = self._signal
         self._views: dict[int, JobView] = {}
         self.jobs: dict[int, _JobState] = {}
         self.queue: list[tuple[float, int]] = []  # (submit, job_id), priority order
@@ -687,7 +701,7 @@ class Simulation:
         if keep_progress:
             retained = progress
         elif j.checkpoint_s:
-            retained = math.floor(progress / j.checkpoint_s) * j.checkpoint_s
+            retained = max(math.floor(progress / j.checkpoint_s) * j.checkpoint_s, min(js.saved, progress))
         else:
             retained = 0.0
         self.m["wasted_gpu_h"] += j.gpus * (progress - retained) / HOUR
@@ -698,6 +712,23 @@ class Simulation:
         self._release(js)
         self.m["requeues"] += 1
         self._enqueue(js)
+
+    def _signal(self, jid: int, signal: str) -> None:
+        """The job's checkpoint-signal handler (core/plan.py SignalJobs): USR2 checkpoints now (the write
+        blocks training for ``ckpt_write_s``), USR1 checkpoints and requeues the job. A job hung on a dead GPU
+        cannot checkpoint: it ignores both."""
+        js = self.jobs[jid]
+        j = js.job
+        if js.started is None or js.hung_since is not None or not j.checkpoint_s:
+            return
+        js.saved = js.progress(self.now)
+        self._stalled(j.gpus, j.ckpt_write_s)
+        if signal == "USR1":
+            self._interrupt(jid)
+            return
+        js.run_id += 1  # the write moves its end (progress is not paused for it: seconds, a simplification)
+        p = self.slurm.extend(jid, j.ckpt_write_s)
+        self.push(p.end, END, (jid, js.run_id))
 
     def _stalled(self, gpus: int, seconds: float) -> None:
         """GPU time a job held without progress (restart, hang): wasted."""

@@ -23,7 +23,7 @@ from slurm_fleetyield.adapters.slurm import (
     run_command,
 )
 from slurm_fleetyield.core.model import WorkloadClass
-from slurm_fleetyield.core.plan import DrainNode, Plan, RequeueJobs, ResumeNode, UpdateNodes
+from slurm_fleetyield.core.plan import DrainNode, Plan, RequeueJobs, ResumeNode, SignalJobs, UpdateNodes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -350,6 +350,25 @@ def test_apply_builds_one_update_per_group_and_drain_then_requeue():
         ("scontrol", "update", "NodeName=gpu-07", "State=RESUME"),
     ]
     assert report.calls == 8 and not report.failed and len(report.results) == 6
+
+
+def test_a_checkpoint_signal_goes_to_every_step_of_the_jobs_not_the_batch_shell():
+    """SignalJobs -> ``scancel --signal=SIG <jobs>`` without --batch/--full: the training steps get it."""
+    runner = Recorder({})
+    slurm = SlurmCli(runner=runner, version=(22, 5, 8))
+    report = slurm.apply(
+        Plan(
+            actions=(
+                SignalJobs("gpu-01", (41, 42), "USR1", "approved drain p-1"),
+                SignalJobs("gpu-01", (43,), "USR2", "drain proposal p-2", "batch"),  # the script traps it
+            )
+        )
+    )
+    assert runner.calls == [
+        ("scancel", "--signal=USR1", "41", "42"),
+        ("scancel", "--batch", "--signal=USR2", "43"),
+    ]
+    assert not report.failed
 
 
 def test_apply_records_a_failure_and_continues():

@@ -425,3 +425,51 @@ def test_timeline_cli_builds_the_params_and_refuses_bad_ones():
     for bad in (["--precursor-share", "1.5"], ["--jobs", "-1"], ["--duration", "0"]):
         r = CliRunner().invoke(chaos, ["timeline", "3", *bad])
         assert r.exit_code != 0 and "Invalid value" in r.output, (bad, r.output)
+
+
+def test_job_script_follows_the_checkpoint_signal_convention(tmp_path: Path):
+    """USR2: a checkpoint at the end of the current step, training goes on; USR1: a checkpoint, then the job
+    requeues itself with scontrol (here a recorder) and exits 0."""
+    import signal
+    import time
+
+    rec = tmp_path / "scontrol.log"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {rec}\n')
+    fake.chmod(0o755)
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_JOB_ID": "43",
+        "FY_STEP_S": "1",
+        "FY_WORK_S": "60",
+        "FY_CKPT_S": "0",  # no periodic checkpoints: every checkpoint here is a signalled one
+        "FY_PROGRESS_DIR": str(tmp_path / "prog"),
+        "FY_CKPT_DIR": str(tmp_path / "ckpt"),
+        "FY_FATAL_FILE": str(tmp_path / "fatal.json"),
+        "FY_SCONTROL": str(fake),
+    }
+    p = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and "training from 0s" in p.stdout.readline()  # traps are set
+    ckpts = tmp_path / "prog" / "43.ckpts"
+
+    def wait_for(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 15
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    try:
+        p.send_signal(signal.SIGUSR2)
+        wait_for(lambda: ckpts.exists() and ckpts.read_text().strip(), "no checkpoint after USR2")
+        assert p.poll() is None  # still training
+        assert not rec.exists()
+        p.send_signal(signal.SIGUSR1)
+        assert p.wait(timeout=15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rec.read_text().split() == ["requeue", "43"]
+    lines = ckpts.read_text().split("\n")
+    assert len([x for x in lines if x.strip()]) == 2  # one per signal
+    done, _, state = (tmp_path / "prog" / "43").read_text().split()
+    assert state == "running" and int(done) >= 1

@@ -414,3 +414,37 @@ def test_learned_multiplier_scales_risk_and_shows_in_explain():
     off.tick()
     off.state = replace(off.state, learn=replace(off.state.learn, multipliers={"base": 3.0}))
     assert off.tick().risks["gpu000"].probability == pytest.approx(base)
+
+
+# ---- checkpoint signals (stake.classes.<class>.checkpoint_signals) ---------------------------------------
+
+
+@pytest.mark.parametrize("convention", [True, False])
+def test_a_gang_that_follows_the_checkpoint_signal_convention_checkpoints_at_the_proposal_and_at_the_drain(
+    convention: bool,
+) -> None:
+    """With the convention: USR2 (checkpoint now, keep running) goes out with the proposal, before any
+    approval; the approved drain then does not requeue the gang but signals USR1 (checkpoint and requeue
+    yourself) right after the drain. Without it: no signal, the drain requeues the job as before."""
+    convention_of = "steps" if convention else "off"
+    classes = {"pretrain": {"checkpoint_s": 3600.0, "checkpoint_signals": convention_of}}
+    r = Loop(Fleet(1), Params(stake={"classes": classes}))
+    f = Fleet(10)
+    f.jobs.append(JobView(7, "RUNNING", ("gpu001", "gpu002"), True, WorkloadClass.PRETRAIN, 16))
+    f.run_job(8, ("gpu001",), requeue=True)  # no class: never signalled
+    r.fleet = f
+    r.tick()
+    degrade(f)
+    res = r.tick()
+    (p,) = res.plan.of_kind("propose_drain")
+    signals = res.plan.of_kind("signal")
+    assert [(a.node, a.jobs, a.signal) for a in signals] == ([("gpu001", (7,), "USR2")] if convention else [])
+    if convention:
+        assert kinds(res).index(("signal", "gpu001")) > kinds(res).index(("propose_drain", "gpu001"))
+    res = r.tick(gate_decisions=(GateDecision(p.proposal_id, "gpu001", "approve", "alice", r.now),))
+    (d,) = res.plan.of_kind("drain")
+    assert d.requeue_jobs == ((8,) if convention else (7, 8))
+    after = res.plan.of_kind("signal")
+    assert [(a.jobs, a.signal) for a in after] == ([((7,), "USR1")] if convention else [])
+    if convention:  # after the drain, so the job cannot requeue itself back onto this node
+        assert kinds(res).index(("signal", "gpu001")) > kinds(res).index(("drain", "gpu001"))

@@ -171,3 +171,39 @@ def test_world_options_out_of_range_are_errors(opt: str, tmp_path) -> None:  # t
         ],
     )
     assert r.exit_code != 0 and opt.split("=")[0].lstrip("-").replace("-", "_")[:8] in r.output
+
+
+def _started(job: traces.Job, nodes: int = 2) -> runner.Simulation:
+    cfg = runner.make_config(nodes=nodes, days=1, workload="synthetic", premium_share=1.0)
+    names = tuple(f"n{i:04d}" for i in range(nodes))
+    plan = fm.FaultPlan((), (), frozenset(), 1.0, cfg.faults, cfg.horizon_s)
+    sim = runner.Simulation(cfg, "baseline", runner.Inputs(names, frozenset(names), (job,), plan))
+    sim.jobs[job.job_id] = runner._JobState(job)
+    sim.horizon = cfg.horizon_s
+    sim._enqueue(sim.jobs[job.job_id])
+    sim._sched()
+    assert sim.jobs[job.job_id].started == 0.0
+    return sim
+
+
+def test_usr1_checkpoints_now_and_requeues_usr2_checkpoints_and_keeps_running() -> None:
+    job = traces.Job(1, 0.0, 10 * H, 1, 8, "pretrain", 3600.0, False, 30.0)
+    sim = _started(job)
+    sim.now = 2.5 * H
+    sim._signal(1, "USR1")
+    js = sim.jobs[1]
+    rate = 3600.0 / 3630.0
+    assert js.started is None and js.done == pytest.approx(2.5 * H * rate)  # nothing lost to the requeue
+    assert sim.m["stalled_gpu_h"] == pytest.approx(8 * 30.0 / H)  # the write
+    sim = _started(job)
+    sim.now = 2.5 * H
+    sim._signal(1, "USR2")
+    js = sim.jobs[1]
+    assert js.started == 0.0 and js.saved == pytest.approx(2.5 * H * rate)
+    sim.now = 2.75 * H
+    sim._interrupt(1)  # a fault later keeps the signalled checkpoint, not the periodic one at 2 h
+    assert js.done == pytest.approx(2.5 * H * rate)
+    sim = _started(job)
+    sim.now = 2.75 * H
+    sim._interrupt(1)
+    assert js.done > sim.jobs[1].done == pytest.approx(2 * H)  # without the signal: the last periodic one
