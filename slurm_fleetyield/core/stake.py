@@ -21,8 +21,11 @@ Rule, per tick:
    ``min(gpus, node GPUs)`` GPU-seconds of work per second. The node withholds the class feature only when
    the first exceeds the second: expected loss above the work that would wait (the cost of withholding);
 4. capacity breaker: while a class has pending work, nodes withholding it may hold at most
-   ``stake.withhold_cap_fraction`` of the in-service GPUs; past it the lowest-loss nodes carry the feature
-   again and a ``stake_breaker`` event says so (the metric and status read it).
+   ``stake.withhold_cap_fraction`` of the in-service GPUs, and never so many that the in-service GPUs still
+   carrying it are fewer than its largest pending job needs (a gang over most of the fleet cannot start
+   otherwise: withholding would idle it whole); past either the lowest-loss nodes carry the feature again
+   and a ``stake_breaker`` event says so (the metric and status read it). In-service GPUs are counted
+   whatever their model: on a mixed fleet a class bound to one model by an admin constraint has fewer.
 Nodes out of service (drained, in rehabilitation, unknown) are not this stage's: their tier carries no class
 feature anyway. Which of the carrying nodes a job gets is the weights' business (core/price.py: the node
 most likely to fail is used last).
@@ -97,7 +100,12 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
     # the lowest hazard at which any class is withheld anywhere (a node of one GPU): nodes below it carry all
     floor = min((1.0 / (s.gpus * s.lost_s) for s in st), default=math.inf)
     p_floor = -math.expm1(-floor * horizon)
-    pending = frozenset(j.workload.value for j in obs.jobs if j.state == "PENDING" and j.workload is not None)
+    pending_gpus: dict[str, int] = {}  # class -> its largest pending job's GPUs
+    for j in obs.jobs:
+        if j.state == "PENDING" and j.workload is not None:
+            w = j.workload.value
+            pending_gpus[w] = max(pending_gpus.get(w, 0), j.gpus)
+    pending = frozenset(pending_gpus)
     gpus_of: dict[str, int] = {}
     out: dict[str, frozenset[str]] = {}
     losses: dict[str, list[tuple[float, str]]] = {}
@@ -120,9 +128,11 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
             out[name] = frozenset(drop)
     events: list[LogEvent] = []
     tripped: list[str] = []
-    cap = sp.withhold_cap_fraction * service_gpus
     for w, nodes in sorted(losses.items()):
         held = sum(gpus_of[n] for _, n in nodes)
+        need = pending_gpus.get(w, 0)
+        room = service_gpus - need if need <= service_gpus else service_gpus  # too big to fit: not ours
+        cap = min(sp.withhold_cap_fraction * service_gpus, room)
         if w not in pending or held <= cap:
             continue
         tripped.append(w)
@@ -147,13 +157,15 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
                 "",
                 "stake_breaker",
                 f"{feat}: withholding it from {held} of {service_gpus} in-service GPUs would exceed the cap "
-                f"({sp.withhold_cap_fraction:.0%}) while {w} work is pending; {len(nodes) - len(keep)} "
+                f"({sp.withhold_cap_fraction:.0%}, and room for the largest pending {w} job: "
+                f"{pending_gpus.get(w, 0)} GPUs) while {w} work is pending; {len(nodes) - len(keep)} "
                 f"node(s) keep it",
                 {
                     "class": w,
                     "withheld_gpus": used,
                     "would_withhold_gpus": held,
                     "service_gpus": service_gpus,
+                    "largest_pending_gpus": pending_gpus.get(w, 0),
                 },
             )
         )

@@ -79,6 +79,25 @@ def test_the_breaker_keeps_the_withheld_share_under_the_cap_while_the_class_wait
     assert len(w2.nodes) == 5 and not w2.tripped
 
 
+def test_the_breaker_leaves_room_for_the_largest_pending_job_of_the_class():
+    """A gang over most of the fleet cannot start on fewer nodes: withholding its feature from more than the
+    nodes it leaves idles it whole. 20 nodes, a pending gang of 18: at most 2 nodes may withhold it (the two
+    riskiest), though the 20% cap alone would allow 4."""
+    f = _fleet(20)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 18 * 8)]
+    risky = {f"n{i}": 0.9 + i / 100 for i in range(3)}
+    # a gang that cannot checkpoint: 256 GPUs x half a day at stake, withheld from the risky nodes
+    p = Params(stake={"withhold_cap_fraction": 0.2, "classes": {"pretrain": {"checkpoint_s": 0.0}}})
+    w = stake.withhold(f.observe(0.0), _priced({**risky, **{f"n{i}": 0.01 for i in range(3, 20)}}), p, 0.0)
+    assert sorted(w.nodes) == ["n1", "n2"] and w.tripped == ("pretrain",)
+    (e,) = w.events
+    assert e.data["largest_pending_gpus"] == 144 and e.data["withheld_gpus"] == 16
+    # the same fleet with a gang of 16 nodes: room for all three
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 16 * 8)]
+    w = stake.withhold(f.observe(0.0), _priced({**risky, **{f"n{i}": 0.01 for i in range(3, 20)}}), p, 0.0)
+    assert sorted(w.nodes) == ["n0", "n1", "n2"] and not w.tripped
+
+
 def test_out_of_service_nodes_and_the_old_rule_are_not_the_stages():
     f = _fleet(2)
     f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]
