@@ -2,12 +2,13 @@
 #   make test   unit + integration tests (brings the docker Slurm cluster up if it is not)
 #   make up / make down / make demo   the docker Slurm cluster (contrib/slurm-docker-cluster)
 #   make lint   ruff + import-linter + mypy (the decision core)
+#   make package   the Debian package, dist/fleetyield_VERSION_ARCH.deb (contrib/deb/build-deb.sh)
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor
+.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -36,6 +37,11 @@ down:
 
 demo: up
 	$(CLUSTER)/demo.sh
+
+# The .deb: the venv at /opt/fleetyield built with Debian's /usr/bin/python3 (not this venv's), units,
+# examples and docs. Needs dpkg-deb; the dependencies come from the package index (or PIP_FIND_LINKS).
+package:
+	contrib/deb/build-deb.sh dist
 
 # down + remove the cluster images and the cached rootfs/wheelhouse (next up is a cold start).
 clean-cluster:

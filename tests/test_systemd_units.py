@@ -47,6 +47,8 @@ def test_unit_is_hardened(name):
     assert d["RestrictAddressFamilies"][0].startswith("AF_UNIX AF_INET AF_INET6")
     assert d["ReadWritePaths"] and d["StateDirectory"]
     assert d["CapabilityBoundingSet"] in ([""], ["CAP_SYS_ADMIN"])
+    assert len(d.get("LimitNOFILE", [])) == 1 and int(d["LimitNOFILE"][0]) >= 8192, (name, "LimitNOFILE")
+    assert d["Documentation"] == ["file:///opt/fleetyield/docs/admin-guide.md"]  # the .deb installs it
 
 
 def test_controller_runs_unprivileged_with_no_capabilities():
