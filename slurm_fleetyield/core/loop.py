@@ -100,7 +100,7 @@ def tick(
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = risk.assess(sensed, fatal, state, params, now)
     envelopes = profile.profile(sensed, obs, state, params.profile)
-    drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.exempt_from_cap(state))
+    drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.out_of_service(state))
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
