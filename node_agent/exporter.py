@@ -28,7 +28,7 @@ from node_agent.collector import GpuCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
-from node_agent.httpd import QuietThreadingHTTPServer
+from node_agent.httpd import BoundedHTTPServer, Limits
 from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
 from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
@@ -147,15 +147,24 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class _HTTPServer(QuietThreadingHTTPServer):  # a scraper that times out prints no traceback
-    daemon_threads = True
-    allow_reuse_address = True
+AGENT_LIMITS = Limits(max_connections=256, workers=2, max_body_bytes=MAX_BODY)
+"""The agent's listener: its clients are the controller, Prometheus and an admin's curl; 256 connections
+of at most ~80 KB each (head and body) bound it to ~20 MB, two workers to two threads plus the loop."""
 
-    def __init__(self, addr: tuple[str, int], agent: Agent, registry: CollectorRegistry) -> None:
+
+class _HTTPServer(BoundedHTTPServer):
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        agent: Agent,
+        registry: CollectorRegistry,
+        limits: Limits = AGENT_LIMITS,
+        web: Any = None,
+    ) -> None:
         self.agent = agent
         self.registry = registry
         self.reset_endpoint: ResetEndpoint | None = None
-        super().__init__(addr, _Handler)
+        super().__init__(addr, _Handler, limits, web, name="fleetyield-http")
 
 
 class Server:
