@@ -10,6 +10,7 @@ SIGTERM/SIGINT handlers that stop everything cleanly (sockets closed, locks rele
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -200,6 +201,11 @@ class Server:
         if scenario is not None and cfg.backend != "fake":
             raise BackendError("--scenario needs the fake backend")
         secret = cfg.read_secret()
+        web = None
+        if cfg.web_config_file is not None:  # a bad file stops the start here, before anything opens
+            from node_agent.webconfig import load_web_config
+
+            web = load_web_config(cfg.web_config_file)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         if not self.lock.acquire():
             raise BackendError(f"another agent already serves state dir {cfg.state_dir}")
@@ -219,7 +225,9 @@ class Server:
             from node_agent.control import ControlServer
 
             self.control = ControlServer(cfg.state_dir, self.agent)
-            self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, make_registry(self.agent, cfg))
+            limits = dataclasses.replace(AGENT_LIMITS, max_connections=cfg.max_connections)
+            registry = make_registry(self.agent, cfg)
+            self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, registry, limits, web)
             if secret:
                 self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
             outcomes_url = cfg.outcomes_url
@@ -252,7 +260,10 @@ class Server:
             t = threading.Thread(target=self._tick_loop, name="fleetyield-scenario", daemon=True)
             t.start()
             self._threads.append(t)
-        log.info("fleetyield-agent serving %s backend on %s:%d", cfg.backend, cfg.listen, self.port)
+        scheme = web.scheme if web is not None else "http"
+        log.info(
+            "fleetyield-agent serving %s backend on %s://%s:%d", cfg.backend, scheme, cfg.listen, self.port
+        )
 
     def _tick_loop(self) -> None:
         assert self.agent is not None
