@@ -2,7 +2,9 @@
 
 Input: an ``AgentConfig``, a clock, the ``[attest]`` settings (``node_agent.attest.config``). Output: a
 running server (``Server.start()`` / ``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from
-a non-global ``CollectorRegistry``, ``GET /healthz`` and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
+a non-global ``CollectorRegistry`` (503 while a GPU backend call is stuck: ``node_agent.supervise``),
+``GET /healthz`` (503 naming what is wrong: a stuck backend call, a failing or dead supervised thread)
+and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
 for a controller that pulls; ``node_agent.attest.service.http_quote``). With ``attest.controller_url`` and
 a push secret, a ``HandoverLoop`` re-attests at start and every 15 minutes. ``run_forever`` installs
 SIGTERM/SIGINT handlers that stop everything cleanly (sockets closed, locks released).
@@ -25,7 +27,7 @@ from prometheus_client.registry import CollectorRegistry
 from node_agent.agent import Agent
 from node_agent.attest.config import AttestConfig
 from node_agent.backends.base import Backend, BackendError, load_backend_class
-from node_agent.collector import GpuCollector
+from node_agent.collector import GpuCollector, ThreadCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
@@ -36,6 +38,7 @@ from node_agent.push import Pusher
 from node_agent.remote import MAX_BODY, ResetEndpoint
 from node_agent.scenario import load_scenario
 from node_agent.state import ServeLock
+from node_agent.supervise import BackendStuck
 
 log = logging.getLogger(__name__)
 AGENT_QUOTE_PATH = "/v1/attest/quote"  # = attest.quote.AGENT_QUOTE_PATH (that module loads cryptography)
@@ -74,8 +77,10 @@ def make_registry(agent: Agent, cfg: AgentConfig, host_metrics: bool = True) -> 
             cfg.lowercase_hostname,
             cfg.hpc_job_mapping_dir,
             cfg.xid_count_window_ms,
+            call=agent.guard.call,
         )
     )
+    registry.register(ThreadCollector(agent.backend))
     if host_metrics:
         registry.register(HostCollector())
     return registry
@@ -92,11 +97,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            with self.server.agent.lock:
-                body = render(self.server.registry)
+            try:
+                with self.server.agent.lock:
+                    body = render(self.server.registry)
+            except BackendStuck as exc:  # no stale numbers: the scrape fails, the controller sees UNKNOWN
+                self._send(503, f"GPU data unavailable: {exc}\n".encode(), "text/plain")
+                return
             self._send(200, body, CONTENT_TYPE)
         elif path in ("/", "/healthz"):
-            self._send(200, b"ok\n", "text/plain")
+            problems = self.server.agent.health()
+            if problems:
+                self._send(503, ("unhealthy: " + "; ".join(problems) + "\n").encode(), "text/plain")
+            else:
+                self._send(200, b"ok\n", "text/plain")
         elif path == AGENT_QUOTE_PATH:
             from node_agent.attest.service import http_quote  # cryptography: only when a quote is asked
 
