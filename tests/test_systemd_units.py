@@ -66,6 +66,19 @@ def test_agent_keeps_only_what_nvml_and_resets_need():
     assert "--push-secret-file /etc/fleetyield/push.secret" in d["ExecStart"][0]
 
 
+def test_fd_limits_leave_room_above_the_listener_caps():
+    """Issue 27 item 1: 1,017 half-sent requests used the default 1,024 FDs and every tick failed with
+    EMFILE. The units raise the limit well above what the listeners may hold (their caps)."""
+    from node_agent.exporter import AGENT_LIMITS
+    from slurm_fleetyield.config import Config
+
+    cfg = Config()
+    controller = directives(UNITS / "fleetyield-controller.service")["LimitNOFILE"]
+    agent = directives(UNITS / "fleetyield-agent.service")["LimitNOFILE"]
+    assert int(controller[0]) >= 4 * (cfg.push.max_connections + cfg.api.max_connections)
+    assert int(agent[0]) >= 4 * AGENT_LIMITS.max_connections
+
+
 @pytest.fixture(scope="module")
 def fake_root(tmp_path_factory):
     if shutil.which("systemd-analyze") is None or not Path("/usr/lib/systemd/system/sysinit.target").exists():
