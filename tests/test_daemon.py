@@ -20,7 +20,7 @@ from rig import AgentProcess, FakeCommands, free_port, node_line, wait_for
 from slurm_fleetyield.adapters.ingest import IngestServer
 from slurm_fleetyield.adapters.scrape import AgentScraper
 from slurm_fleetyield.adapters.slurm import SlurmCli
-from slurm_fleetyield.adapters.store import Store
+from slurm_fleetyield.adapters.store import Store, StoreError
 from slurm_fleetyield.config import from_mapping
 from slurm_fleetyield.daemon import Backoff, Daemon
 
@@ -224,9 +224,16 @@ def test_cli_run_once_and_sigterm(tmp_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        wait_for(
-            lambda: (tmp_path / "fy.db").exists() and Store(tmp_path / "fy.db").load_state(), what="a tick"
-        )
+        def ticked() -> bool:
+            db = tmp_path / "fy.db"
+            if not db.exists() or db.stat().st_size == 0:  # created, schema not written yet
+                return False
+            try:
+                return bool(Store(db).load_state())
+            except StoreError:  # caught between creation and the schema's commit
+                return False
+
+        wait_for(ticked, what="a tick")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:
