@@ -8,7 +8,7 @@ VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package
+.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package sim-frontier sim-noharm
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -70,3 +70,23 @@ ab-precursor: $(STAMP)
 		--precursor-share $(AB_PRECURSOR_SHARE) --out $(AB_PRECURSOR_OUT) \
 		$(if $(AB_ADMIN_DELAY),--admin-delay $(AB_ADMIN_DELAY))
 	$(VENV)/bin/fleetyield chaos report $(AB_PRECURSOR_OUT)/ab.json --readme README.md
+
+# SIMULATED sweeps (no cluster needed; `fleetyield simulate sweep`, tables under docs/sim/).
+# Frontier (issue "Where reliability costs"): 2,048 nodes x 30 days, one gang over 15/16 of the fleet,
+# baseline vs FleetYield vs oracle, ETTR and net goodput, SIM_SEEDS seeds, precursor shares 0 and 0.25.
+SIM_SEEDS ?= 10
+SIM_WORKERS ?= 2
+sim-frontier: $(STAMP)
+	$(VENV)/bin/fleetyield simulate sweep --workload frontier --days 30 --seeds $(SIM_SEEDS) --shares 0,0.25 \
+		--policies baseline,fleetyield,oracle --workers $(SIM_WORKERS) --no-plots --out docs/sim/frontier
+
+# Do no harm (issue "Price risk by what it puts at stake"): openb and the synthetic workload, 32 nodes x 30 days,
+# node rates NOHARM_RATES x precursor shares 0,0.1,0.25,0.5, with the A/A control (baseline_aa: unmodified
+# Slurm with another blind node order; its spread is the placement-chaos floor of the comparison).
+NOHARM_RATES ?= 1 3.79 6.5 10 20 30
+NOHARM_LOADS ?= 0.7
+sim-noharm: $(STAMP)
+	for w in openb synthetic; do for l in $(NOHARM_LOADS); do for r in $(NOHARM_RATES); do \
+		$(VENV)/bin/fleetyield simulate sweep --workload $$w --load $$l --nodes 32 --days 30 --seeds $(SIM_SEEDS) \
+			--node-rate $$r --policies baseline,baseline_aa,fleetyield,oracle --workers $(SIM_WORKERS) \
+			--no-plots --out docs/sim/noharm/$$w-load$$l-rate$$r || exit 1; done; done; done

@@ -293,5 +293,9 @@ def sweep_table(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> str:
             r = row.get("net_vs_baseline")
             if r and r["mean"] is not None:
                 gtxt += f" ({r['mean']:+.1%})"
-            lines.append(f"{share:>6.2f}  {p:<14} {gtxt:<34} {ctxt}")
+            e = row.get("ettr")
+            etxt = ""
+            if e and e["mean"] is not None:
+                etxt = f"  ettr {e['mean']:.3f} [{_f(e['lo'])}, {_f(e['hi'])}]"
+            lines.append(f"{share:>6.2f}  {p:<14} {gtxt:<34} {ctxt}{etxt}")
     return "\n".join(lines) + "\n"
