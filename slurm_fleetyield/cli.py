@@ -330,6 +330,8 @@ def status(config_path: str | None, api: str | None, as_json: bool, calibration:
     )
     for hold in doc["plan"]["holds"]:
         click.echo(f"HOLD {hold['node']} {hold['action']} ({hold['rule']}): {hold['detail']}")
+    for b in (doc.get("stake") or {}).get("breaker", ()):
+        click.echo(f"BREAKER {b['feature']} ({b['class']}): {b['message']}")
     for failed in doc["apply"]["failed"]:
         click.echo(f"FAILED {' '.join(failed['command'])}: {failed['detail']}")
     click.echo(_table(rows))

@@ -313,6 +313,25 @@ def stake_cfg(tmp_path) -> Path:
     return path
 
 
+def test_status_shows_the_capacity_breaker(stake_cfg):
+    code, out = invoke("status", "--config", str(stake_cfg))
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("BREAKER "))
+    assert line.startswith(
+        "BREAKER fy_ok_train (pretrain): fy_ok_train: withholding it from 8 of 32 in-service GPUs"
+    )
+    code, out = invoke("status", "--config", str(stake_cfg), "--json")
+    (b,) = json.loads(out)["stake"]["breaker"]
+    assert b["class"] == "pretrain" and b["feature"] == "fy_ok_train" and b["would_withhold_gpus"] == 8
+    assert b["service_gpus"] == 32 and b["withheld_gpus"] == 0
+
+
+def test_status_of_a_tick_without_a_breaker_has_an_empty_list(cfg):
+    _code, out = invoke("status", "--config", str(cfg), "--json")
+    assert json.loads(out)["stake"] == {"breaker": []}
+    assert "BREAKER" not in invoke("status", "--config", str(cfg))[1]
+
+
 def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     code, out = invoke("explain", "gpu000", "--config", str(stake_cfg))
     assert code == 0, out

@@ -123,6 +123,27 @@ def calibration_dict(cal: Calibration | None) -> dict[str, Any]:
     }
 
 
+def breaker_rows(result: TickResult) -> list[dict[str, Any]]:
+    """The stake rule's capacity breaker in this tick (core/stake.py ``stake_breaker`` events): per class
+    held, its feature, the GPUs withheld (at the cap), the GPUs the rule would have withheld, the in-service
+    GPUs and the message. Empty: no breaker held."""
+    rows = []
+    for e in result.events:
+        if e.kind == "stake_breaker":
+            d = e.data
+            rows.append(
+                {
+                    "class": d.get("class"),
+                    "feature": e.message.split(":", 1)[0],
+                    "withheld_gpus": d.get("withheld_gpus"),
+                    "would_withhold_gpus": d.get("would_withhold_gpus"),
+                    "service_gpus": d.get("service_gpus"),
+                    "message": e.message,
+                }
+            )
+    return rows
+
+
 def ledger_row(entry: LedgerEntry) -> dict[str, Any]:
     """A ``LedgerEntry`` as the store's ledger row (``adapters/store.py LEDGER_COLUMNS``)."""
     doc = dataclasses.asdict(entry)
@@ -166,6 +187,7 @@ def _header(
             "stages": dict(sorted(Counter(stages.values()).items())),
             "settled_jobs": len(getattr(result, "ledger", ())),
         },
+        "stake": {"breaker": breaker_rows(result)},
         "plan": {
             "actions": [action_dict(a) for a in result.plan.actions],
             "holds": [
