@@ -259,6 +259,13 @@ class Daemon:
         self.tick_no += 1
         duration = self.monotonic() - t0
         rows = [LogRow(e.time, e.kind, e.node, e.message, dict(e.data)) for e in result.events]
+        for e in result.events:
+            if e.kind == "stake_breaker":  # capacity the stake rule would have withheld: a human should know
+                log.warning(
+                    "stake capacity breaker: %s",
+                    e.message,
+                    extra={"fy": {"tick": self.tick_no, **e.data}},
+                )
         rows.extend(extra.rows)
         for r in (*done, *report.results):
             kind = "dry_run" if self.dry_run else ("applied" if r.ok else "apply_failed")

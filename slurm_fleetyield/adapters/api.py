@@ -145,6 +145,7 @@ class StoreReadModel:
             doc.update(
                 {k: view[k] for k in ("tick", "time", "duration_s", "dry_run", "summary", "plan", "apply")}
             )
+            doc["stake"] = view.get("stake") or {"breaker": []}  # a view stored before it: none shown
         if self._live is not None:
             doc["live"] = self._live()
         return doc

@@ -99,7 +99,7 @@ from slurm_fleetyield.core.signals import (
 )
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.sim import faults as fm
-from slurm_fleetyield.sim import traces
+from slurm_fleetyield.sim import traces, workload
 from slurm_fleetyield.sim.cluster import WORKLOAD_CLASS, SimSlurm, new_job_view
 from slurm_fleetyield.sim.data import openb_pods
 
@@ -258,6 +258,7 @@ def build_inputs(cfg: SimConfig) -> Inputs:
         )
     else:
         raw = traces.load(cfg.workload)
+        traces.check_fits(raw, cfg.nodes, cfg.gpus_per_node, cfg.workload)  # by the trace's own job ids
         span = max((j.submit for j in raw), default=0.0) or cfg.horizon_s
         jobs = traces.fill(raw, cfg.horizon_s, fleet_gpus, cfg.load, job_rng, span)
     too_big = [j for j in jobs if j.gpus_per_node > cfg.gpus_per_node or j.nodes > cfg.nodes]
@@ -1156,9 +1157,14 @@ def run_one(cfg: SimConfig, policy: str, inputs: Inputs | None = None) -> dict[s
 
 
 def run_policies(cfg: SimConfig, policies: Sequence[str] = POLICIES) -> dict[str, dict[str, Any]]:
-    """Every policy on the same seed (same jobs, same faults)."""
+    """Every policy on the same seed (same jobs, same faults); each policy's metrics carry the seed's
+    ``workload`` facts (sim/workload.py: the load that actually ran, warnings)."""
     inputs = build_inputs(cfg)
-    return {p: run_one(cfg, p, inputs) for p in policies}
+    w = workload.facts(
+        inputs.jobs, inputs.nodes, inputs.premium, cfg.gpus_per_node, cfg.horizon_s,
+        frozenset(ADMIN_CONSTRAINT), PREMIUM_TYPE, OTHER_TYPE,
+    )  # fmt: skip
+    return {p: {**run_one(cfg, p, inputs), "workload": w} for p in policies}
 
 
 def run_seeds(
