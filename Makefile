@@ -90,3 +90,4 @@ sim-noharm: $(STAMP)
 		$(VENV)/bin/fleetyield simulate sweep --workload $$w --load $$l --nodes 32 --days 30 --seeds $(SIM_SEEDS) \
 			--node-rate $$r --policies baseline,baseline_aa,fleetyield,oracle --workers $(SIM_WORKERS) \
 			--no-plots --out docs/sim/noharm/$$w-load$$l-rate$$r || exit 1; done; done; done
+	$(VENV)/bin/python bench/noharm_table.py docs/sim/noharm > docs/sim/noharm/table.md
