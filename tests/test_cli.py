@@ -335,7 +335,7 @@ def test_status_of_a_tick_without_a_breaker_has_an_empty_list(cfg):
 def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     code, out = invoke("explain", "gpu000", "--config", str(stake_cfg))
     assert code == 0, out
-    assert "stake: P(fatal) 0.9049 over 7 d -> hazard" in out
+    assert "stake: P(fatal) 0.9049 over 7 d -> excess hazard" in out and "no risk signal" in out
     assert "pretrain fy_ok_train: stake 1024 GPU(s) (largest pretrain job 17: 1000 GPUs, PENDING" in out
     assert "-> carried_by_breaker: " in out
     drain = next(x for x in out.splitlines() if x.startswith("drain proposal "))

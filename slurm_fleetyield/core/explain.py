@@ -144,7 +144,8 @@ def _stake(node: str, d: NodeDecision | None, result: TickResult) -> dict[str, A
     withheld = wh.nodes.get(node, frozenset())
     cap = params.stake.withhold_cap_fraction
     rows = []
-    figs = stake.figures(wh.stakes, d.risk, gpus, horizon_s)
+    base = stake.base_risk(gpus, wh.multiplier, params)
+    figs = stake.figures(wh.stakes, d.risk, gpus, horizon_s, base)
     for fig in figs:
         s = fig.stake
         feature = stake.CLASS_FEATURE[s.workload]
@@ -189,6 +190,8 @@ def _stake(node: str, d: NodeDecision | None, result: TickResult) -> dict[str, A
         "risk": _num(d.risk),
         "horizon_days": params.risk.horizon_days,
         "hazard_per_h": _fin(lam * 3600.0) if not math.isnan(lam) else None,
+        "base_risk": _num(base),
+        "base_multiplier": wh.multiplier,
         "classes": rows,
     }
 
@@ -201,10 +204,13 @@ def _stake_text(st: dict[str, Any] | None) -> list[str]:
     h = st["hazard_per_h"]
     risk = "unknown" if st["risk"] is None else f"{st['risk']:.4f}"
     hazard = "unknown" if st["risk"] is None else ("infinite" if h is None else f"{h:.3g}/h")
+    base = st.get("base_risk")
     lines = [
-        f"stake: P(fatal) {risk} over {st['horizon_days']:g} d -> hazard {hazard} = -ln(1 - P) / horizon; "
-        f"{st['gpus']} GPUs; per class, in GPU-h per hour: expected loss = hazard x stake GPUs x lost h, "
-        "cost of withholding = the GPUs the class would use here"
+        f"stake: P(fatal) {risk} over {st['horizon_days']:g} d -> excess hazard {hazard} = (-ln(1 - P) + "
+        f"ln(1 - base)) / horizon, base = P of a node with no risk signal "
+        f"{base if base is None else f'{base:.4f}'} (learned base multiplier {st.get('base_multiplier')}); "
+        f"{st['gpus']} GPUs; per class, in GPU-h per hour: expected loss = excess hazard x stake GPUs x "
+        "lost h, cost of withholding = the GPUs the class would use here"
     ]
     for c in st["classes"]:
         src = c["source"]

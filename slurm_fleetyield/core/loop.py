@@ -109,7 +109,7 @@ def tick(
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
-    wh = stake.withhold(obs, priced, params, now)
+    wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now, wh)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node, wh)

@@ -19,8 +19,13 @@ Rule, per tick:
    loses: half the checkpoint interval (half the run when the class cannot checkpoint) plus the restart
    cost (``stake.classes``);
 2. a node's fatal hazard per second from its probability over the risk horizon:
-   ``lambda = -ln(1 - p) / horizon``;
-3. running the class there loses ``lambda x gpus x lost_s`` GPU-seconds per second, and does
+   ``lambda = -ln(1 - p) / horizon``, taken in excess of the fleet's base: the hazard of a node of as many
+   GPUs with no risk signal, under the learned base multiplier (core/learn.py; what the tiers are relative
+   to, core/price.py ``relative``). Keeping work off a node averts only the hazard it has above such a
+   node; a fleet-wide rise of the learned base rate is evidence against no node (before this rule, at a
+   learned multiplier of 7.8 on the frontier workload every node stood at p 0.119, above the gang's floor,
+   and withholding from all but the breaker's room idled the gang for 28 hours);
+3. running the class there loses ``excess lambda x gpus x lost_s`` GPU-seconds per second, and does
    ``min(gpus, node GPUs)`` GPU-seconds of work per second. The node withholds the class feature only when
    the first exceeds the second: expected loss above the work that would wait (the cost of withholding);
 4. capacity breaker: while a class has pending work, nodes withholding it may hold at most
@@ -73,8 +78,8 @@ class ClassFigures:
     """Rules 2-3 for one class on one node, in GPU-seconds per second (= GPU-hours per hour)."""
 
     stake: Stake
-    hazard_per_s: float  # the node's fatal hazard (NaN: unknown risk)
-    loss: float  # expected loss of running the class there: hazard x stake GPUs x lost seconds
+    hazard_per_s: float  # the node's fatal hazard in excess of the fleet's base (NaN: unknown risk)
+    loss: float  # expected loss of running the class there: excess hazard x stake GPUs x lost seconds
     cost: float  # what withholding costs: the work the class would do there, min(stake GPUs, node GPUs)
 
     @property
@@ -92,6 +97,7 @@ class Withheld:
     tripped: tuple[str, ...] = ()  # classes whose breaker held this tick
     gpus: Mapping[str, int] = field(default_factory=dict)  # the in-service nodes the rule weighed -> GPUs
     service_gpus: int = 0  # their GPUs (the breaker's cap is a share of them)
+    multiplier: float = 1.0  # the learned base multiplier the excess hazard is taken over
 
 
 def hazard_per_s(p: float, horizon_s: float) -> float:
@@ -119,22 +125,33 @@ def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
     return tuple(out)
 
 
-def figures(st: Sequence[Stake], p: float, gpus: int, horizon_s: float) -> tuple[ClassFigures, ...]:
-    """Rules 2-3 on a node of ``gpus`` GPUs whose fatal probability within ``horizon_s`` is ``p``."""
-    lam = hazard_per_s(p, horizon_s)
+def figures(
+    st: Sequence[Stake], p: float, gpus: int, horizon_s: float, base: float = 0.0
+) -> tuple[ClassFigures, ...]:
+    """Rules 2-3 on a node of ``gpus`` GPUs whose fatal probability within ``horizon_s`` is ``p``, against
+    the fleet's base probability ``base``."""
+    lam = max(0.0, hazard_per_s(p, horizon_s) - hazard_per_s(base, horizon_s)) if p == p else math.nan
     return tuple(ClassFigures(s, lam, s.loss_rate(lam), float(min(s.gpus, gpus))) for s in st)
 
 
-def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> Withheld:
-    """Rules 2-4 over the in-service priced nodes."""
+def base_risk(gpus: int, multiplier: float, params: Params) -> float:
+    """P(fatal within the horizon) of a node of ``gpus`` GPUs with no risk signal: the model's base per GPU
+    under the learned multiplier."""
+    return -math.expm1(gpus * max(1.0, multiplier) * math.log1p(-params.risk.base_probability))
+
+
+def withhold(
+    obs: Observations, priced: Priced, params: Params, now: float, multiplier: float = 1.0
+) -> Withheld:
+    """Rules 2-4 over the in-service priced nodes; ``multiplier``: the learned base multiplier."""
     sp = params.stake
     if not sp.enabled:
         return Withheld({})
     horizon = params.risk.horizon_days * 86_400.0
     st = stakes(obs, params)
-    # the lowest hazard at which any class is withheld anywhere (a node of one GPU): nodes below it carry all
+    # the lowest excess hazard at which any class is withheld anywhere (a node of one GPU): nodes below it
+    # carry all
     floor = min((1.0 / (s.gpus * s.lost_s) for s in st), default=math.inf)
-    p_floor = -math.expm1(-floor * horizon)
     pending_gpus: dict[str, int] = {}  # class -> its largest pending job's GPUs
     for j in obs.jobs:
         if j.state == "PENDING" and j.workload is not None:
@@ -150,10 +167,11 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
             continue
         g = gpus_of[name] = node_gpus(obs, name)
         service_gpus += g
-        if not pn.risk >= p_floor:  # NaN (unknown) carries what it had
-            continue
+        base = base_risk(g, multiplier, params)
+        if not pn.risk >= -math.expm1(-(floor + hazard_per_s(base, horizon)) * horizon):
+            continue  # below every class's floor; NaN (unknown) carries what it had
         drop = []
-        for fig in figures(st, pn.risk, g, horizon):
+        for fig in figures(st, pn.risk, g, horizon, base):
             if fig.withhold:
                 drop.append(CLASS_FEATURE[fig.stake.workload])
                 losses.setdefault(fig.stake.workload, []).append((fig.loss / g, name))
@@ -202,7 +220,7 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
                 },
             )
         )
-    return Withheld(out, st, pending, tuple(events), tuple(tripped), gpus_of, service_gpus)
+    return Withheld(out, st, pending, tuple(events), tuple(tripped), gpus_of, service_gpus, multiplier)
 
 
 @dataclass(frozen=True, slots=True)

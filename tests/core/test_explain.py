@@ -48,6 +48,7 @@ def _stake_fleet(state: str) -> Fleet:
 
 def test_explain_shows_the_stake_arithmetic_of_a_withheld_class():
     from slurm_fleetyield.core import stake
+    from slurm_fleetyield.core.params import Params
 
     res = Runner(_stake_fleet("RUNNING")).tick()  # running: nothing waits, the breaker does not hold
     d = explain_dict("gpu000", res)
@@ -58,8 +59,9 @@ def test_explain_shows_the_stake_arithmetic_of_a_withheld_class():
     train = rows["pretrain"]
     assert train["source"] == {"job_id": 17, "gpus": 1000, "state": "RUNNING"} and train["stake_gpus"] == 1024
     assert train["lost_s"] == 3600 / 2 + 600
-    (fig,) = [x for x in stake.figures(res.withheld.stakes, res.nodes["gpu000"].risk, 8, 7 * 86_400.0)
-              if x.stake.workload == "pretrain"]  # fmt: skip
+    base = stake.base_risk(8, res.withheld.multiplier, Params())
+    figs = stake.figures(res.withheld.stakes, res.nodes["gpu000"].risk, 8, 7 * 86_400.0, base)
+    (fig,) = [x for x in figs if x.stake.workload == "pretrain"]
     assert train["loss_gpu_h_per_h"] == fig.loss > train["cost_gpu_h_per_h"] == 8
     assert train["decision"] == "withheld" and not train["carries"]
     assert rows["batch"]["decision"] == "carried" and rows["batch"]["carries"]

@@ -98,6 +98,23 @@ def test_the_breaker_leaves_room_for_the_largest_pending_job_of_the_class():
     assert sorted(w.nodes) == ["n0", "n1", "n2"] and not w.tripped
 
 
+def test_a_fleet_wide_rise_of_the_learned_base_rate_withholds_from_no_node():
+    """Every node at the risen base (a learned multiplier of 14) is where the work would go anyway: nothing
+    is withheld. Taken against the unlearned base the same risks withhold the gang's feature from every
+    node; a node above the risen base still loses it."""
+    f = _fleet(20)
+    f.jobs = [JobView(1, "RUNNING", ("n0",), True, WorkloadClass.PRETRAIN, 16_384)]
+    obs = f.observe(0.0)
+    p = Params()
+    risen = stake.base_risk(8, 14.0, p)
+    assert 0.18 < risen < 0.25
+    flat = _priced({f"n{i}": risen for i in range(20)})
+    assert stake.withhold(obs, flat, p, 0.0, multiplier=14.0).nodes == {}
+    assert len(stake.withhold(obs, flat, p, 0.0, multiplier=1.0).nodes) == 20  # absolute: all of them
+    bad = _priced({**{f"n{i}": risen for i in range(19)}, "n19": 0.6})
+    assert set(stake.withhold(obs, bad, p, 0.0, multiplier=14.0).nodes) == {"n19"}
+
+
 def test_out_of_service_nodes_and_the_old_rule_are_not_the_stages():
     f = _fleet(2)
     f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]
