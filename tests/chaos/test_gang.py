@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fleetyield.chaos import gang, gang_ab
+from slurm_fleetyield.chaos import ab, gang, gang_ab
+from slurm_fleetyield.chaos.gang_ab import POLL_S
 from slurm_fleetyield.chaos.timeline import FAULT_XIDS
 
 SCRIPT = Path(__file__).parents[2] / "contrib" / "chaos" / "fy-train-job.sh"
@@ -198,3 +199,126 @@ def test_a_node_rebooted_since_its_fault_is_repaired(tmp_path: Path):
     assert p.wait(timeout=15) == 0
     kinds = [ln.split()[1] for ln in (tmp_path / "prog" / "51.events").read_text().splitlines()]
     assert kinds == ["start", "done"] and len(_steps(tmp_path)) == 3
+
+
+# ---- the driver on a fake cluster (virtual clock) -----------------------------------------------------
+
+
+class GangFake:
+    """exec for ``run_gang_arm``: prepare/reset answered as a quiet cluster; the gang runs on the three
+    lightest nodes from its submit; ``fy``: the faulted node is drained 0.5 s after the XID and the gang
+    requeued 1 s after it, running again 12 s later on the other three; else (bare) the gang FAILS at the
+    collective timeout and nobody requeues it. ``never_ends``: the gang runs past any deadline."""
+
+    NODES = ("gpu-h100-1", "gpu-h100-2", "gpu-l40s-1", "gpu-l40s-2")
+
+    def __init__(self, fy: bool, never_ends: bool = False) -> None:
+        self.t = 2_000_000_000.0
+        self.fy, self.never_ends = fy, never_ends
+        self.calls: list[tuple[str, ...]] = []
+        self.submitted: float | None = None
+        self.fault_t: float | None = None
+        self.fault_node = ""
+        self.cancelled = False
+
+    def _attempts(self) -> list[tuple[float, float, str, tuple[str, ...]]]:
+        assert self.submitted is not None
+        first = ("gpu-h100-1", "gpu-l40s-1", "gpu-l40s-2")
+        s0 = self.submitted + 2.0
+        long = 1e9 if self.never_ends else 120.0
+        if self.fault_t is None:
+            return [(s0, s0 + long, "RUNNING", first)]
+        if not self.fy:
+            return [(s0, self.fault_t + 60.0, "FAILED", first)]
+        others = tuple(n for n in self.NODES if n != self.fault_node)
+        s1 = self.fault_t + 13.0
+        return [(s0, self.fault_t + 1.0, "REQUEUED", first), (s1, s1 + long, "COMPLETED", others)]
+
+    def exec(self, argv):  # type: ignore[no-untyped-def]
+        argv = tuple(argv)
+        self.calls.append(argv)
+        text = " ".join(argv)
+        if "sbatch" in argv:
+            self.submitted = self.t
+            return 0, "77"
+        if argv[:2] == ("docker", "inspect"):
+            return 0, "true"
+        if "EPOCHREALTIME" in text:
+            self.fault_node = text.split("/faults/")[1].split(".tmp")[0]
+            self.fault_t = self.t
+            return 0, f"{self.t:.6f}"
+        if "fault" in argv and "inject" in argv:
+            assert self.fault_t is not None, "the XID went in before the fault record"
+            return 0, "{}"
+        if argv[-3:-1] == ("job", "77"):
+            if self.cancelled:
+                return 0, "JobId=77 JobState=CANCELLED Reason=None NodeList=x"
+            for start, end, state, nodes in reversed(self._attempts()):
+                if start <= self.t:
+                    st = state if self.t >= end else "RUNNING"
+                    st = "PENDING" if st == "REQUEUED" else st
+                    return 0, f"JobId=77 JobState={st} Reason=None NodeList={','.join(nodes)}"
+            return 0, "JobId=77 JobState=PENDING Reason=BeginTime NodeList=(null)"
+        if "show" in argv and "node" in argv:
+            drained = self.fy and self.fault_t is not None and self.t >= self.fault_t + 0.5
+            conf = ab.slurm_conf_nodes()  # bare: slurm.conf's; fleetyield: labelled green
+            feats = {n: "x,fy_tier_green" if self.fy else conf[n]["features"] for n in self.NODES}
+            weight = {n: "1" if self.fy else conf[n]["weight"] for n in self.NODES}
+            return 0, "\n".join(
+                f"NodeName={n} State={'IDLE+DRAIN' if drained and n == self.fault_node else 'IDLE'} "
+                f"AvailableFeatures={feats[n]} ActiveFeatures={feats[n]} Weight={weight[n]}"
+                for n in self.NODES
+            )
+        if "scancel" in argv and "77" in argv:
+            self.cancelled = True
+        if "squeue" in argv:
+            return 0, ""
+        if "sacct" in argv:
+            iso = lambda x: time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(x))  # noqa: E731
+            rows = ["JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Comment"]
+            for start, end, state, nodes in self._attempts():
+                st = "CANCELLED" if self.cancelled else state
+                rows.append(
+                    f"77|{st}|0:0|{iso(start)}|{iso(start)}|{iso(end)}|{','.join(nodes)}|gres/gpu=24|"
+                )
+            return 0, "\n".join(rows)
+        if "77.events" in text:
+            return 0, "\n".join(
+                f"{s + 0.3:.3f} start 0 {i} a b c" for i, (s, *_) in enumerate(self._attempts())
+            )
+        return 0, ""
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_driver_faults_the_planned_node_after_the_gang_runs_and_reads_the_fast_requeue(tmp_path: Path):
+    fc = GangFake(fy=True)
+    gp = gang.GangParams()
+    p = gang.plan(0, gp)
+    res = gang_ab.run_gang_arm(p, gp, "fleetyield", fc.exec, tmp_path, lambda: fc.t, fc.sleep)
+    assert fc.submitted is not None and fc.fault_t is not None
+    assert fc.fault_t - (fc.submitted + 2.0) == pytest.approx(p.fault_after_s, abs=POLL_S + 0.01)
+    assert res["fault_node"] == sorted(res["nodes"])[p.node_index] == fc.fault_node
+    (r,) = res["recoveries"]
+    assert r["hit"] and r["drained_s"] is not None and r["drained_s"] <= 1.0 + POLL_S
+    assert r["recovery_s"] == pytest.approx(13.0, abs=1.0) and not res["unfinished"]
+    assert res["wall_s"] is not None and res["attempts"] == 2
+    text = [" ".join(c) for c in fc.calls]
+    assert any("nhc-gang.sh" in c for c in text[: text.index(next(c for c in text if "sbatch" in c))])
+    # the gang A/B's own NHC, not the job-failure one (which drains every node of a failed job)
+    assert not any("nhc-drain.sh" in c and " -d " in c for c in text)
+
+
+def test_driver_stops_on_a_failed_gang_nobody_requeues_and_cancels_one_past_the_deadline(tmp_path: Path):
+    fc = GangFake(fy=False)
+    gp = gang.GangParams()
+    res = gang_ab.run_gang_arm(gang.plan(0, gp), gp, "bare", fc.exec, tmp_path, lambda: fc.t, fc.sleep)
+    (r,) = res["recoveries"]
+    assert r["hit"] and r["recovery_s"] is None and not res["unfinished"] and not fc.cancelled
+    assert fc.t >= fc.fault_t + 60.0 + gang_ab.FAILED_GRACE_S  # type: ignore[operator]
+    fc = GangFake(fy=True, never_ends=True)
+    res = gang_ab.run_gang_arm(
+        gang.plan(0, gp), gp, "fleetyield", fc.exec, tmp_path, lambda: fc.t, fc.sleep, deadline_s=200.0
+    )
+    assert res["unfinished"] and fc.cancelled and fc.t <= fc.submitted + 200.0 + 2 * POLL_S  # type: ignore[operator]
