@@ -195,12 +195,34 @@ def ab_cmd(
 @click.option("--health-check-interval", "hc_s", type=click.FloatRange(min=1), default=30.0,
               show_default=True, help="NHC's period (the simulator's 300 s x 0.1), both arms.")  # fmt: skip
 @click.option("--out", "out_dir", default="docs/ab-gang", show_default=True, type=click.Path())
+@click.option(
+    "--resettle",
+    is_flag=True,
+    help="Run nothing: rebuild OUT/ab-gang.json's results from OUT's logs (after a ledger change).",
+)
 @JSON
 def ab_gang_cmd(
-    seeds: str, work_s: float, ckpt_s: float, collective_s: float, hc_s: float, out_dir: str, as_json: bool
+    seeds: str,
+    work_s: float,
+    ckpt_s: float,
+    collective_s: float,
+    hc_s: float,
+    out_dir: str,
+    resettle: bool,
+    as_json: bool,
 ) -> None:
     """A 3-node gang and one fatal GPU fault per seed, bare Slurm vs Slurm + FleetYield; writes
     OUT/ab-gang.json and the logs (time from the fault to the gang running again, progress lost)."""
+    if resettle:
+        try:
+            summary = gang_ab.resettle(Path(out_dir))
+        except (OSError, ValueError, KeyError, StopIteration) as exc:
+            raise click.ClickException(f"{out_dir}: cannot resettle ({exc!r})") from None
+        if as_json:
+            emit(summary)
+        else:
+            click.echo(gang_ab.describe(summary), nl=False)
+        return
     try:
         ss = [int(s) for s in seeds.split(",") if s.strip()]
         gp = gang.GangParams(

@@ -17,6 +17,9 @@ work it resumed from, hang, timeout; written by ``contrib/chaos/fy-train-job.sh`
 - ``stalled_s``: from the fault to the end of the attempt it hit (the job's ``timeout`` event when it hung to
   its collective timeout, else sacct's ``End``: a requeued attempt's End is the requeue): the time the whole
   gang held its nodes without progress;
+- ``requeued_s``: from the fault to the gang back in the queue (sacct's ``End`` of a REQUEUED attempt, whole
+  seconds): the lever's part of the recovery; the rest (``recovery_s - requeued_s``) is Slurm's own: the
+  requeued job's BeginTime hold (``cred_expire``), then the next scheduling pass;
 - ``drained_s``: from the fault to its node seen drained (by FleetYield or by the NHC emulation).
 Nothing here does I/O.
 
@@ -115,6 +118,7 @@ class Recovery:
     stalled_s: float | None
     recovery_s: float | None  # None: never running again on healthy nodes in the run
     relanded: int  # attempts that started on the faulted node again before the recovery
+    requeued_s: float | None  # None: the attempt it hit was not requeued (it completed, or failed for good)
     drained_s: float | None
 
     def to_dict(self) -> dict[str, object]:
@@ -182,7 +186,7 @@ def recoveries(
         drained_s = round(drain_t - ft, 1) if drain_t is not None and drain_t >= ft else None
         if hit is None:
             out.append(
-                Recovery(node, ft, False, "", False, False, None, None, None, None, None, 0, drained_s)
+                Recovery(node, ft, False, "", False, False, None, None, None, None, None, 0, None, drained_s)
             )
             continue
         # sacct's times are whole seconds (truncated): an attempt requeued in the fault's second was hit, and
@@ -197,6 +201,9 @@ def recoveries(
         ended = timeout if timeout is not None else hit.end
         healthy = next((a for a in later if node not in a.nodes), None)
         relanded = sum(1 for a in later if node in a.nodes and (healthy is None or a.start < healthy.start))
+        requeued = None
+        if hit.state == "REQUEUED" and hit.end is not None:
+            requeued = round(max(0.0, hit.end - ft), 1)
         resumed = None
         if healthy is not None:
             resumed = next((w for t, w in starts if t >= healthy.start - 1.0), None)
@@ -206,7 +213,7 @@ def recoveries(
                 None if resumed is None else max(0.0, work - resumed),
                 None if ended is None else round(max(0.0, ended - ft), 1),
                 None if healthy is None else round(healthy.start - ft, 1),
-                relanded, drained_s,
+                relanded, requeued, drained_s,
             )
         )  # fmt: skip
     return out

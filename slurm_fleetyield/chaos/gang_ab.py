@@ -31,6 +31,7 @@ from typing import Any
 
 from slurm_fleetyield.chaos import ab as ab_mod
 from slurm_fleetyield.chaos import gang
+from slurm_fleetyield.chaos import log as log_mod
 from slurm_fleetyield.chaos.ab import CONTRIB, CONTROLLER, ChaosError, Cluster, d
 from slurm_fleetyield.chaos.ledger import SACCT_FIELDS, _hosts
 from slurm_fleetyield.chaos.log import ChaosLog
@@ -167,16 +168,51 @@ def run_gang_arm(
         if arm == "fleetyield":
             rc, text = exec_(d(CONTROLLER, "fleetyield", "events", "--limit", "200", "--json"))
             (out_dir / f"controller-events-{tag}.json").write_text(text + "\n")
-        recs = gang.recoveries(sacct, job, logs["steps"], logs["events"], [(node, fault_t)], drained)
-        result = {
+        raw = {
             "type": "result", "arm": arm, "seed": p.seed, "job": job, "nodes": list(nodes),
-            "fault_node": node, "fault_t": fault_t, "recoveries": [r.to_dict() for r in recs],
-            "wall_s": gang.wall_s(sacct, job),
-            "attempts": len(gang.attempts(sacct, job)), "unfinished": unfinished, "sacct": sacct,
-            "nhc_log": nhc, "logs": logs, "elapsed_s": round(clock() - submitted, 1),
+            "fault_node": node, "fault_t": fault_t, "drained": drained, "unfinished": unfinished,
+            "sacct": sacct, "nhc_log": nhc, "logs": logs, "elapsed_s": round(clock() - submitted, 1),
         }  # fmt: skip
+        result = raw | settle(raw)
         log.write(result)
     return result
+
+
+def settle(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The ledger of one arm from what its log's ``result`` record holds (sacct text, the job's logs, the
+    fault, when its node was seen drained): the same code for a run and for ``resettle``."""
+    sacct, job, logs = raw["sacct"], raw["job"], raw["logs"]
+    recs = gang.recoveries(
+        sacct, job, logs["steps"], logs["events"], [(raw["fault_node"], raw["fault_t"])], raw["drained"]
+    )
+    return {
+        "recoveries": [r.to_dict() for r in recs],
+        "wall_s": gang.wall_s(sacct, job),
+        "attempts": len(gang.attempts(sacct, job)),
+    }
+
+
+def _arm_summary(result: Mapping[str, Any]) -> dict[str, Any]:
+    """What ab-gang.json keeps of an arm (the sacct text and the job's logs stay in the JSONL log)."""
+    return {k: v for k, v in result.items() if k not in ("sacct", "logs", "type")}
+
+
+def resettle(out_dir: Path) -> dict[str, Any]:
+    """Rebuild ``out_dir/ab-gang.json``'s per-arm results from the JSONL logs beside it (after a change to
+    the ledger: no cluster needed; the run's provenance is kept)."""
+    summary = json.loads((out_dir / "ab-gang.json").read_text())
+    for s in summary["seeds"]:
+        for arm in ARMS:
+            path = out_dir / f"chaos-gang-{arm}-s{s}.jsonl"
+            raw = next(r for r in log_mod.records(path) if r.get("type") == "result")
+            if "drained" not in raw:  # logs written before the result kept it: the drained records have it
+                raw["drained"] = {}
+                for r in log_mod.records(path):
+                    if r.get("type") == "drained":
+                        raw["drained"].setdefault(r["node"], r["t"])
+            summary["arms"][arm][str(s)] = _arm_summary(raw | settle(raw))
+    (out_dir / "ab-gang.json").write_text(json.dumps(summary, sort_keys=True, indent=1) + "\n")
+    return summary
 
 
 def _asdict(p: gang.GangPlan) -> dict[str, Any]:
@@ -247,7 +283,7 @@ def ab_gang(
             p = gang.plan(s, gp)
             for arm in ARMS:
                 res = run_gang_arm(p, gp, arm, exec_, out_dir, clock, sleep)
-                results[arm][str(s)] = {k: v for k, v in res.items() if k not in ("sacct", "logs", "type")}
+                results[arm][str(s)] = _arm_summary(res)
     finally:
         Cluster(exec_, NODES, None, clock, sleep).restore()
     summary = {

@@ -59,7 +59,7 @@ def test_fast_requeue_recovery_and_progress_lost_from_sacct_and_the_job_logs():
     assert r.work_at_fault_s == 24 and r.resumed_from_s == 15 and r.lost_s == 9
     assert r.recovery_s == pytest.approx(37 - 24.4, abs=0.01) and r.relanded == 0
     assert r.stalled_s == pytest.approx(25 - 24.4, abs=0.01)  # fault to the requeue (sacct's End)
-    assert r.drained_s == 1.5
+    assert r.drained_s == 1.5 and r.requeued_s == 0.6  # sacct's End of the REQUEUED attempt
     assert gang.wall_s(FY_SACCT, "2") == 89.0
 
 
@@ -77,6 +77,7 @@ def test_a_hang_to_the_timeout_and_a_relanding_on_the_dead_node_count_against_th
     assert r.hung and r.timed_out and r.stalled_s == 60.3  # the job's timeout, not sacct's End (requeue)
     assert r.relanded == 1 and r.recovery_s == pytest.approx(176 - 20, abs=0.01)
     assert r.work_at_fault_s == 19 and r.resumed_from_s == 10 and r.lost_s == 9 and r.drained_s is None
+    assert r.requeued_s == 67.0  # the NHC emulation's requeue after the timeout
 
 
 def test_a_fault_on_a_node_outside_the_gang_hits_nothing():
@@ -322,3 +323,21 @@ def test_driver_stops_on_a_failed_gang_nobody_requeues_and_cancels_one_past_the_
         gang.plan(0, gp), gp, "fleetyield", fc.exec, tmp_path, lambda: fc.t, fc.sleep, deadline_s=200.0
     )
     assert res["unfinished"] and fc.cancelled and fc.t <= fc.submitted + 200.0 + 2 * POLL_S  # type: ignore[operator]
+
+
+def test_resettle_rebuilds_the_summary_from_the_logs_alone(tmp_path: Path):
+    gp = gang.GangParams()
+    p = gang.plan(0, gp)
+    ran = {}
+    for arm, fy in (("bare", False), ("fleetyield", True)):
+        fc = GangFake(fy=fy)
+        ran[arm] = gang_ab._arm_summary(
+            gang_ab.run_gang_arm(p, gp, arm, fc.exec, tmp_path, lambda fc=fc: fc.t, fc.sleep)
+        )
+    (tmp_path / "ab-gang.json").write_text(
+        '{"seeds": [0], "arms": {"bare": {}, "fleetyield": {}}, "command": "c"}'
+    )
+    summary = gang_ab.resettle(tmp_path)
+    assert summary["arms"] == {a: {"0": ran[a]} for a in ran} and summary["command"] == "c"
+    assert summary["arms"]["fleetyield"]["0"]["recoveries"][0]["requeued_s"] is not None
+    assert summary["arms"]["bare"]["0"]["recoveries"][0]["requeued_s"] is None  # failed, nobody requeued it

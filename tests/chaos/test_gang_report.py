@@ -16,7 +16,8 @@ GANG_JSON = ROOT / "docs" / "ab-gang" / "ab-gang.json"
 
 
 def _arm(recovery: float | None, lost: float, stalled: float, wall: float | None) -> dict[str, Any]:
-    rec = {"recovery_s": recovery, "lost_s": lost, "stalled_s": stalled, "drained_s": 1.0, "hit": True}
+    rec = {"recovery_s": recovery, "lost_s": lost, "stalled_s": stalled, "drained_s": 1.0, "hit": True,
+           "requeued_s": stalled + 1}  # fmt: skip
     return {"fault_node": "gpu-l40s-2", "recoveries": [rec], "wall_s": wall, "attempts": 2,
             "unfinished": wall is None}  # fmt: skip
 
@@ -42,9 +43,9 @@ def _summary() -> dict[str, Any]:
 def test_render_one_row_per_seed_and_arm_means_and_what_is_measured():
     md = gang_report.render(_summary())
     assert md.startswith(gang_report.BEGIN) and md.rstrip().endswith(gang_report.END)
-    assert "| 0 | bare | gpu-l40s-2, 6, 79 | 1 | 61 | 84 | 4 | 2 | 230 |" in md
-    assert "| **mean** | **bare** |  | 1.0 | 60.5 | **87.0** | **7.0** |  | 230.0 |" in md
-    assert "| **mean** | **fleetyield** |  | 1.0 | 0.5 | **12.0** | **7.0** |  | 151.0 |" in md
+    assert "| 0 | bare | gpu-l40s-2, 6, 79 | 1 | 61 | 62 | 84 | 4 | 2 | 230 |" in md
+    assert "| **mean** | **bare** |  | 1.0 | 60.5 | 61.5 | **87.0** | **7.0** |  | 230.0 |" in md
+    assert "| **mean** | **fleetyield** |  | 1.0 | 0.5 | 1.5 | **12.0** | **7.0** |  | 151.0 |" in md
     assert "Unfinished at the deadline" in md and "bare seed 1" in md
     assert "**Measured**" in md and "**Simulated**" in md and "`gang123`" in md and "-N3" in md
     assert "collective timeout (60 s)" in md and "every 30 s" in md
