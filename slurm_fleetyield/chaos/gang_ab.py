@@ -24,6 +24,7 @@ Simulated: the GPU fault (an XID raised in the agent's fake backend, and the rec
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -211,6 +212,9 @@ def resettle(out_dir: Path) -> dict[str, Any]:
                     if r.get("type") == "drained":
                         raw["drained"].setdefault(r["node"], r["t"])
             summary["arms"][arm][str(s)] = _arm_summary(raw | settle(raw))
+    git = subprocess.run(["git", "-C", str(ab_mod.REPO), "describe", "--always", "--dirty"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    summary["resettled_at"] = git.stdout.strip() or "?"
     (out_dir / "ab-gang.json").write_text(json.dumps(summary, sort_keys=True, indent=1) + "\n")
     return summary
 

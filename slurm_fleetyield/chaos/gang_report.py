@@ -76,7 +76,12 @@ def render(summary: Mapping[str, Any]) -> str:
         "",
         f"Seeds {seeds}, run {when}, {float(summary.get('elapsed_s', 0)) / 60:.0f} min in all; "
         f"commit `{v.get('git_describe', '?')}` (`{v.get('git_commit', '?')[:12]}`), "
-        f"Slurm `{v.get('slurm', '?')}`.",
+        f"Slurm `{v.get('slurm', '?')}`"
+        + (
+            f"; ledger re-settled from the run's logs at `{summary['resettled_at']}` (`--resettle`)."
+            if summary.get("resettled_at")
+            else "."
+        ),
         f"Command: `{summary.get('command') or '?'}` (what `make ab-gang` runs), then "
         "`fleetyield chaos report docs/ab-gang/ab-gang.json --readme README.md` (this block).",
         "",

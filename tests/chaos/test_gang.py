@@ -339,5 +339,6 @@ def test_resettle_rebuilds_the_summary_from_the_logs_alone(tmp_path: Path):
     )
     summary = gang_ab.resettle(tmp_path)
     assert summary["arms"] == {a: {"0": ran[a]} for a in ran} and summary["command"] == "c"
+    assert summary["resettled_at"]  # the commit whose ledger settled it
     assert summary["arms"]["fleetyield"]["0"]["recoveries"][0]["requeued_s"] is not None
     assert summary["arms"]["bare"]["0"]["recoveries"][0]["requeued_s"] is None  # failed, nobody requeued it
