@@ -2,12 +2,13 @@
 #   make test   unit + integration tests (brings the docker Slurm cluster up if it is not)
 #   make up / make down / make demo   the docker Slurm cluster (contrib/slurm-docker-cluster)
 #   make lint   ruff + import-linter + mypy (the decision core)
+#   make package   the Debian package, dist/fleetyield_VERSION_ARCH.deb (contrib/deb/build-deb.sh)
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor ab-gang
+.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package sim-frontier sim-noharm ab-gang
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -37,6 +38,11 @@ down:
 demo: up
 	$(CLUSTER)/demo.sh
 
+# The .deb: the venv at /opt/fleetyield built with Debian's /usr/bin/python3 (not this venv's), units,
+# examples and docs. Needs dpkg-deb; the dependencies come from the package index (or PIP_FIND_LINKS).
+package:
+	contrib/deb/build-deb.sh dist
+
 # down + remove the cluster images and the cached rootfs/wheelhouse (next up is a cold start).
 clean-cluster:
 	$(CLUSTER)/down.sh --images
@@ -64,6 +70,27 @@ ab-precursor: $(STAMP)
 		--precursor-share $(AB_PRECURSOR_SHARE) --out $(AB_PRECURSOR_OUT) \
 		$(if $(AB_ADMIN_DELAY),--admin-delay $(AB_ADMIN_DELAY))
 	$(VENV)/bin/fleetyield chaos report $(AB_PRECURSOR_OUT)/ab.json --readme README.md
+
+# SIMULATED sweeps (no cluster needed; `fleetyield simulate sweep`, tables under docs/sim/).
+# Frontier (issue "Where reliability costs"): 2,048 nodes x 30 days, one gang over 15/16 of the fleet,
+# baseline vs FleetYield vs oracle, ETTR and net goodput, SIM_SEEDS seeds, precursor shares 0 and 0.25.
+SIM_SEEDS ?= 10
+SIM_WORKERS ?= 2
+sim-frontier: $(STAMP)
+	$(VENV)/bin/fleetyield simulate sweep --workload frontier --days 30 --seeds $(SIM_SEEDS) --shares 0,0.25 \
+		--policies baseline,fleetyield,oracle --workers $(SIM_WORKERS) --no-plots --out docs/sim/frontier
+
+# Do no harm (issue "Price risk by what it puts at stake"): openb and the synthetic workload, 32 nodes x 30 days,
+# node rates NOHARM_RATES x precursor shares 0,0.1,0.25,0.5, with the A/A control (baseline_aa: unmodified
+# Slurm with another blind node order; its spread is the placement-chaos floor of the comparison).
+NOHARM_RATES ?= 1 3.79 6.5 10 20 30
+NOHARM_LOADS ?= 0.7
+sim-noharm: $(STAMP)
+	for w in openb synthetic; do for l in $(NOHARM_LOADS); do for r in $(NOHARM_RATES); do \
+		$(VENV)/bin/fleetyield simulate sweep --workload $$w --load $$l --nodes 32 --days 30 --seeds $(SIM_SEEDS) \
+			--node-rate $$r --policies baseline,baseline_aa,fleetyield,oracle --workers $(SIM_WORKERS) \
+			--no-plots --out docs/sim/noharm/$$w-load$$l-rate$$r || exit 1; done; done; done
+	$(VENV)/bin/python bench/noharm_table.py docs/sim/noharm > docs/sim/noharm/table.md
 
 # A 3-node gang and one fatal GPU fault per seed (chaos/gang_ab.py), bare Slurm (hang until the collective
 # timeout, NHC drain, requeue after the failure) vs Slurm + FleetYield (pushed XID: drain and requeue at once),

@@ -14,6 +14,9 @@ XID storms: the same XID repeating on a GPU within ``fold_window_s`` of its firs
 event again: counted (``folded``), not pushed, spooled or marked a second time (a driver can log
 thousands of XID 95s for one fault). The scrape's XID counters still count every one. A GPU
 reset or ``fault clear`` ends the GPU's folds: an XID after it is new evidence.
+
+Backend calls at scrape time and resets go through ``guard`` (``node_agent.supervise.Guard``): each has a
+deadline, and a hung one makes ``health()`` report the node's GPU data stale.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from node_agent.protocol import AgentEvent
 from node_agent.push import Pusher, spool_event
 from node_agent.scenario import Scenario, ScenarioRunner
 from node_agent.state import ScenarioProgress
+from node_agent.supervise import Guard
+
+RESET_DEADLINE_S = 150.0
+"""A GPU reset: nvidia-smi's own 120 s timeout (backends/nvml.py) and margin."""
 
 Spec = XidFault | DegradeFault | CorruptFault
 
@@ -48,6 +55,7 @@ class Agent:
         scenario: Scenario | None = None,
         seed: int = 0,
         fold_window_s: float = 300.0,
+        guard: Guard | None = None,
     ) -> None:
         self.backend = backend
         self.fold_window_s = fold_window_s
@@ -62,6 +70,7 @@ class Agent:
         self.runner: ScenarioRunner | None = None
         self.attest_factory: Callable[[Agent], Any] | None = None  # set by the server (exporter.py)
         self._attestor: Any = None
+        self.guard = guard or Guard()  # every scrape-time and reset call into the backend is bounded
         backend.set_event_callback(self.handle_events)
 
     @property
@@ -78,6 +87,19 @@ class Agent:
 
                     self._attestor = Attestor(self)
             return self._attestor
+
+    def health(self) -> list[str]:
+        """What is wrong now (empty: healthy): a stuck backend call, a supervised thread failing or dead."""
+        problems = []
+        stuck = self.guard.stuck()
+        if stuck:
+            problems.append(f"{stuck}: GPU data is stale")
+        for sup in self.backend.supervised():
+            if not sup.up:
+                problems.append(f"{sup.name} is not running ({sup.last_error or 'stopped'})")
+            elif sup.failing:
+                problems.append(f"{sup.name} failing, restarted {sup.restarts}x: {sup.last_error}")
+        return problems
 
     # ------------------------------------------------------------ lifecycle
     def start_scenario(self, now: float) -> None:
@@ -110,18 +132,23 @@ class Agent:
             return out
 
     # ------------------------------------------------------------ events & marker
-    def _fold(self, events: list[AgentEvent]) -> list[AgentEvent]:
-        """The events that are news: an XID repeating on its GPU within the window is counted instead."""
+    def _fold(
+        self, events: list[AgentEvent]
+    ) -> tuple[list[AgentEvent], dict[tuple[int | None, int], list[float]]]:
+        """The events that are news (an XID repeating on its GPU within the window is counted instead), and
+        the folds to record once they are handled: an event whose handling failed (ENOSPC writing the
+        marker) is news again when it is retried."""
         out = []
+        folds = {k: list(v) for k, v in self.folded.items()}
         for e in events:
             if e.kind == "xid" and e.xid is not None:
-                fold = self.folded.get((e.gpu, e.xid))
+                fold = folds.get((e.gpu, e.xid))
                 if fold is not None and 0.0 <= e.time - fold[0] <= self.fold_window_s:
                     fold[1] += 1
                     continue
-                self.folded[(e.gpu, e.xid)] = [e.time, 0]
+                folds[(e.gpu, e.xid)] = [e.time, 0]
             out.append(e)
-        return out
+        return out, folds
 
     def _unfold(self, gpu: int | None) -> None:
         for key in [k for k in self.folded if gpu is None or k[0] == gpu]:
@@ -129,8 +156,9 @@ class Agent:
 
     def handle_events(self, events: list[AgentEvent], reset_fixes: bool = True) -> None:
         with self.lock:
-            events = self._fold(events)
+            events, folds = self._fold(events)
             if not events:
+                self.folded = folds
                 return
             new = [e for e in events if e.fatal and e.kind in ("xid", "gpu_missing", "check_failed")]
             if new:
@@ -159,6 +187,7 @@ class Agent:
             else:
                 for e in events:
                     spool_event(self.state_dir, e)
+            self.folded = folds
 
     def _drop_pending(self, keep: Callable[[dict], bool]) -> int:
         pending = fatal.read_pending(self.state_dir)
@@ -203,7 +232,7 @@ class Agent:
     def reset(self, gpu: int) -> dict[str, Any]:
         with self.lock:
             now = self.clock()
-            events = self.backend.reset_gpu(gpu, now)
+            events = self.guard.call(self.backend.reset_gpu, gpu, now, timeout_s=RESET_DEADLINE_S)
             dropped = self._drop_pending(lambda p: not (p.get("gpu") == gpu and p.get("reset_fixes")))
             self._unfold(gpu)
             self.handle_events(events)

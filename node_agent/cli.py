@@ -87,6 +87,19 @@ def _serve_options(f: Any) -> Any:
             "(default /var/spool/fleetyield/outcomes).",
         ),
         click.option(
+            "--web-config-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="TLS and basic auth for /metrics: a web-config file in the Prometheus exporter-toolkit "
+            "format (dcgm-exporter's --web-config-file).",
+        ),
+        click.option(
+            "--max-connections",
+            type=int,
+            default=None,
+            help="Connections the /metrics listener holds at once (default 256).",
+        ),
+        click.option(
             "--outcomes-url",
             default=None,
             help="Where outcomes are POSTed (default: the push URL's listener, /v1/agent/outcomes).",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -117,7 +118,9 @@ class GpuCollector(Collector):
         lowercase_hostname: bool = False,
         job_mapping_dir: Path | None = None,
         xid_window_ms: int = 300000,
+        call: Callable[..., Any] | None = None,
     ) -> None:
+        self.call = call or (lambda fn, *args: fn(*args))  # the agent's Guard.call: bounded backend calls
         self.backend = backend
         self.node = node
         self.clock = clock
@@ -140,8 +143,9 @@ class GpuCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
-        samples = self.backend.sample(now)
-        driver = self.backend.driver_version()
+        samples = self.call(self.backend.sample, now)
+        driver = self.call(self.backend.driver_version)
+        expected_gpus = self.call(self.backend.expected_gpus)
         jobs = read_job_mapping(self.job_mapping_dir)
         base = {s.info.index: self._base_labels(s, driver) for s in samples}
 
@@ -194,7 +198,7 @@ class GpuCollector(Collector):
         yield total
 
         expected = Metric("fleetyield_agent_gpus_expected", "GPUs this node should have.", "gauge")
-        expected.add_sample("fleetyield_agent_gpus_expected", {}, self.backend.expected_gpus())
+        expected.add_sample("fleetyield_agent_gpus_expected", {}, expected_gpus)
         yield expected
         visible = Metric("fleetyield_agent_gpus_visible", "GPUs the backend sees now.", "gauge")
         visible.add_sample("fleetyield_agent_gpus_visible", {}, len(samples))
@@ -202,3 +206,31 @@ class GpuCollector(Collector):
         info = Metric("fleetyield_agent_info", "FleetYield node agent build and backend.", "gauge")
         info.add_sample("fleetyield_agent_info", {"backend": self.backend.name, "version": __version__}, 1)
         yield info
+
+
+class ThreadCollector(Collector):
+    """``fleetyield_agent_thread_up`` and ``fleetyield_agent_thread_restarts_total`` per supervised thread
+    of the backend (the NVML XID thread: ``node_agent.supervise.Supervised``)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        up = Metric(
+            "fleetyield_agent_thread_up",
+            "1 while a supervised agent thread runs and is not failing.",
+            "gauge",
+        )
+        restarts = Metric(
+            "fleetyield_agent_thread_restarts",
+            "Restarts of a supervised agent thread after an exception.",
+            "counter",
+        )
+        for sup in self.backend.supervised():
+            up.add_sample(up.name, {"thread": sup.name}, float(sup.up and not sup.failing))
+            restarts.add_sample(restarts.name + "_total", {"thread": sup.name}, sup.restarts)
+        yield up
+        yield restarts

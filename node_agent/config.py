@@ -47,6 +47,8 @@ class AgentConfig(BaseModel):
     outcomes_dir: _PathLike | None = Path("/var/spool/fleetyield/outcomes")
     outcomes_url: str | None = None
     outcomes_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    web_config_file: _PathLike | None = None  # exporter-toolkit web config: TLS, basic auth (webconfig.py)
+    max_connections: int = Field(default=256, ge=16, le=65536)
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:

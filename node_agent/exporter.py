@@ -2,7 +2,9 @@
 
 Input: an ``AgentConfig``, a clock, the ``[attest]`` settings (``node_agent.attest.config``). Output: a
 running server (``Server.start()`` / ``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from
-a non-global ``CollectorRegistry``, ``GET /healthz`` and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
+a non-global ``CollectorRegistry`` (503 while a GPU backend call is stuck: ``node_agent.supervise``),
+``GET /healthz`` (503 naming what is wrong: a stuck backend call, a failing or dead supervised thread)
+and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
 for a controller that pulls; ``node_agent.attest.service.http_quote``). With ``attest.controller_url`` and
 a push secret, a ``HandoverLoop`` re-attests at start and every 15 minutes. ``run_forever`` installs
 SIGTERM/SIGINT handlers that stop everything cleanly (sockets closed, locks released).
@@ -10,6 +12,7 @@ SIGTERM/SIGINT handlers that stop everything cleanly (sockets closed, locks rele
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -24,17 +27,18 @@ from prometheus_client.registry import CollectorRegistry
 from node_agent.agent import Agent
 from node_agent.attest.config import AttestConfig
 from node_agent.backends.base import Backend, BackendError, load_backend_class
-from node_agent.collector import GpuCollector
+from node_agent.collector import GpuCollector, ThreadCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
-from node_agent.httpd import QuietThreadingHTTPServer
+from node_agent.httpd import BoundedHTTPServer, Limits
 from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
 from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
 from node_agent.remote import MAX_BODY, ResetEndpoint
 from node_agent.scenario import load_scenario
 from node_agent.state import ServeLock
+from node_agent.supervise import BackendStuck
 
 log = logging.getLogger(__name__)
 AGENT_QUOTE_PATH = "/v1/attest/quote"  # = attest.quote.AGENT_QUOTE_PATH (that module loads cryptography)
@@ -73,8 +77,10 @@ def make_registry(agent: Agent, cfg: AgentConfig, host_metrics: bool = True) -> 
             cfg.lowercase_hostname,
             cfg.hpc_job_mapping_dir,
             cfg.xid_count_window_ms,
+            call=agent.guard.call,
         )
     )
+    registry.register(ThreadCollector(agent.backend))
     if host_metrics:
         registry.register(HostCollector())
     return registry
@@ -91,11 +97,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            with self.server.agent.lock:
-                body = render(self.server.registry)
+            try:
+                with self.server.agent.lock:
+                    body = render(self.server.registry)
+            except BackendStuck as exc:  # no stale numbers: the scrape fails, the controller sees UNKNOWN
+                self._send(503, f"GPU data unavailable: {exc}\n".encode(), "text/plain")
+                return
             self._send(200, body, CONTENT_TYPE)
         elif path in ("/", "/healthz"):
-            self._send(200, b"ok\n", "text/plain")
+            problems = self.server.agent.health()
+            if problems:
+                self._send(503, ("unhealthy: " + "; ".join(problems) + "\n").encode(), "text/plain")
+            else:
+                self._send(200, b"ok\n", "text/plain")
         elif path == AGENT_QUOTE_PATH:
             from node_agent.attest.service import http_quote  # cryptography: only when a quote is asked
 
@@ -147,15 +161,24 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class _HTTPServer(QuietThreadingHTTPServer):  # a scraper that times out prints no traceback
-    daemon_threads = True
-    allow_reuse_address = True
+AGENT_LIMITS = Limits(max_connections=256, workers=2, max_body_bytes=MAX_BODY)
+"""The agent's listener: its clients are the controller, Prometheus and an admin's curl; 256 connections
+of at most ~80 KB each (head and body) bound it to ~20 MB, two workers to two threads plus the loop."""
 
-    def __init__(self, addr: tuple[str, int], agent: Agent, registry: CollectorRegistry) -> None:
+
+class _HTTPServer(BoundedHTTPServer):
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        agent: Agent,
+        registry: CollectorRegistry,
+        limits: Limits = AGENT_LIMITS,
+        web: Any = None,
+    ) -> None:
         self.agent = agent
         self.registry = registry
         self.reset_endpoint: ResetEndpoint | None = None
-        super().__init__(addr, _Handler)
+        super().__init__(addr, _Handler, limits, web, name="fleetyield-http")
 
 
 class Server:
@@ -191,6 +214,11 @@ class Server:
         if scenario is not None and cfg.backend != "fake":
             raise BackendError("--scenario needs the fake backend")
         secret = cfg.read_secret()
+        web = None
+        if cfg.web_config_file is not None:  # a bad file stops the start here, before anything opens
+            from node_agent.webconfig import load_web_config
+
+            web = load_web_config(cfg.web_config_file)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         if not self.lock.acquire():
             raise BackendError(f"another agent already serves state dir {cfg.state_dir}")
@@ -210,7 +238,9 @@ class Server:
             from node_agent.control import ControlServer
 
             self.control = ControlServer(cfg.state_dir, self.agent)
-            self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, make_registry(self.agent, cfg))
+            limits = dataclasses.replace(AGENT_LIMITS, max_connections=cfg.max_connections)
+            registry = make_registry(self.agent, cfg)
+            self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, registry, limits, web)
             if secret:
                 self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
             outcomes_url = cfg.outcomes_url
@@ -243,7 +273,10 @@ class Server:
             t = threading.Thread(target=self._tick_loop, name="fleetyield-scenario", daemon=True)
             t.start()
             self._threads.append(t)
-        log.info("fleetyield-agent serving %s backend on %s:%d", cfg.backend, cfg.listen, self.port)
+        scheme = web.scheme if web is not None else "http"
+        log.info(
+            "fleetyield-agent serving %s backend on %s://%s:%d", cfg.backend, scheme, cfg.listen, self.port
+        )
 
     def _tick_loop(self) -> None:
         assert self.agent is not None

@@ -330,6 +330,8 @@ def status(config_path: str | None, api: str | None, as_json: bool, calibration:
     )
     for hold in doc["plan"]["holds"]:
         click.echo(f"HOLD {hold['node']} {hold['action']} ({hold['rule']}): {hold['detail']}")
+    for b in (doc.get("stake") or {}).get("breaker", ()):
+        click.echo(f"BREAKER {b['feature']} ({b['class']}): {b['message']}")
     for failed in doc["apply"]["failed"]:
         click.echo(f"FAILED {' '.join(failed['command'])}: {failed['detail']}")
     click.echo(_table(rows))
@@ -354,12 +356,50 @@ def nodes(config_path: str | None, api: str | None, as_json: bool) -> None:
 @_api_option
 @_json_option
 def explain(node: str, config_path: str | None, api: str | None, as_json: bool) -> None:
-    """Why NODE is where it is: tier, risk, every signal's contribution, evidence."""
-    doc = _source(config_path, api).node(node)
+    """Why NODE is where it is: tier, risk, the stake arithmetic, every signal's contribution, evidence;
+    and drain_pays' figures of its last drain proposal (from the proposal's log event)."""
+    source = _source(config_path, api)
+    doc = source.node(node)
+    drain = _drain_stake(source.events(1000, node), doc["explain"])
     if as_json:
-        _emit_json(doc["explain"])
+        _emit_json({**doc["explain"], **({"drain_stake": drain} if drain else {})})
     else:
         click.echo(doc["text"])
+        if drain:
+            click.echo(_drain_stake_text(drain))
+
+
+def _drain_stake(events: list[dict[str, Any]], explained: dict[str, Any]) -> dict[str, Any] | None:
+    """drain_pays' figures of the node's open drain proposal, else of its latest one (the gate logs them in
+    the ``drain_proposal`` event's data: ``stake`` in words, ``stake_figures`` the numbers). None: no
+    proposal made under the stake rule in the events kept."""
+    made = [e for e in events if e.get("kind") == "drain_proposal" and (e.get("data") or {}).get("stake")]
+    if not made:
+        return None
+    open_id = (explained.get("proposal") or {}).get("id")
+    e = next((e for e in made if e["data"].get("proposal_id") == open_id), made[0])  # newest first
+    d = e["data"]
+    return {
+        "proposal_id": d.get("proposal_id"),
+        "time": e.get("time"),
+        "open": d.get("proposal_id") == open_id,
+        "why": d["stake"],
+        "figures": d.get("stake_figures"),
+    }
+
+
+def _drain_stake_text(x: dict[str, Any]) -> str:
+    state = "open" if x["open"] else "no longer open"
+    head = f"drain proposal {x['proposal_id']} ({state}), made at {x['time']:.0f} because it pays: "
+    f = x["figures"]
+    if not f:  # logged before the figures were
+        return head + x["why"]
+    return head + (
+        f"averted = p {f['p']:.3f} x (requeued work {f['moved_gpu_h']:.1f} + next stake "
+        f"{f['next_gpu_h']:.1f} + repair downtime {f['repair_gpu_h']:.1f}) = {f['averted_gpu_h']:.1f} GPU-h "
+        f"vs cost = drain downtime {f['drain_gpu_h']:.1f} + requeued work {f['moved_gpu_h']:.1f} = "
+        f"{f['cost_gpu_h']:.1f} GPU-h"
+    )
 
 
 @main.command()

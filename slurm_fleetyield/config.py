@@ -180,8 +180,26 @@ class PushConfig(BaseModel):
     enabled: bool | None = Field(
         None, description="Run the push listener. Unset: run it exactly when secret_file is set."
     )
-    host: str = Field("0.0.0.0", description="Listen address (agents must reach it).")
+    host: str = Field(
+        "127.0.0.1",
+        description="Listen address: the address of the interface agents reach (set it; 0.0.0.0 binds "
+        "every interface). The default binds loopback only, so a fresh install exposes nothing.",
+    )
     port: int = Field(9402, ge=0, le=65535, description="Listen port (0: any free port, for tests).")
+    web_config_file: str | None = Field(
+        None,
+        description="Web-config file (YAML, the Prometheus exporter-toolkit format dcgm-exporter's "
+        "--web-config-file takes): tls_server_config (cert_file, key_file, client_auth_type, client_ca_file) "
+        "and basic_auth_users (bcrypt hashes) for this listener. Unset: plain HTTP, no basic auth.",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=16,
+        le=65_536,
+        description="Connections held at once (node_agent/httpd.py); at the cap a new one evicts the "
+        "longest-waiting connection without a complete request. Keep systemd's LimitNOFILE well above "
+        "the sum over listeners.",
+    )
     secret_file: str | None = Field(
         None,
         description="File holding the shared HMAC secret (same as the agents' --push-secret-file). "
@@ -220,6 +238,20 @@ class ApiConfig(BaseModel):
     enabled: bool = Field(True, description="Run the read-only API listener.")
     host: str = Field("127.0.0.1", description="Listen address; it exposes no write operation.")
     port: int = Field(9401, ge=0, le=65535, description="Listen port (0: any free port, for tests).")
+    web_config_file: str | None = Field(
+        None,
+        description="Web-config file (YAML, the Prometheus exporter-toolkit format dcgm-exporter's "
+        "--web-config-file takes): tls_server_config (cert_file, key_file, client_auth_type, client_ca_file) "
+        "and basic_auth_users (bcrypt hashes) for this listener. Unset: plain HTTP, no basic auth.",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=16,
+        le=65_536,
+        description="Connections held at once (node_agent/httpd.py); at the cap a new one evicts the "
+        "longest-waiting connection without a complete request. Keep systemd's LimitNOFILE well above "
+        "the sum over listeners.",
+    )
 
 
 class StoreConfig(BaseModel):

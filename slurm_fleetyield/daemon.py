@@ -259,6 +259,13 @@ class Daemon:
         self.tick_no += 1
         duration = self.monotonic() - t0
         rows = [LogRow(e.time, e.kind, e.node, e.message, dict(e.data)) for e in result.events]
+        for e in result.events:
+            if e.kind == "stake_breaker":  # capacity the stake rule would have withheld: a human should know
+                log.warning(
+                    "stake capacity breaker: %s",
+                    e.message,
+                    extra={"fy": {"tick": self.tick_no, **e.data}},
+                )
         rows.extend(extra.rows)
         for r in (*done, *report.results):
             kind = "dry_run" if self.dry_run else ("applied" if r.ok else "apply_failed")
@@ -539,6 +546,9 @@ def build(
     from slurm_fleetyield.adapters.ingest import IngestServer
 
     dry = config.slurm.dry_run if dry_run is None else dry_run
+    # a web-config file that cannot be used stops the start before anything opens (ConfigError)
+    push_web = load_listener_web_config("push", config.push.web_config_file)
+    api_web = load_listener_web_config("api", config.api.web_config_file)
     store = Store(config.store.path, events_keep=config.store.events_keep)
     closers: list[Callable[[], None]] = []
     if slurm is None:
@@ -614,6 +624,8 @@ def build(
             attest=attest,
             drain_xids=frozenset(config.core.quarantine.quarantine_xids),
             settle=daemon.wait_tick_after if attest is not None else None,
+            max_connections=config.push.max_connections,
+            web=push_web,
         )
         servers.append(ingest)
     if config.api.enabled:
@@ -624,9 +636,26 @@ def build(
             make_registry(stats),
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
             attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,
+            max_connections=config.api.max_connections,
+            web=api_web,
+            on_unauthenticated=stats.unauthenticated,
         )
         servers.append(api)
     return Runtime(daemon, store, servers, closers)
+
+
+def load_listener_web_config(section: str, path: str | None) -> Any:
+    """``[section] web_config_file`` loaded (``node_agent.webconfig``), or None when unset; a file that
+    cannot be used is a ``ConfigError`` naming the file, the field and the value."""
+    if path is None:
+        return None
+    from node_agent.webconfig import WebConfigError, load_web_config
+    from slurm_fleetyield.config import ConfigError
+
+    try:
+        return load_web_config(path)
+    except WebConfigError as exc:
+        raise ConfigError(path, [f"{section}.web_config_file: {exc.problem}"]) from None
 
 
 def _check_audit(gate: GateAccess) -> None:

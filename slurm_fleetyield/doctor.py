@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import glob
 import json
 import os
 import re
@@ -42,12 +43,16 @@ from slurm_fleetyield.adapters.slurm import CommandResult, Runner, SlurmCli, Slu
 Status = Literal["OK", "WARN", "FAIL"]
 
 SNIPPET = {
-    "Prolog": "/opt/fleetyield/bin/fleetyield-prolog",
-    "Epilog": "/opt/fleetyield/bin/fleetyield-epilog",
+    "Prolog": "/etc/slurm/prolog.d/*",
+    "Epilog": "/etc/slurm/epilog.d/*",
     "PrologFlags": "Alloc,DeferBatch",
     "JobSubmitPlugins": "lua",
 }
 """What ``contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf`` sets (a test keeps the two equal)."""
+
+HOOKS = {"Prolog": "/opt/fleetyield/bin/fleetyield-prolog", "Epilog": "/opt/fleetyield/bin/fleetyield-epilog"}
+"""The programs Slurm's Prolog/Epilog must run: named directly, or linked into the snippet's glob directories
+(``/etc/slurm/prolog.d/50-fleetyield``), beside the site's own hooks."""
 
 CLOCK_WARN_S = 2.0
 """Skew above this between the controller and an agent is a WARN. HTTP ``Date`` has one-second resolution, so
@@ -193,6 +198,21 @@ def _executable(path: str) -> Finding | None:
     return None
 
 
+def _runs(value: str, hook: str) -> str | None:
+    """Which entry of a Prolog/Epilog setting runs ``hook`` (the path itself, or a file a glob matches that
+    is, or links to, it), or None. Slurm 22.05 and 24.11 take a glob(7) pattern; 24.11 also repeated lines,
+    which ``scontrol show config`` lists comma-separated. Expanded on this host: doctor assumes the nodes'
+    layout is this one's, as for the executable check."""
+    want = os.path.realpath(hook)
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry or entry == "(null)":
+            continue
+        for path in sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]:
+            if path == hook or os.path.realpath(path) == want:
+                return path
+    return None
+
+
 def check_hooks(ctx: Context) -> list[Finding]:
     res = ctx.run("scontrol", "show", "config")
     if res.returncode != 0:
@@ -204,14 +224,17 @@ def check_hooks(ctx: Context) -> list[Finding]:
         "then scontrol reconfigure"
     )
     for key in ("Prolog", "Epilog"):
-        configured = [p.strip() for p in conf.get(key, "").split(",") if p.strip() and p.strip() != "(null)"]
-        if SNIPPET[key] not in configured:
-            out.append(
-                Finding("hooks", "FAIL", f"{key} is {conf.get(key) or 'unset'}, not {SNIPPET[key]}", paste)
-            )
+        value = conf.get(key, "")
+        hook, via = HOOKS[key], _runs(value, HOOKS[key])
+        if via is None:
+            link = f"{SNIPPET[key].removesuffix('*')}50-fleetyield"
+            fix = f"ln -s {hook} {link} on every node ({key}={SNIPPET[key]}: {paste})"
+            detail = f"{key} is {value or 'unset'}, which does not run {hook}"
+            out.append(Finding("hooks", "FAIL", detail, fix))
             continue
-        problem = _executable(SNIPPET[key])
-        out.append(problem or Finding("hooks", "OK", f"{key}={SNIPPET[key]} (executable)"))
+        problem = _executable(hook)
+        shown = hook if via == hook else f"{hook} as {via}"
+        out.append(problem or Finding("hooks", "OK", f"{key}={value} runs {shown} (executable)"))
     flags = {f.strip() for f in conf.get("PrologFlags", "").split(",")}
     missing = [f for f in SNIPPET["PrologFlags"].split(",") if f not in flags]
     if missing:

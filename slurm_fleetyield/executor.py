@@ -22,23 +22,42 @@ drain it would run.
 
 A canary round is written to the store (``record_canary_round``) BEFORE sbatch runs: a controller killed
 right after submitting still finds the round's jobs by name after a restart.
+
+Once per intent. A GPU reset, a reboot and a power cycle are not idempotent (a second one is a second
+outage), and a kill -9 between acting and committing the tick replays the tick from the previous state:
+the lifecycle decides the same remediation again, with the same ``intent`` (core/lifecycle.py). So each is
+recorded in the store (``record_intent``, committed) before it is acted on and finished with its result
+after. An intent already finished is never acted on again (its result is reported again). One recorded but
+unfinished (the crash came between) is checked against what the world shows was done:
+- reboot: Slurm shows REBOOT_REQUESTED or REBOOT_ISSUED, or a BootTime after the intent -> done; else
+  nothing shows it was issued, and it is issued now;
+- GPU reset: sent again with the same ``request_id`` (derived from the intent): the agent keeps the ids it
+  has executed (``node_agent/remote.py``) and answers 409 to a second one -> done; else it never arrived.
+  Past ``AGENT_REMEMBERS_S`` the agent may have forgotten the id: reported failed (outcome unknown);
+- power cycle: a BootTime after the intent -> done; else it was cut short mid-cycle: reported failed
+  (outcome unknown), never repeated; the lifecycle's next rung decides what follows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_fleetyield.adapters.agent_control import AgentControl, AgentControlError
-from slurm_fleetyield.adapters.store import Store
+from slurm_fleetyield.adapters.slurm import SlurmCommandError
+from slurm_fleetyield.adapters.store import Intent, Store
+from slurm_fleetyield.core.model import SlurmNode
 from slurm_fleetyield.core.plan import (
     Plan,
     PowerCycle,
     ProposeDrain,
+    RebootNode,
     ResetGpu,
     SubmitCanary,
     WithdrawProposal,
@@ -53,6 +72,18 @@ ROUTED = (ResetGpu, PowerCycle, ProposeDrain, WithdrawProposal)
 """Actions not executed by Slurm: GPU resets go to the node's agent, proposals to the gate."""
 SYSTEM_ACTOR = "fleetyield"
 MAX_EVIDENCE_CHARS = 64 * 1024
+ONCE = (ResetGpu, RebootNode, PowerCycle)
+"""Not idempotent: acted on once per ``intent`` (see the module's docstring)."""
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
+CONFLICT = 409  # the agent's answer to a request_id it has already executed
+AGENT_REMEMBERS_S = 600.0
+"""The agent keeps executed request ids for 2 x its max_skew_s (default 300 s, node_agent/remote.py): an
+unfinished reset intent older than that is not sent again (the agent could no longer refuse a repeat)."""
+
+
+def reset_request_id(intent: str) -> str:
+    """The agent request id of a reset intent: the same on every try, so the agent can refuse a repeat."""
+    return "rst-" + hashlib.sha256(intent.encode()).hexdigest()[:24]
 
 
 class GateAccess:
@@ -165,8 +196,20 @@ class Executor:
         results: dict[int, ActionResult] = {}
         routed = [(i, a) for i, a in enumerate(plan.actions) if isinstance(a, ROUTED)]
         refused: set[int] = set()
+        resent: set[int] = set()  # resets whose intent was recorded before a crash: the agent may have it
+        once: list[int] = []
+        self._slurm_now: dict[str, SlurmNode] | None = None  # read only to check an unfinished intent
         if not self.dry_run:
             for i, action in enumerate(plan.actions):
+                if isinstance(action, ONCE) and action.intent:
+                    done = self._intent(action, now)
+                    if done is False:
+                        resent.add(i)
+                    elif isinstance(done, ActionResult):
+                        refused.add(i)
+                        results[i] = done
+                        continue
+                    once.append(i)
                 if isinstance(action, SubmitCanary):
                     try:
                         self.store.record_canary_round(action.token, action.node, now)
@@ -186,25 +229,97 @@ class Executor:
             for i, r in zip(slurm_indices, report.results, strict=False):
                 results[i] = r
         for i, action in routed:
+            if i in refused:
+                continue
             if isinstance(action, ResetGpu):
-                results[i] = self._reset(action)
+                results[i] = self._reset(action, resent=i in resent)
             elif isinstance(action, PowerCycle):
                 results[i] = self._power_cycle(action)
             else:
                 results[i] = self._gate(action, now)
+        for i in once:
+            res = results.get(i)
+            # a power cycle started off the tick is finished when its worker reports (``background``)
+            if res is not None and not (isinstance(res.action, PowerCycle) and res.ok):
+                self._finish(res, now)
         return ApplyReport(tuple(results[i] for i in sorted(results)), calls=calls)
 
-    def _reset(self, action: ResetGpu) -> ActionResult:
+    # -- once per intent ------------------------------------------------------------------------------
+
+    def _intent(self, action: ResetGpu | RebootNode | PowerCycle, now: float) -> ActionResult | bool | None:
+        """Before acting: None (recorded now: act), False (recorded before, outcome unknown, a reset: send
+        it again, the agent refuses a repeat), or the result to report instead of acting."""
+        command = ("intent", action.kind, action.node, action.intent)
+        try:
+            prior = self.store.intent(action.intent)
+            if prior is None:
+                self.store.record_intent(action.intent, action.node, action.kind, now)
+                return None
+        except Exception as exc:  # no record, no action: a crash after it could not be told from none
+            return ActionResult(action, False, command, f"cannot record the intent: {exc}")
+        if prior.done_at is not None:
+            detail = f"not repeated: done at {prior.done_at:.0f} ({prior.detail})"
+            return ActionResult(action, bool(prior.ok), command, detail)
+        if isinstance(action, ResetGpu):
+            if now - prior.created <= AGENT_REMEMBERS_S:
+                return False
+            why = "recorded longer ago than the agent remembers request ids (outcome unknown): not repeated"
+            result = ActionResult(action, False, command, why)
+            self._finish(result, now)
+            return result
+        seen = self._done_in_slurm(action, prior)
+        if seen is not None:
+            result = ActionResult(action, True, command, f"not repeated: {seen}")
+            self._finish(result, now)
+            return result
+        if isinstance(action, PowerCycle):
+            result = ActionResult(
+                action, False, command, "interrupted by a controller restart (outcome unknown): not repeated"
+            )
+            self._finish(result, now)
+            return result
+        return None  # a reboot nothing shows was issued: issue it
+
+    def _done_in_slurm(self, action: RebootNode | PowerCycle, prior: Intent) -> str | None:
+        if self._slurm_now is None:
+            try:
+                self._slurm_now = dict(self.slurm.read_nodes())
+            except SlurmCommandError as exc:
+                log.error("cannot check intent %s in Slurm: %s", prior.key, exc)
+                return "unknown (Slurm unreadable); not repeated"
+        node = self._slurm_now.get(action.node)
+        if node is None:
+            return None
+        flags = sorted(node.states & REBOOT_FLAGS)
+        if flags and isinstance(action, RebootNode):
+            return f"Slurm shows {'+'.join(flags)} (issued before a restart)"
+        if node.boot_time is not None and node.boot_time > prior.created:
+            return f"booted at {node.boot_time:.0f}, after the intent of {prior.created:.0f}"
+        return None
+
+    def _finish(self, result: ActionResult, now: float) -> None:
+        key = getattr(result.action, "intent", "")
+        if not key or self.dry_run:
+            return
+        try:
+            self.store.finish_intent(key, result.ok, result.detail or " ".join(result.command), now)
+        except Exception as exc:  # left unfinished: a replay checks the world instead
+            log.error("cannot record the result of intent %s: %s", key, exc)
+
+    def _reset(self, action: ResetGpu, *, resent: bool = False) -> ActionResult:
         if self.control is None:
             return ActionResult(action, False, ("agent", "reset", action.node), "no agent control configured")
-        url, body = self.control.request(action.node, action.gpus)
+        request_id = reset_request_id(action.intent) if action.intent else None
+        url, body = self.control.request(action.node, action.gpus, request_id)
         command = ("POST", url, body.decode())
         if self.dry_run:
             log.info("dry-run: would POST %s %s", url, body.decode())
             return ActionResult(action, True, command, "dry-run: not executed")
         try:
-            answer = self.control.reset(action.node, action.gpus)
+            answer = self.control.reset(action.node, action.gpus, request_id)
         except AgentControlError as exc:
+            if resent and exc.status == CONFLICT:  # executed before the controller's restart
+                return ActionResult(action, True, command, f"not repeated: the agent has it ({exc.detail})")
             log.error("gpu reset failed: %s", exc)
             return ActionResult(action, False, command, exc.detail)
         return ActionResult(action, True, command, f"reset gpus {answer.get('gpus')}")
@@ -222,7 +337,10 @@ class Executor:
         """(nodes with a power action still running, results finished since the last call)."""
         if self.redfish is None:
             return frozenset(), ()
-        return self.redfish.collect()
+        in_flight, finished = self.redfish.collect()
+        for r in finished:
+            self._finish(r, time.time())
+        return in_flight, finished
 
     def _gate(self, action: ProposeDrain | WithdrawProposal, now: float) -> ActionResult:
         command = ("gate", action.kind, action.proposal_id, action.node)

@@ -98,6 +98,20 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
+def reset_mid_request(port: int, request: bytes, host: str = "127.0.0.1") -> None:
+    """Three clients that leave rudely: one resets half-way through ``request``, one resets right after
+    sending it whole (before the reply), one closes before reading the reply. Then a well-behaved client
+    must still be answered (a caller asserts on that, and on stderr)."""
+    import struct
+
+    for cut in (len(request) // 2, len(request), -1):
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(request if cut < 0 else request[:cut])
+        if cut >= 0:  # RST instead of FIN
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+
+
 def write_secret(path: Path, secret: bytes) -> Path:
     """The push secret as the agent and the controller read it (mode 0600)."""
     path.write_bytes(secret)

@@ -285,3 +285,71 @@ def test_the_demo_cluster_publishes_the_api_the_cli_asks_last():
     compose = (Path(__file__).parents[1] / "contrib/slurm-docker-cluster/docker-compose.yml").read_text()
     host_port = DEMO_API.removeprefix("http://")
     assert f'ports: ["{host_port}:9401"]' in compose
+
+
+@pytest.fixture
+def stake_cfg(tmp_path) -> Path:
+    """A store whose committed tick has the stake rule's capacity breaker holding for pretrain and a drain
+    proposal on gpu000 (4 nodes; gpu000 about to fail; a 1,000-GPU gang pending)."""
+    from core.builders import Fleet, Runner
+
+    from slurm_fleetyield.core import signals as s
+    from slurm_fleetyield.core.model import JobView, WorkloadClass
+
+    f = Fleet(4)
+    f.set("gpu000", 2, s.REMAP_FAILURE, 1)
+    f.set("gpu000", 3, s.REMAP_FAILURE, 1)
+    f.jobs = [JobView(17, "PENDING", (), True, WorkloadClass.PRETRAIN, 1000)]
+    runner = Runner(f)
+    result = runner.tick()
+    assert {"stake_breaker", "drain_proposal"} <= {e.kind for e in result.events}
+    store = Store(tmp_path / "fy.db")
+    view = render_result(1, runner.now, result, ApplyReport(), {}, dry_run=False, duration_s=0.1)
+    rows = [LogRow(e.time, e.kind, e.node, e.message, dict(e.data)) for e in result.events]
+    store.commit_tick(1, runner.now, result.state, (), rows, view)
+    store.close()
+    path = tmp_path / "fy.toml"
+    path.write_text(f'[store]\npath = "{tmp_path / "fy.db"}"\n')
+    return path
+
+
+def test_status_shows_the_capacity_breaker(stake_cfg):
+    code, out = invoke("status", "--config", str(stake_cfg))
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("BREAKER "))
+    assert line.startswith(
+        "BREAKER fy_ok_train (pretrain): fy_ok_train: withholding it from 8 of 32 in-service GPUs"
+    )
+    code, out = invoke("status", "--config", str(stake_cfg), "--json")
+    (b,) = json.loads(out)["stake"]["breaker"]
+    assert b["class"] == "pretrain" and b["feature"] == "fy_ok_train" and b["would_withhold_gpus"] == 8
+    assert b["service_gpus"] == 32 and b["withheld_gpus"] == 0
+
+
+def test_status_of_a_tick_without_a_breaker_has_an_empty_list(cfg):
+    _code, out = invoke("status", "--config", str(cfg), "--json")
+    assert json.loads(out)["stake"] == {"breaker": []}
+    assert "BREAKER" not in invoke("status", "--config", str(cfg))[1]
+
+
+def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
+    code, out = invoke("explain", "gpu000", "--config", str(stake_cfg))
+    assert code == 0, out
+    assert "stake: P(fatal) 0.9049 over 7 d -> hazard" in out
+    assert "pretrain fy_ok_train: stake 1024 GPU(s) (largest pretrain job 17: 1000 GPUs, PENDING" in out
+    assert "-> carried_by_breaker: " in out
+    drain = next(x for x in out.splitlines() if x.startswith("drain proposal "))
+    assert (
+        "(open), made at " in drain and "averted = p 0.905 x (requeued work 0.0 + next stake 682.7 " in drain
+    )
+    assert drain.endswith("vs cost = drain downtime 192.0 + requeued work 0.0 = 192.0 GPU-h")
+    code, out = invoke("explain", "gpu000", "--config", str(stake_cfg), "--json")
+    doc = json.loads(out)
+    assert doc["drain_stake"]["open"] and doc["drain_stake"]["figures"]["pays"] is True
+    assert doc["drain_stake"]["proposal_id"] == doc["proposal"]["id"]
+    train = next(c for c in doc["stake"]["classes"] if c["class"] == "pretrain")
+    assert train["decision"] == "carried_by_breaker" and train["source"]["job_id"] == 17
+    # a node without a proposal: no drain figures
+    assert "drain_stake" not in json.loads(
+        invoke("explain", "gpu001", "--config", str(stake_cfg), "--json")[1]
+    )

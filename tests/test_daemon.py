@@ -18,9 +18,10 @@ import pytest
 from rig import AgentProcess, FakeCommands, free_port, node_line, wait_for
 
 from slurm_fleetyield.adapters.ingest import IngestServer
+from slurm_fleetyield.adapters.metrics import make_registry
 from slurm_fleetyield.adapters.scrape import AgentScraper
 from slurm_fleetyield.adapters.slurm import SlurmCli
-from slurm_fleetyield.adapters.store import Store
+from slurm_fleetyield.adapters.store import Store, StoreError
 from slurm_fleetyield.config import from_mapping
 from slurm_fleetyield.daemon import Backoff, Daemon
 
@@ -224,9 +225,16 @@ def test_cli_run_once_and_sigterm(tmp_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        wait_for(
-            lambda: (tmp_path / "fy.db").exists() and Store(tmp_path / "fy.db").load_state(), what="a tick"
-        )
+        def ticked() -> bool:
+            db = tmp_path / "fy.db"
+            if not db.exists() or db.stat().st_size == 0:  # created, schema not written yet
+                return False
+            try:
+                return bool(Store(db).load_state())
+            except StoreError:  # caught between creation and the schema's commit
+                return False
+
+        wait_for(ticked, what="a tick")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:
@@ -431,3 +439,37 @@ def test_run_refuses_a_gate_whose_audit_chain_was_edited(tmp_path):
     assert "audit" in out.output and "seq 2" in out.output and str(gate_dir) in out.output
     with Gatekeeper.open(gate_dir) as gk:  # nothing appended to the tampered log
         assert [e.seq for e in gk.audit.entries()] == [1, 2, 3]
+
+
+def test_a_capacity_breaker_is_logged_stored_and_exported(tmp_path, agent, monkeypatch, caplog):
+    # the core emits stake_breaker when withholding a class would pass stake.withhold_cap_fraction
+    # (tests/core/test_stake.py); here: the daemon's log, the events table, the status view and /metrics
+    from dataclasses import replace
+
+    from slurm_fleetyield import daemon as daemon_mod
+    from slurm_fleetyield.core.model import LogEvent
+
+    real_tick = daemon_mod.tick
+    data = {"class": "pretrain", "withheld_gpus": 0, "would_withhold_gpus": 8, "service_gpus": 8}
+
+    def tick_with_breaker(state, obs, params, now, rng):
+        r = real_tick(state, obs, params, now, rng)
+        msg = "fy_ok_train: withholding it from 8 of 8 in-service GPUs would exceed the cap (20%) ..."
+        return replace(r, events=(*r.events, LogEvent(now, "", "stake_breaker", msg, data)))
+
+    monkeypatch.setattr(daemon_mod, "tick", tick_with_breaker)
+    cmds = FakeCommands()
+    cmds.nodes["gpu-01"] = node_line("gpu-01")
+    daemon = make_daemon(tmp_path, cmds, agent.port)
+    with caplog.at_level("WARNING", logger=daemon_mod.log.name):
+        daemon.tick_once()
+    (rec,) = [r for r in caplog.records if r.getMessage().startswith("stake capacity breaker: fy_ok_train")]
+    assert rec.levelname == "WARNING" and rec.fy == {"tick": 1, **data}
+    (ev,) = [e for e in daemon.store.events(limit=50) if e["kind"] == "stake_breaker"]
+    assert ev["data"] == data
+    assert daemon.store.last_result()["stake"]["breaker"][0]["would_withhold_gpus"] == 8
+    from prometheus_client.exposition import generate_latest
+
+    text = generate_latest(make_registry(daemon.stats)).decode()
+    assert 'fleetyield_stake_breaker_tripped{class="pretrain"} 1.0' in text
+    daemon.store.close()

@@ -162,12 +162,9 @@ def hooks(tmp_path, monkeypatch):
     for name in ("fleetyield-prolog", "fleetyield-epilog"):
         (d / name).write_text("#!/bin/sh\nexit 0\n")
         (d / name).chmod(0o755)
-    snippet = {
-        **doctor.SNIPPET,
-        "Prolog": str(d / "fleetyield-prolog"),
-        "Epilog": str(d / "fleetyield-epilog"),
-    }
-    monkeypatch.setattr(doctor, "SNIPPET", snippet)
+    monkeypatch.setattr(
+        doctor, "HOOKS", {"Prolog": str(d / "fleetyield-prolog"), "Epilog": str(d / "fleetyield-epilog")}
+    )
     return d
 
 
@@ -225,10 +222,38 @@ def test_hooks_missing_from_slurm_conf_fail(tmp_path, agent, hooks):
     text = show_config_for(hooks, Prolog="(null)", PrologFlags="Alloc", JobSubmitPlugins="(null)")
     findings = run(tmp_path, write_config(tmp_path, agent.port), Slurm(show_config=text), only=["hooks"])
     statuses = by_check(findings, "hooks")
-    assert ("FAIL", f"Prolog is (null), not {hooks}/fleetyield-prolog") in statuses
+    assert ("FAIL", f"Prolog is (null), which does not run {hooks}/fleetyield-prolog") in statuses
     assert any(s == "FAIL" and "lacks DeferBatch" in d for s, d in statuses)
     assert any(s == "WARN" and "JobSubmitPlugins" in d for s, d in statuses)
     assert any(s == "OK" and d.startswith("Epilog=") for s, d in statuses)
+
+
+def test_hooks_beside_the_sites_own_through_the_snippets_glob(tmp_path, agent, hooks):
+    """The snippet's form: Prolog/Epilog are globs over directories where our hooks are links beside a site's
+    own programs; a glob directory without our link fails and says which link to make."""
+    for kind in ("prolog", "epilog"):
+        d = tmp_path / f"{kind}.d"
+        d.mkdir()
+        (d / "10-site").write_text("#!/bin/sh\nexit 0\n")
+        (d / "10-site").chmod(0o755)
+    (tmp_path / "prolog.d/50-fleetyield").symlink_to(hooks / "fleetyield-prolog")
+    text = show_config_for(hooks, Prolog=f"{tmp_path}/prolog.d/*", Epilog=f"{tmp_path}/epilog.d/*")
+    findings = run(tmp_path, write_config(tmp_path, agent.port), Slurm(show_config=text), only=["hooks"])
+    statuses = by_check(findings, "hooks")
+    assert (
+        "OK",
+        f"Prolog={tmp_path}/prolog.d/* runs {hooks}/fleetyield-prolog as {tmp_path}/prolog.d/50-fleetyield "
+        "(executable)",
+    ) in statuses
+    failed = [f for f in findings if f.status == "FAIL"]
+    assert [f.detail for f in failed] == [
+        f"Epilog is {tmp_path}/epilog.d/*, which does not run {hooks}/fleetyield-epilog"
+    ]
+    assert failed[0].fix.startswith(f"ln -s {hooks}/fleetyield-epilog /etc/slurm/epilog.d/50-fleetyield")
+    # Slurm 24.11's repeated Prolog= lines, as scontrol shows them: a comma list, ours named directly.
+    text = show_config_for(hooks, Prolog=f"/usr/local/sbin/site-prolog,{hooks}/fleetyield-prolog")
+    findings = run(tmp_path, write_config(tmp_path, agent.port), Slurm(show_config=text), only=["hooks"])
+    assert [f for f in findings if f.status != "OK"] == []
 
 
 def test_hook_not_executable_fails(tmp_path, agent, hooks):

@@ -47,6 +47,8 @@ def test_unit_is_hardened(name):
     assert d["RestrictAddressFamilies"][0].startswith("AF_UNIX AF_INET AF_INET6")
     assert d["ReadWritePaths"] and d["StateDirectory"]
     assert d["CapabilityBoundingSet"] in ([""], ["CAP_SYS_ADMIN"])
+    assert len(d.get("LimitNOFILE", [])) == 1 and int(d["LimitNOFILE"][0]) >= 8192, (name, "LimitNOFILE")
+    assert d["Documentation"] == ["file:///opt/fleetyield/docs/admin-guide.md"]  # the .deb installs it
 
 
 def test_controller_runs_unprivileged_with_no_capabilities():
@@ -62,6 +64,19 @@ def test_agent_keeps_only_what_nvml_and_resets_need():
     assert "User" not in d and d["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN"]
     assert d["DevicePolicy"] == ["closed"] and "/dev/nvidiactl rw" in d["DeviceAllow"]
     assert "--push-secret-file /etc/fleetyield/push.secret" in d["ExecStart"][0]
+
+
+def test_fd_limits_leave_room_above_the_listener_caps():
+    """Issue 27 item 1: 1,017 half-sent requests used the default 1,024 FDs and every tick failed with
+    EMFILE. The units raise the limit well above what the listeners may hold (their caps)."""
+    from node_agent.exporter import AGENT_LIMITS
+    from slurm_fleetyield.config import Config
+
+    cfg = Config()
+    controller = directives(UNITS / "fleetyield-controller.service")["LimitNOFILE"]
+    agent = directives(UNITS / "fleetyield-agent.service")["LimitNOFILE"]
+    assert int(controller[0]) >= 4 * (cfg.push.max_connections + cfg.api.max_connections)
+    assert int(agent[0]) >= 4 * AGENT_LIMITS.max_connections
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import abc
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from node_agent.protocol import AgentEvent
 
@@ -59,6 +60,10 @@ class Backend(abc.ABC):
 
     def stop(self) -> None:  # noqa: B027 - optional hook
         pass
+
+    def supervised(self) -> list[Any]:
+        """The backend's supervised threads (``node_agent.supervise.Supervised``), for health and metrics."""
+        return []
 
     def infos(self) -> list[GpuInfo]:
         """Identity of every GPU the backend knows (visible or not); empty where it cannot say."""

@@ -10,6 +10,7 @@ reset mutate ``STATE_DIR/fake_state.json`` under the state lock and return the
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid as uuidlib
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,8 @@ class FakeBackend(Backend):
         self._clock = clock
         self.state: st.FakeState | None = None
         self.in_transaction = False  # caller already holds the state lock
+        self.stall: threading.Event | None = None
+        """Tests: while set to an unset Event, ``sample`` and ``reset_gpu`` block on it (a hung NVML call)."""
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, now: float | None = None) -> None:
@@ -262,7 +265,13 @@ class FakeBackend(Backend):
                 else:
                     g.counters[key] = g.counters.get(key, 0) + value
 
+    def _hang(self) -> None:
+        stall = self.stall
+        if stall is not None:
+            stall.wait()
+
     def reset_gpu(self, index: int, now: float) -> list[AgentEvent]:
+        self._hang()
         g = self._gpu(index)
         kept, cleared = [], []
         for f in g.faults:
@@ -317,6 +326,7 @@ class FakeBackend(Backend):
         return out
 
     def sample(self, now: float) -> list[GpuSample]:
+        self._hang()
         s = self._st()
         m = self.model
         bucket = int(now // 5)

@@ -7,7 +7,8 @@ row-remap counters, NVLink CRC flit/data, replay and recovery totals, PCIe repla
 clock-throttle reasons and power/thermal violation time (us). A field NVML reports as
 NotSupported (or any per-field NVML error) is omitted for that GPU, as dcgm-exporter
 omits blank values. XIDs arrive through an NVML event set (``nvmlEventTypeXidCriticalError``)
-waited on in a thread; each becomes an ``AgentEvent`` passed to the event callback.
+waited on in a supervised thread (``node_agent.supervise``: restarted with backoff after any exception, the
+events it failed to deliver delivered first); each becomes an ``AgentEvent`` passed to the event callback.
 VBIOS, ECC/MIG/persistence modes and driver version are read once at start (``static``).
 
 Slow counters. Measured on an H200 (driver 580.159.04, bench/bench_nvml_calls.py): one ``sample()`` of
@@ -39,6 +40,7 @@ from typing import Any
 
 from node_agent.backends.base import Backend, BackendError, GpuInfo, GpuSample
 from node_agent.protocol import AgentEvent
+from node_agent.supervise import Supervised
 from node_agent.xid_catalog import fatal_xids, xid_text
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,8 @@ class NvmlBackend(Backend):
         self._xid_totals: dict[int, dict[int, int]] = {}
         self._last_xid: dict[int, int] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._xid: Supervised | None = None
+        self._undelivered: list[AgentEvent] = []  # events the callback failed on: delivered first on restart
         self._event_set: Any = None
 
     # ------------------------------------------------------------ lifecycle
@@ -165,21 +168,36 @@ class NvmlBackend(Backend):
         except nv.NVMLError as exc:
             log.warning("NVML event sets unavailable, XIDs will not be seen: %s", exc)
             return
-        self._thread = threading.Thread(target=self._xid_loop, name="fleetyield-nvml-xid", daemon=True)
-        self._thread.start()
+        # supervised: an exception (the callback's EMFILE or ENOSPC writing fatal.json or the spool, or
+        # anything NVML raises) restarts the loop with backoff; the events it was delivering go first
+        self._xid = Supervised("fleetyield-nvml-xid", self._xid_loop)
+        self._xid.start()
 
-    def _xid_loop(self) -> None:
+    def supervised(self) -> list[Supervised]:
+        return [self._xid] if self._xid is not None else []
+
+    def _deliver(self, events: list[AgentEvent]) -> None:
+        """Hand events to the callback; on failure they stay undelivered and the exception propagates."""
+        self._undelivered.extend(events)
+        batch = list(self._undelivered)
+        self._emit(batch)
+        del self._undelivered[: len(batch)]
+
+    def _xid_loop(self, stop: threading.Event) -> None:
         nv = self._nvml
+        sup = self._xid
         uuid_to_index = {info.uuid: info.index for info in self._infos}
-        while not self._stop.is_set():
+        if self._undelivered:
+            self._deliver([])
+        while not (stop.is_set() or self._stop.is_set()):
             try:
                 data = nv.nvmlEventSetWait(self._event_set, 1000)
             except nv.NVMLError as exc:
                 if isinstance(exc, getattr(nv, "NVMLError_Timeout", ())):
+                    if sup is not None:
+                        sup.ok()
                     continue
-                log.warning("nvmlEventSetWait failed: %s", exc)
-                self._stop.wait(1.0)
-                continue
+                raise
             if data.eventType != nv.nvmlEventTypeXidCriticalError:
                 continue
             xid = int(data.eventData)
@@ -187,7 +205,9 @@ class NvmlBackend(Backend):
                 index = uuid_to_index.get(_s(nv.nvmlDeviceGetUUID(data.device)))
             except nv.NVMLError:
                 index = None
-            self._emit(self.record_xid(index, xid, self.clock()))
+            self._deliver(self.record_xid(index, xid, self.clock()))
+            if sup is not None:
+                sup.ok()
 
     def record_xid(self, index: int | None, xid: int, now: float) -> list[AgentEvent]:
         """Book an XID (from the event thread) and return the events to publish."""
@@ -216,8 +236,8 @@ class NvmlBackend(Backend):
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2)
+        if self._xid is not None:
+            self._xid.stop()
         if self._slow_thread is not None:
             self._slow_thread.join(2)
         nv = self._nvml

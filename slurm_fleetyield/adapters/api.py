@@ -1,7 +1,8 @@
 """The read-only HTTP API: fleet status, per-node decisions and explanations, the Prolog gate, /metrics.
 
 Input: a ``ReadModel`` (the last rendered tick result and the event log, normally from the store) and a
-``CollectorRegistry``. Output: JSON over a ThreadingHTTPServer, on its own listener (never the push port):
+``CollectorRegistry``. Output: JSON over a bounded server (``node_agent.httpd``; TLS and basic auth from a
+web-config file), on its own listener (never the push port):
 
     GET /healthz                   200 while ticks are fresh, 503 when none yet or the last one is stale
     GET /v1/status                 tick, time, summary, plan, apply failures, inbox counts
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from node_agent.httpd import Limits
 from slurm_fleetyield.adapters.listener import BackgroundServer, send
 from slurm_fleetyield.adapters.proposals import ProposalsUnavailable, read_proposals
 from slurm_fleetyield.adapters.store import Store
@@ -143,6 +145,7 @@ class StoreReadModel:
             doc.update(
                 {k: view[k] for k in ("tick", "time", "duration_s", "dry_run", "summary", "plan", "apply")}
             )
+            doc["stake"] = view.get("stake") or {"breaker": []}  # a view stored before it: none shown
         if self._live is not None:
             doc["live"] = self._live()
         return doc
@@ -159,13 +162,20 @@ class ApiServer(BackgroundServer):
         stale_after_s: float = 300.0,
         clock: Callable[[], float] = time.time,
         attest_gate: Callable[[str, float], tuple[bool, str]] | None = None,
+        max_connections: int = 1024,
+        web: Any = None,
+        on_unauthenticated: Callable[[str, str], None] | None = None,
     ) -> None:
         self.model = model
         self.attest_gate = attest_gate  # AttestService.gate with [attest] max_age_s, when attest is on
         self.registry = registry
         self.stale_after_s = stale_after_s
         self.clock = clock
-        super().__init__(host, port, _handler_for(self), "fy-api")
+        # GET only: a request body is never needed, 64 KiB is plenty for a stray one
+        limits = Limits(max_connections=max_connections, max_body_bytes=64 << 10)
+        super().__init__(host, port, _handler_for(self), "fy-api", limits, web)
+        if on_unauthenticated is not None:
+            self.httpd.on_unauthorized = lambda: on_unauthenticated("api", "basic_auth")
 
     def route(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, Any]:
         """(status, JSON document) for a GET; pure of HTTP so tests can call it directly."""

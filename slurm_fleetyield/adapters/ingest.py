@@ -52,6 +52,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol, TypeVar
 
+from node_agent.httpd import Limits
 from node_agent.protocol import (
     EVENTS_PATH,
     NODE_HEADER,
@@ -152,7 +153,8 @@ def to_fatal_event(event: AgentEvent) -> FatalEvent:
 
 
 class IngestServer(BackgroundServer):
-    """A ThreadingHTTPServer in a background thread. ``port=0`` binds any free port (see ``.port``)."""
+    """The push listener on a bounded server (``node_agent.httpd``) in a background thread. ``port=0``
+    binds any free port (see ``.port``); ``web``: TLS and basic auth (``node_agent.webconfig``)."""
 
     def __init__(
         self,
@@ -173,6 +175,8 @@ class IngestServer(BackgroundServer):
         settle: Callable[[float, float], bool] | None = None,
         drain_xids: frozenset[int] = frozenset(),
         on_unauthenticated: Callable[[str, str], None] | None = None,
+        max_connections: int = 1024,
+        web: Any = None,
     ) -> None:
         self.drain_xids = (
             drain_xids  # the controller's quarantine_xids: kept even when the agent says non-fatal
@@ -192,7 +196,12 @@ class IngestServer(BackgroundServer):
         self.clock = clock
         self.accepted = 0
         self.rejected = 0
-        super().__init__(host, port, _handler_for(self), "fy-ingest")
+        largest = max(max_body_bytes, ATTEST_MAX_BODY_BYTES if attest is not None else 0)
+        if alertmanager is not None:
+            largest = max(largest, alertmanager.max_body_bytes)
+        limits = Limits(max_connections=max_connections, max_body_bytes=largest)
+        super().__init__(host, port, _handler_for(self), "fy-ingest", limits, web)
+        self.httpd.on_unauthorized = lambda: self.unauthenticated("listener", "basic_auth")
 
     # -- the request ----------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """What the controller's two HTTP listeners share (``api``: the read-only API, ``ingest``: the push listener).
 
 Input: a request handler class, a host and a port; in a handler, the request's ``Content-Length`` and body.
-Output: a ``ThreadingHTTPServer`` serving on a background daemon thread (``BackgroundServer``), a request
+Output: a bounded HTTP server (``node_agent.httpd``: connection cap, read deadlines, a fixed worker pool,
+TLS and basic auth from a web-config file) on a background daemon thread (``BackgroundServer``), a request
 body read under a size limit or the refusal to read it (``read_body`` raises ``RequestRefused`` with the
 status and JSON document the listener answers: 411 without ``Content-Length``, 400 when it is not a
 number, 413 over the limit; the body is then never read), and one way to write a reply (``send``).
@@ -14,9 +15,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from node_agent.httpd import QuietThreadingHTTPServer
+from node_agent.httpd import BoundedHTTPServer, Limits
+
+if TYPE_CHECKING:
+    from node_agent.webconfig import WebConfig
 
 
 class RequestRefused(Exception):
@@ -68,18 +72,29 @@ def send(
 
 
 class BackgroundServer:
-    """A ThreadingHTTPServer on a daemon thread named ``name``. ``port=0`` binds any free port (``.port``).
-    A client that disconnects mid-request prints nothing (``node_agent.httpd``)."""
+    """A ``BoundedHTTPServer`` on a daemon thread named ``name``. ``port=0`` binds any free port (``.port``).
+    ``web``: TLS and basic auth (``node_agent.webconfig``); ``limits``: its caps (``node_agent.httpd``)."""
 
-    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], name: str) -> None:
-        self._httpd = QuietThreadingHTTPServer((host, port), handler)
-        self._httpd.daemon_threads = True
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: type[BaseHTTPRequestHandler],
+        name: str,
+        limits: Limits | None = None,
+        web: WebConfig | None = None,
+    ) -> None:
+        self._httpd = BoundedHTTPServer((host, port), handler, limits, web, name=name)
         self._name = name
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return self._httpd.server_address[1]
+
+    @property
+    def httpd(self) -> BoundedHTTPServer:
+        return self._httpd
 
     def start(self) -> None:
         self._thread = threading.Thread(

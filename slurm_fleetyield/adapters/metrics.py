@@ -208,6 +208,7 @@ class ControllerCollector:
         for tier in Tier:
             by_tier.add_metric([tier.value], tiers.get(tier, 0))
         yield by_tier
+        yield from _breaker(result)
         holds = GaugeMetricFamily(
             "fleetyield_holds",
             "Destructive actions withheld by a safety rule in the last tick.",
@@ -269,6 +270,46 @@ class ControllerCollector:
             for gpu in risk.gpus:
                 gpu_risk.add_metric([name, str(gpu.index), gpu.uuid], gpu.probability)
         yield gpu_risk
+
+
+def _breaker(result: TickResult) -> Iterable[Metric]:
+    """The stake rule's capacity breaker in the last tick (its ``stake_breaker`` events): 1 per class held
+    at the cap, with the GPUs the rule would have withheld and the in-service GPUs the cap is a share of.
+    Every class of ``stake.classes`` is exported (0 when not held) while the rule is on, so an alert can tell
+    "not held" from "not exported"."""
+    params = getattr(result, "params", None)
+    held = {e.data.get("class"): e.data for e in result.events if e.kind == "stake_breaker"}
+    if params is not None and params.stake.enabled:
+        classes = sorted(set(params.stake.classes) | set(held))
+    else:
+        classes = sorted(held)
+    if not classes:
+        return
+    tripped = GaugeMetricFamily(
+        "fleetyield_stake_breaker_tripped",
+        "1 when withholding this class's fy_ok_* feature by expected loss would pass "
+        "stake.withhold_cap_fraction of the in-service GPUs while the class has pending work: the breaker "
+        "holds the withheld share at the cap and riskier nodes keep the feature (core/stake.py).",
+        labels=["class"],
+    )
+    would = GaugeMetricFamily(
+        "fleetyield_stake_breaker_would_withhold_gpus",
+        "GPUs the stake rule would have withheld the class from without the breaker (0 when not held).",
+        labels=["class"],
+    )
+    withheld = GaugeMetricFamily(
+        "fleetyield_stake_breaker_withheld_gpus",
+        "GPUs the class is withheld from while the breaker holds (at most the cap; 0 when not held).",
+        labels=["class"],
+    )
+    for c in classes:
+        d = held.get(c)
+        tripped.add_metric([str(c)], int(d is not None))
+        would.add_metric([str(c)], d.get("would_withhold_gpus", 0) if d else 0)
+        withheld.add_metric([str(c)], d.get("withheld_gpus", 0) if d else 0)
+    yield tripped
+    yield would
+    yield withheld
 
 
 def make_registry(stats: ControllerStats) -> CollectorRegistry:

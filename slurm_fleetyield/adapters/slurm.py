@@ -272,6 +272,7 @@ def parse_node_line(line: str) -> tuple[SlurmNode, NodeDetail] | None:
         gpu_type=gpu_type,
         gpu_count=gpu_count,
         partitions=_csv(fields.get("Partitions")),
+        boot_time=_sacct_time(fields.get("BootTime", "")),
     )
     return node, NodeDetail(reason.user if reason else None, reason.time if reason else None)
 
@@ -304,6 +305,7 @@ def parse_nodes_json(text: str) -> dict[str, tuple[SlurmNode, NodeDetail]]:
             gpu_type=gpu_type,
             gpu_count=gpu_count,
             partitions=_csv(raw.get("partitions")),
+            boot_time=float(_int(raw.get("boot_time"))) or None,
         )
         detail = NodeDetail(
             reason_user=str(raw.get("reason_set_by_user") or "") or None,

@@ -20,7 +20,10 @@ to the core, so a late record of another node of the same attempt is not deliver
 ``executed`` = Slurm shows the approved drain, ``delivered`` = a denial was handed to the core), and
 ``canary_rounds`` / ``canary_seen`` (canary job names submitted, results handed to the core), and
 ``agent_seen`` (ids of the agents' non-fatal events already logged, kept ``INBOX_KEEP_S``: a replayed or
-retried push adds no row to the log; the fatal ones are deduplicated by the inbox itself).
+retried push adds no row to the log; the fatal ones are deduplicated by the inbox itself), and ``intents``
+(each non-idempotent action - GPU reset, reboot, power cycle - by its ``intent``, committed BEFORE it is
+acted on, and its result after: ``executor.py`` never acts twice on one intent, and after a crash between
+the two checks what the world shows was done; kept ``INBOX_KEEP_S``).
 
 Exactly once. Everything the core is handed from these tables (outcomes, denials, canary results) is marked
 in ``commit_tick``'s transaction together with the state that consumed it: a kill -9 before the commit
@@ -64,6 +67,7 @@ ATTEMPT_SLOP_S = 300.0
 """Records of one job whose start times differ by less than this are one attempt (each node's Prolog has
 its own clock; a requeued attempt starts after the previous one ended, minutes later at least)."""
 INBOX_KEEP_S = 7 * 86400.0
+_INTENT_COLUMNS = "key, node, kind, created, done_at, ok, detail"
 """Processed inbox rows are kept this long so a late retry of the same event_id is still a duplicate."""
 
 _SCHEMA = """
@@ -149,6 +153,15 @@ CREATE TABLE IF NOT EXISTS canary_seen (
 CREATE TABLE IF NOT EXISTS agent_seen (
     id TEXT PRIMARY KEY,
     received_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS intents (
+    key TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    created REAL NOT NULL,
+    done_at REAL,
+    ok INTEGER,
+    detail TEXT NOT NULL DEFAULT ''
 );
 """
 
@@ -295,6 +308,19 @@ def event_to_json(event: FatalEvent) -> str:
 
 def event_from_json(text: str) -> FatalEvent:
     return FatalEvent(**json.loads(text))
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A non-idempotent action recorded before it was acted on; ``done_at`` None: its outcome is unknown."""
+
+    key: str
+    node: str
+    kind: str
+    created: float
+    done_at: float | None = None
+    ok: bool | None = None
+    detail: str = ""
 
 
 class Store:
@@ -817,6 +843,31 @@ class Store:
             ).fetchall()
             seen.update(r[0] for r in rows)
         return seen
+
+    # -- intents of non-idempotent actions -------------------------------------------------------------
+
+    def intent(self, key: str) -> Intent | None:
+        row = self._conn().execute(f"SELECT {_INTENT_COLUMNS} FROM intents WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        key, node, kind, created, done_at, ok, detail = row
+        return Intent(key, node, kind, created, done_at, None if ok is None else bool(ok), detail)
+
+    def record_intent(self, key: str, node: str, kind: str, now: float) -> None:
+        """Durable (committed, fsynced) BEFORE the action: a crash after acting still finds it."""
+        with self._write() as conn:
+            conn.execute("DELETE FROM intents WHERE created < ?", (now - INBOX_KEEP_S,))
+            conn.execute(
+                "INSERT OR IGNORE INTO intents (key, node, kind, created) VALUES (?, ?, ?, ?)",
+                (key, node, kind, now),
+            )
+
+    def finish_intent(self, key: str, ok: bool, detail: str, now: float) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE intents SET done_at = ?, ok = ?, detail = ? WHERE key = ? AND done_at IS NULL",
+                (now, int(ok), detail[:1000], key),
+            )
 
     def append_log(self, rows: Sequence[LogRow]) -> None:
         """Log rows outside a tick (e.g. the push listener's rejections)."""

@@ -9,9 +9,11 @@ status`` shows the same thing whether the daemon is up or not.
 Why incremental: at 10k nodes every explanation is ~22 KB of JSON (every GPU, every signal), 224 MB per
 tick, and explaining is most of the cost (~9 s of a 20 s tick). A node whose change key (``_node_key``:
 decision, risk with per-GPU probabilities and fired contributions, scrape error, lifecycle, proposal,
-sample age in minutes, plus the fleet-wide learned multipliers and risk parameters) did not change keeps its
-stored row and explanation. So a stored explanation can show raw values of signals that move no score
-(e.g. a temperature far from its margin) as they were when the node last changed; the daemon's API
+sample age in minutes, the class features the stake rule withheld from it and its GPUs, plus the fleet-wide
+learned multipliers, risk parameters and the stake rule's stakes) did not change keeps its stored row and
+explanation. So a stored explanation can show raw values of signals that move no score (e.g. a temperature
+far from its margin), and the job a class's stake comes from (its size, which decides, is in the key), as
+they were when the node last changed; the daemon's API
 explains from the live tick result instead, exactly (``StoreReadModel(explain=...)``).
 """
 
@@ -50,6 +52,7 @@ from slurm_fleetyield.core.plan import (
     UpdateNodes,
     WithdrawProposal,
 )
+from slurm_fleetyield.core.stake import Withheld
 from slurm_fleetyield.ports import ApplyReport
 
 GATE_DENY_TIERS = frozenset({Tier.QUARANTINED.value, Tier.RETIRED.value})
@@ -120,6 +123,27 @@ def calibration_dict(cal: Calibration | None) -> dict[str, Any]:
     }
 
 
+def breaker_rows(result: TickResult) -> list[dict[str, Any]]:
+    """The stake rule's capacity breaker in this tick (core/stake.py ``stake_breaker`` events): per class
+    held, its feature, the GPUs withheld (at the cap), the GPUs the rule would have withheld, the in-service
+    GPUs and the message. Empty: no breaker held."""
+    rows = []
+    for e in result.events:
+        if e.kind == "stake_breaker":
+            d = e.data
+            rows.append(
+                {
+                    "class": d.get("class"),
+                    "feature": e.message.split(":", 1)[0],
+                    "withheld_gpus": d.get("withheld_gpus"),
+                    "would_withhold_gpus": d.get("would_withhold_gpus"),
+                    "service_gpus": d.get("service_gpus"),
+                    "message": e.message,
+                }
+            )
+    return rows
+
+
 def ledger_row(entry: LedgerEntry) -> dict[str, Any]:
     """A ``LedgerEntry`` as the store's ledger row (``adapters/store.py LEDGER_COLUMNS``)."""
     doc = dataclasses.asdict(entry)
@@ -163,6 +187,7 @@ def _header(
             "stages": dict(sorted(Counter(stages.values()).items())),
             "settled_jobs": len(getattr(result, "ledger", ())),
         },
+        "stake": {"breaker": breaker_rows(result)},
         "plan": {
             "actions": [action_dict(a) for a in result.plan.actions],
             "holds": [
@@ -267,7 +292,13 @@ def _dumps(doc: Any) -> str:
 
 
 def _node_key(
-    d: NodeDecision, r: NodeRisk | None, sample: NodeSample | None, stage: str | None, state: Any, name: str
+    d: NodeDecision,
+    r: NodeRisk | None,
+    sample: NodeSample | None,
+    stage: str | None,
+    state: Any,
+    name: str,
+    wh: Withheld | None = None,
 ) -> tuple[Any, ...]:
     """Everything a node's row, floor and explanation are computed from, except the raw signal values
     that move no score (a temperature far from its margin) and the sample age below ``AGE_GRAIN_S``."""
@@ -292,7 +323,15 @@ def _node_key(
         state.lifecycle.get(name),
         state.proposals.get(name),
         risk_key,
+        None if wh is None else (wh.nodes.get(name), wh.gpus.get(name)),
     )
+
+
+def _stakes_key(result: TickResult) -> tuple[Any, ...]:
+    """The stake rule's fleet-wide figures an explanation shows (not the source job: it changes with the
+    queue while the rounded size that decides stays)."""
+    wh = getattr(result, "withheld", None)
+    return () if wh is None else tuple((x.workload, x.gpus, x.lost_s) for x in wh.stakes)
 
 
 class ViewRenderer:
@@ -332,14 +371,21 @@ class ViewRenderer:
         header = _header(tick, now, result, report, samples, stages, dry_run=dry_run, duration_s=duration_s)
         learn = getattr(result.state, "learn", None)
         multipliers = tuple(sorted(getattr(learn, "multipliers", {}).items()))
-        glob = (multipliers, result.signals, _num(result.horizon_days), _num(result.base_probability))
+        glob = (
+            multipliers,
+            result.signals,
+            _num(result.horizon_days),
+            _num(result.base_probability),
+            _stakes_key(result),
+        )
         replace = self._globals is None
         old = {} if replace or glob != self._globals else self._keys
         keys: dict[str, tuple[Any, ...]] = {}
         changed: set[str] = set()
         state = result.state
+        wh = getattr(result, "withheld", None)
         for name, d in result.nodes.items():
-            key = _node_key(d, result.risks.get(name), samples.get(name), stages.get(name), state, name)
+            key = _node_key(d, result.risks.get(name), samples.get(name), stages.get(name), state, name, wh)
             keys[name] = key
             if old.get(name) != key:
                 changed.add(name)

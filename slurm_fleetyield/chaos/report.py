@@ -193,3 +193,23 @@ def extract(readme: str, precursor: bool = False) -> str | None:
     _, _, rest = readme.partition(begin)
     body, sep, _ = rest.partition(end)
     return begin + body + end + "\n" if sep else None
+
+
+def summary_row(summary: Mapping[str, Any]) -> str:
+    """One Markdown table row of a run's sums over its seeds (README's measured-results table): the run,
+    its seeds, then bare -> FleetYield for net goodput (with the change), hardware failures, wasted GPU-s
+    and premium misuse. Every number comes from ``summary``, as in ``render``."""
+    seeds: list[int] = list(summary["seeds"])
+    arms: Mapping[str, Mapping[str, Mapping[str, float]]] = summary["arms"]
+    share = _share(summary.get("params", {}))
+    _, _, make, _ = _BLOCKS[share > 0]
+    run = "sudden faults"
+    if share > 0:
+        run = f"{share:.0%} of faults with a precursor"
+        if summary.get("admin_delay_s") is not None:
+            run += f", admin approves after {float(summary['admin_delay_s']):g} s"
+    cells = [f"{run} (`{make}`)", ", ".join(str(s) for s in seeds)]
+    for key, _ in COLUMNS:
+        b, f = (_sum(arms[a], seeds, key) for a in ARMS)
+        cells.append(f"{_num(b)} -> {_num(f)}" + (f" ({_pct(b, f)})" if key == "net_goodput_gpu_s" else ""))
+    return "| " + " | ".join(cells) + " |"

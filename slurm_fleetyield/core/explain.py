@@ -3,8 +3,10 @@
 Input: a node name and a ``TickResult``. Output: ``explain_dict`` a JSON-able dict (NaN written as None);
 ``explain`` the same as multi-line text (``explain_text`` formats such a dict): tier, health, risk, reason,
 Slurm state, features and weight, the envelope, the lifecycle stage, an open drain proposal, the lemon flag
-and the learned multipliers, then every GPU with its probability and each enabled signal's value and
-log-odds contribution.
+and the learned multipliers, the stake rule's arithmetic (``stake``: per class the node's hazard, the stake
+and where it comes from, expected loss vs the cost of withholding, the decision and why; computed by
+``core.stake.figures``, the function ``withhold`` decides by), then every GPU with its probability and each
+enabled signal's value and log-odds contribution.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from slurm_fleetyield.core import stake
 from slurm_fleetyield.core.loop import TickResult
+from slurm_fleetyield.core.model import NodeDecision
 from slurm_fleetyield.core.risk import (
     CompiledSignal,
     compile_signals,
@@ -89,6 +93,7 @@ def explain_dict(node: str, result: TickResult) -> dict[str, Any]:
         }
     )
     out["lemon"] = d is not None and "fy_lemon" in d.fy_features
+    out["stake"] = _stake(node, d, result)
     out["learned_multipliers"] = dict(st.learn.multipliers)
     gpus = []
     if r is not None:
@@ -115,6 +120,116 @@ def explain_dict(node: str, result: TickResult) -> dict[str, Any]:
             )
     out["gpus"] = gpus
     return out
+
+
+def _fin(x: float) -> float | None:
+    """JSON has no NaN or infinity (a risk of 1 is an infinite hazard): null."""
+    return x if math.isfinite(x) else None
+
+
+def _stake(node: str, d: NodeDecision | None, result: TickResult) -> dict[str, Any] | None:
+    """The stake rule's figures for ``node`` this tick (None: the rule is off or the result has no stakes)."""
+    wh, params = result.withheld, result.params
+    if wh is None or params is None or not params.stake.enabled or d is None:
+        return None
+    gpus = wh.gpus.get(node)
+    if gpus is None:
+        why = (
+            "not managed by FleetYield"
+            if not d.managed
+            else f"tier {d.tier.value}: its class features come from its tier or stage, not the stake rule"
+        )
+        return {"weighed": False, "why": why}
+    horizon_s = params.risk.horizon_days * 86_400.0
+    withheld = wh.nodes.get(node, frozenset())
+    cap = params.stake.withhold_cap_fraction
+    rows = []
+    figs = stake.figures(wh.stakes, d.risk, gpus, horizon_s)
+    for fig in figs:
+        s = fig.stake
+        feature = stake.CLASS_FEATURE[s.workload]
+        cs = params.stake.classes[s.workload]
+        if math.isnan(fig.loss):
+            decision, why = "carried", "risk unknown: the node keeps the class features it carries"
+        elif feature in withheld:
+            decision, why = "withheld", "expected loss above the work the class would do there"
+        elif fig.withhold and s.workload in wh.tripped:
+            decision = "carried_by_breaker"
+            why = (
+                f"expected loss above the work it would do, but withholding {feature} from every such node "
+                f"would pass the capacity breaker ({cap:.0%} of {wh.service_gpus} in-service GPUs, leaving "
+                f"room for the largest pending {s.workload} job) while {s.workload} work is pending: the "
+                "lower-loss nodes keep it"
+            )
+        else:
+            decision, why = "carried", "expected loss not above the work the class would do there"
+        rows.append(
+            {
+                "class": s.workload,
+                "feature": feature,
+                "stake_gpus": s.gpus,
+                "lost_s": s.lost_s,
+                "checkpoint_s": cs.checkpoint_s,
+                "run_s": cs.run_s,
+                "restart_s": cs.restart_s,
+                "source": None
+                if s.job_id is None
+                else {"job_id": s.job_id, "gpus": s.job_gpus, "state": s.job_state},
+                "loss_gpu_h_per_h": _fin(fig.loss),
+                "cost_gpu_h_per_h": fig.cost,
+                "decision": decision,
+                "why": why,
+                "carries": feature in d.fy_features,
+            }
+        )
+    lam = figs[0].hazard_per_s if figs else stake.hazard_per_s(d.risk, horizon_s)
+    return {
+        "weighed": True,
+        "gpus": gpus,
+        "risk": _num(d.risk),
+        "horizon_days": params.risk.horizon_days,
+        "hazard_per_h": _fin(lam * 3600.0) if not math.isnan(lam) else None,
+        "classes": rows,
+    }
+
+
+def _stake_text(st: dict[str, Any] | None) -> list[str]:
+    if st is None:
+        return []
+    if not st["weighed"]:
+        return [f"stake: not weighed ({st['why']})"]
+    h = st["hazard_per_h"]
+    risk = "unknown" if st["risk"] is None else f"{st['risk']:.4f}"
+    hazard = "unknown" if st["risk"] is None else ("infinite" if h is None else f"{h:.3g}/h")
+    lines = [
+        f"stake: P(fatal) {risk} over {st['horizon_days']:g} d -> hazard {hazard} = -ln(1 - P) / horizon; "
+        f"{st['gpus']} GPUs; per class, in GPU-h per hour: expected loss = hazard x stake GPUs x lost h, "
+        "cost of withholding = the GPUs the class would use here"
+    ]
+    for c in st["classes"]:
+        src = c["source"]
+        if src is None:
+            whence = f"no {c['class']} job pending or running"
+        else:
+            whence = f"largest {c['class']} job {src['job_id']}: {src['gpus']} GPUs, {src['state']}"
+            if src["gpus"] != c["stake_gpus"]:
+                whence += ", rounded up to a power of two"
+        half = (
+            f"half the {c['checkpoint_s']:.0f} s checkpoint"
+            if c["checkpoint_s"]
+            else f"half the {c['run_s']:.0f} s run (cannot checkpoint)"
+        )
+        loss = c["loss_gpu_h_per_h"]
+        carries = "carries" if c["carries"] else "does not carry"
+        lines.append(
+            f"  {c['class']:<8} {c['feature']}: stake {c['stake_gpus']} GPU(s) ({whence}) x "
+            f"{c['lost_s']:.0f} s ({half} + {c['restart_s']:.0f} s restart)"
+        )
+        lines.append(
+            f"           expected loss {'infinite' if loss is None else f'{loss:.4g}'} vs cost "
+            f"{c['cost_gpu_h_per_h']:g} -> {c['decision']}: {c['why']}; the node {carries} {c['feature']}"
+        )
+    return lines
 
 
 def _signals(node: str, uuid: str, result: TickResult) -> list[dict[str, Any]]:
@@ -194,6 +309,7 @@ def explain_text(x: dict[str, Any]) -> str:
             "lemon: repeated fatal failures - no fy_ok_train/fy_ok_finetune/fy_ok_decode "
             "(off gangs and premium-class work), fy_ok_batch kept when healthy"
         )
+    lines.extend(_stake_text(x.get("stake")))
     if x["learned_multipliers"]:
         ms = ", ".join(f"{k} x{v:.2f}" for k, v in sorted(x["learned_multipliers"].items()))
         lines.append(f"learned hazard multipliers: {ms}")

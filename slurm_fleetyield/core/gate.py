@@ -26,14 +26,14 @@ import random
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage
 from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import ProposeDrain, SignalJobs, WithdrawProposal
 from slurm_fleetyield.core.quarantine import Drains
-from slurm_fleetyield.core.stake import Withheld, drain_pays, signal_actions
+from slurm_fleetyield.core.stake import Withheld, drain_figures, signal_actions
 from slurm_fleetyield.core.state import ControllerState, Denial, OpenProposal
 
 if TYPE_CHECKING:
@@ -185,12 +185,13 @@ def propose(
                 and r.probability < d.risk + gp.deny_risk_margin
             ):
                 continue
-            figures: dict[str, str] = {}
+            figures: dict[str, Any] = {}
             if params.stake.enabled and withheld is not None:
-                ok, why = drain_pays(node, r.probability, obs, params, withheld)
-                if not ok:
+                pays = drain_figures(node, r.probability, obs, params, withheld)
+                if not pays.pays:
                     continue
-                figures["stake"] = why
+                figures["stake"] = pays.why
+                figures["stake_figures"] = pays.as_dict()  # what explain shows of the proposal
             pid = new_proposal_id(rng)
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(
                 g.index for g in r.gpus if g.contributions

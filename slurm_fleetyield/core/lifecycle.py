@@ -22,6 +22,12 @@ Two counters, two verdicts:
   an incident. ``max_failures`` of them within ``failure_window_s`` retire the node (drained, reason says
   RMA). Retirement is checked first: bad hardware is the stronger verdict. Approved drains and timeouts are
   not failures (no evidence against the GPU); repeated fatal evidence while already drained is one incident.
+  Failures are counted per fault (``Event.key``, ``LifecycleMemory.faults``): one fault is one failure however
+  many checks see it. The episode's own fault seen again after a remediation (the same XID on the same GPU,
+  a failed canary of the episode) is that fault surviving, which ``max_xid_survivals`` and
+  ``max_remediation_attempts`` judge (NEEDS_HUMAN), not a new strike towards RMA. An incident in canary or
+  probation is only ever evidence that appeared after the remediation (``core/aftercare.py``): a counter a
+  reset cannot clear is not a new incident.
 
 Invariant the tick relies on (tested with ``route.fy_features``): no stage before PROBATION maps to a tier
 that carries an ``fy_ok_*`` feature, so resuming a node can never admit normal work (job_submit gives every
@@ -261,6 +267,13 @@ class Cause:
     detail: str = ""  # proposal id, incident text, alert name
 
     @property
+    def key(self) -> str:
+        """The fault's identity for failure counting: class and GPU (an approved drain: its proposal)."""
+        if self.kind == "approved":
+            return f"approved:{self.detail}"
+        return self.fault_class + ("" if self.gpu is None else f":gpu{self.gpu}")
+
+    @property
     def fault_class(self) -> str:
         """The key of ``LifecycleParams.ladders``."""
         return f"xid_{self.xid}" if self.kind == "xid" and self.xid is not None else self.kind
@@ -304,6 +317,8 @@ class LifecycleMemory:
     until: float | None = None  # CANARY: round deadline; PROBATION: end of probation
     failures: tuple[float, ...] = ()  # failure times, oldest first, trimmed to the window
     reason: str = ""  # what Slurm's Reason (or ResumeNode's reason) says about the node
+    faults: tuple[str, ...] = ()  # each failure's fault key (same length; "": unknown, stored before keys)
+    baseline: tuple[tuple[str, float], ...] = ()  # CANARY/PROBATION: counters when the remediation proved OK
 
     @property
     def forgettable(self) -> bool:
@@ -324,11 +339,14 @@ class LifecycleMemory:
             "until": self.until,
             "failures": list(self.failures),
             "reason": self.reason,
+            "faults": list(self.faults),
+            "baseline": [[k, v] for k, v in self.baseline],
         }
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> LifecycleMemory:
         c = d.get("cause")
+        failures = tuple(float(t) for t in d.get("failures", ()))
         return LifecycleMemory(
             node=d["node"],
             stage=Stage(d["stage"]),
@@ -339,8 +357,10 @@ class LifecycleMemory:
             canary_passes=int(d.get("canary_passes", 0)),
             canary_jobs=tuple(d.get("canary_jobs", ())),
             until=d.get("until"),
-            failures=tuple(float(t) for t in d.get("failures", ())),
+            failures=failures,
             reason=d.get("reason", ""),
+            faults=_faults(d.get("faults", ()), len(failures)),
+            baseline=tuple((str(k), float(v)) for k, v in d.get("baseline", ())),
         )
 
 
@@ -357,6 +377,8 @@ class Event:
     job_id: int | None = None  # CANARY_PASSED / CANARY_FAILED
     detail: str = ""  # human text: why it failed, what the incident was
     requeue_jobs: tuple[int, ...] = ()  # APPROVED_DRAIN / INCIDENT: running jobs that allow requeue
+    key: str = ""  # INCIDENT: the fault's identity (GPU and signal of the new evidence)
+    baseline: tuple[tuple[str, float], ...] = ()  # REMEDIATION_OK: counters of the sample that proved it
 
     @staticmethod
     def fatal(fault: str, xid: int | None = None, gpu: int | None = None, detail: str = "") -> Event:
@@ -372,8 +394,8 @@ class Event:
         return Event(kind, token=token, job_id=job_id, detail=detail)
 
     @staticmethod
-    def incident(detail: str, requeue_jobs: tuple[int, ...] = ()) -> Event:
-        return Event(EventKind.INCIDENT, detail=detail, requeue_jobs=requeue_jobs)
+    def incident(detail: str, requeue_jobs: tuple[int, ...] = (), key: str = "") -> Event:
+        return Event(EventKind.INCIDENT, detail=detail, requeue_jobs=requeue_jobs, key=key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +463,7 @@ def _on_fatal_in_service(m: LifecycleMemory, e: Event, now: float, p: LifecycleP
     # quarantine.decide drained the node (with requeue and safety caps): nothing to drain here
     cause = Cause(e.fault or "alert", e.xid, e.gpu, e.detail)
     m = replace(_new_episode(m), cause=cause)
-    return _after_failure(m, e, now, p, reason=f"{cause.text}; quarantined", drain=False)
+    return _after_failure(m, e, now, p, reason=f"{cause.text}; quarantined", drain=False, key=cause.key)
 
 
 def _on_approved(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Transition:
@@ -479,6 +501,7 @@ def _on_remediation_ok(m: LifecycleMemory, e: Event, now: float, p: LifecyclePar
         _enter(m, Stage.CANARY, now, reason),
         canary_token=token,
         until=now + p.canary_timeout_s,
+        baseline=e.baseline,
     )
     actions = (
         ResumeNode(m.node, reason),
@@ -517,7 +540,9 @@ def _on_canary_failed(m: LifecycleMemory, e: Event, now: float, p: LifecyclePara
         return _reject(m, e, now, f"canary token {e.token!r} is not the current round {m.canary_token!r}")
     m = _close_attempt(m, "canary_failed")
     job = f" job {e.job_id}" if e.job_id is not None else ""
-    return _after_failure(m, e, now, p, reason=f"canary{job} failed {e.detail}".rstrip(), drain=True)
+    # the episode's fault is still there (a canary tests what the remediation was to cure): that fault
+    key = m.cause.key if m.cause else f"canary:{m.canary_token}"
+    return _after_failure(m, e, now, p, reason=f"canary{job} failed {e.detail}".rstrip(), drain=True, key=key)
 
 
 def _on_canary_timeout(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Transition:
@@ -532,14 +557,14 @@ def _on_fatal_resumed(m: LifecycleMemory, e: Event, now: float, p: LifecyclePara
     # quarantine.decide drains it (the node is resumed in canary/probation); this is a failure of the rehab
     same = e.fault == "xid" and m.cause is not None and m.cause.kind == "xid" and e.xid == m.cause.xid
     m = _close_attempt(m, f"{SURVIVED if same else 'fatal'}_in_{m.stage.value}")
-    text = Cause(e.fault or "alert", e.xid, e.gpu).text
-    return _after_failure(m, e, now, p, reason=f"{text} in {m.stage.value}", drain=False)
+    cause = Cause(e.fault or "alert", e.xid, e.gpu)
+    return _after_failure(m, e, now, p, reason=f"{cause.text} in {m.stage.value}", drain=False, key=cause.key)
 
 
 def _on_incident(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Transition:
     m = _close_attempt(m, f"incident_in_{m.stage.value}")
     reason = f"incident in {m.stage.value}: {e.detail}".rstrip(": ")
-    return _after_failure(m, e, now, p, reason=reason, drain=True)
+    return _after_failure(m, e, now, p, reason=reason, drain=True, key=e.key)
 
 
 def _on_probation_elapsed(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Transition:
@@ -550,8 +575,12 @@ def _on_probation_elapsed(m: LifecycleMemory, e: Event, now: float, p: Lifecycle
 
 def _on_admin_resumed(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Transition:
     # the admin's decision stands; a retired node only comes back repaired or replaced: a fresh start
-    failures = () if m.stage is Stage.RETIRED else m.failures
-    m = replace(_enter(_new_episode(m), Stage.IN_SERVICE, now, ""), failures=failures)
+    kept = m.stage is not Stage.RETIRED
+    m = replace(
+        _enter(_new_episode(m), Stage.IN_SERVICE, now, ""),
+        failures=m.failures if kept else (),
+        faults=m.faults if kept else (),
+    )
     return _ok(m, e, now, (), note="resumed by someone else: back to risk-based tiers")
 
 
@@ -565,8 +594,8 @@ def _on_tick(m: LifecycleMemory, e: Event, now: float, p: LifecycleParams) -> Tr
     kind = due(m, now)
     if kind is not None:
         return step(m, Event(kind), now, p)
-    failures = _recent(m.failures, now, p)
-    return Transition(m if failures == m.failures else replace(m, failures=failures))
+    trimmed = _trim(m, now, p)
+    return Transition(trimmed)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -582,25 +611,31 @@ def _start_remediation(m: LifecycleMemory, e: Event, now: float, p: LifecyclePar
         f"{_cause_text(m)}; quarantined, remediation {n + 1}/{p.max_remediation_attempts} ({rem.value})"
     )
     attempt = Attempt(rem, now, now + p.remediation_timeout_s[rem])
+    # The same decision made again from the same stored memory (a tick replayed after a crash between acting
+    # and committing) carries the same intent: the executor then checks what was done instead of acting.
+    intent = f"{m.node}/{m.since!r}/{n + 1}/{rem.value}"
     m = replace(_enter(m, Stage.REMEDIATING, now, reason), attempts=(*m.attempts, attempt))
     act: LifecycleAction
     if rem is Remediation.GPU_RESET:
         gpu = m.cause.gpu if m.cause else None
-        act = ResetGpu(m.node, () if gpu is None else (gpu,), reason)
+        act = ResetGpu(m.node, () if gpu is None else (gpu,), reason, intent)
     elif rem is Remediation.REBOOT:
-        act = RebootNode(m.node, reason)
+        act = RebootNode(m.node, reason, intent=intent)
     else:
-        act = PowerCycle(m.node, reason)
+        act = PowerCycle(m.node, reason, intent)
     # the drain re-asserts our reason (and the drain itself) before the remediation runs
     return _ok(m, e, now, (DrainNode(m.node, reason, cause="rehab"), act))
 
 
 def _after_failure(
-    m: LifecycleMemory, e: Event, now: float, p: LifecycleParams, *, reason: str, drain: bool
+    m: LifecycleMemory, e: Event, now: float, p: LifecycleParams, *, reason: str, drain: bool, key: str = ""
 ) -> Transition:
-    """Record a failure; retire past max_failures, else back to quarantine (or NEEDS_HUMAN)."""
-    failures = (*_recent(m.failures, now, p), now)
-    m = replace(m, failures=failures)
+    """Record a failure (once per fault ``key`` in the window: one fault is one failure, however many
+    checks see it); retire past max_failures, else back to quarantine (or NEEDS_HUMAN)."""
+    m = _trim(m, now, p)
+    if not key or key not in m.faults:
+        m = replace(m, failures=(*m.failures, now), faults=(*m.faults, key))
+    failures = m.failures
     if len(failures) >= p.max_failures:
         why = _prefixed(
             f"RETIRED after {len(failures)} failures in {_span(p.failure_window_s)} - RMA ({_cause_text(m)})"
@@ -634,9 +669,19 @@ def _needs_human(
 
 
 def _enter(m: LifecycleMemory, stage: Stage, now: float, reason: str) -> LifecycleMemory:
-    """Enter ``stage``: stage-specific fields (canary round, deadline) are cleared."""
+    """Enter ``stage``: stage-specific fields (canary round, deadline) are cleared; the remediation's
+    baseline lasts from CANARY through PROBATION."""
+    baseline = m.baseline if stage in (Stage.CANARY, Stage.PROBATION) else ()
     return replace(
-        m, stage=stage, since=now, reason=reason, canary_token="", canary_passes=0, canary_jobs=(), until=None
+        m,
+        stage=stage,
+        since=now,
+        reason=reason,
+        canary_token="",
+        canary_passes=0,
+        canary_jobs=(),
+        until=None,
+        baseline=baseline,
     )
 
 
@@ -654,8 +699,19 @@ def _cancel(m: LifecycleMemory) -> list[LifecycleAction]:
     return [CancelCanaries(m.node, m.canary_token)] if m.canary_token else []
 
 
-def _recent(failures: tuple[float, ...], now: float, p: LifecycleParams) -> tuple[float, ...]:
-    return tuple(t for t in failures if t > now - p.failure_window_s)
+def _trim(m: LifecycleMemory, now: float, p: LifecycleParams) -> LifecycleMemory:
+    """Failures (and their fault keys) trimmed to the window; the very memory when none left it."""
+    keep = [i for i, t in enumerate(m.failures) if t > now - p.failure_window_s]
+    if len(keep) == len(m.failures) and len(m.faults) == len(m.failures):
+        return m
+    faults = _faults(m.faults, len(m.failures))
+    return replace(m, failures=tuple(m.failures[i] for i in keep), faults=tuple(faults[i] for i in keep))
+
+
+def _faults(faults: Any, n: int) -> tuple[str, ...]:
+    """``n`` fault keys: the stored ones, "" (unknown, never equal to another) for failures without one."""
+    keys = tuple(str(k) for k in faults)[:n]
+    return keys + ("",) * (n - len(keys))
 
 
 def _canary_reason(m: LifecycleMemory, passes: int, p: LifecycleParams) -> str:

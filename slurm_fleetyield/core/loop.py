@@ -74,6 +74,7 @@ class TickResult:
     now: float = float("nan")
     ledger: tuple[LedgerEntry, ...] = ()  # jobs settled this tick (core/settle.py)
     calibration: Calibration = field(default_factory=Calibration)  # the risk model's record (core/learn.py)
+    withheld: stake.Withheld | None = None  # the stake rule's tick: stakes, weighed nodes, breaker (explain)
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -100,7 +101,7 @@ def tick(
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = risk.assess(sensed, fatal, state, params, now)
     envelopes = profile.profile(sensed, obs, state, params.profile)
-    drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.exempt_from_cap(state))
+    drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.out_of_service(state))
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
@@ -110,15 +111,15 @@ def tick(
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
     wh = stake.withhold(obs, priced, params, now)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, state, params, now)
-    explain_node = _explainer(state, decisions, risks, sensed, params, now)
+    explain_node = _explainer(state, decisions, risks, sensed, params, now, wh)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node, wh)
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
     remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
     learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
-    new_state = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
+    after = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, ko, proposed)
-    return TickResult(new_state, plan, decisions, risks, events, sensed, state, params, now, ledger, calib)
+    return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, calib, wh)
 
 
 def _route(
@@ -231,13 +232,15 @@ def _explainer(
     sensed: sense.Sensed,
     params: Params,
     now: float,
+    wh: stake.Withheld,
 ) -> Callable[[str], str]:
     """``explain`` of a node as this tick sees it (the evidence of a drain proposal)."""
 
     def explain_node(node: str) -> str:
         from slurm_fleetyield.core.explain import explain  # explain reads a TickResult: imported late
 
-        return explain(node, TickResult(state, Plan(), decisions, risks, (), sensed, state, params, now))
+        partial = TickResult(state, Plan(), decisions, risks, (), sensed, state, params, now, withheld=wh)
+        return explain(node, partial)
 
     return explain_node
 

@@ -207,6 +207,7 @@ class SlurmNode:
     gpu_type: str | None = None  # from Gres=gpu:<type>:N
     gpu_count: int = 0
     partitions: tuple[str, ...] = ()
+    boot_time: float | None = None  # BootTime (epoch seconds): when the node last booted; None unknown
 
     @property
     def drained(self) -> bool:

@@ -97,11 +97,13 @@ class ResumeNode:
 class ResetGpu:
     """Ask the node's agent to reset GPUs (the fake backend clears faults its scenario says a reset fixes).
 
-    Not idempotent like the actions above (see core/rehab_actions.py): emitted once, on the transition."""
+    Not idempotent like the actions above (see core/rehab_actions.py): emitted once, on the transition, with
+    an ``intent`` the executor records before acting and checks after a crash (never acted on twice)."""
 
     node: str
     gpus: tuple[int, ...]  # () = every GPU of the node (the faulty one is unknown)
     reason: str
+    intent: str = ""  # the decision's identity (core/lifecycle.py): the executor acts once per intent
 
     @property
     def kind(self) -> str:
@@ -115,6 +117,7 @@ class RebootNode:
     node: str
     reason: str
     next_state: str | None = None  # None: keep DRAIN (see core/rehab_actions.py before changing it)
+    intent: str = ""  # the decision's identity (core/lifecycle.py): the executor acts once per intent
 
     @property
     def kind(self) -> str:
@@ -127,6 +130,7 @@ class PowerCycle:
 
     node: str
     reason: str
+    intent: str = ""  # the decision's identity (core/lifecycle.py): the executor acts once per intent
 
     @property
     def kind(self) -> str:

@@ -8,8 +8,10 @@ node, or into ``Hold``s when a safety rule forbids the drain.
 Safety rules, in the order they are checked:
 - a node unknown to Slurm, or whose Slurm state is unknown, is never drained (held: ``slurm_state_unknown``);
 - a node drained by someone else is left alone; one already drained by us is not drained again;
-- ``drain_cap``: FleetYield never holds more than ``drain_cap_fraction`` of the fleet drained (nodes Slurm
-  shows drained by us plus the new ones of this tick);
+- ``drain_cap``: FleetYield never holds more than ``drain_cap_fraction`` of the fleet out of service: every
+  node Slurm shows drained by us, whatever its lifecycle stage (RETIRED and NEEDS_HUMAN included: a parked
+  node is capacity FleetYield took), the nodes it resumed for canaries only (``owned``: out of normal
+  service though not drained), plus the new drains of this tick;
 - ``drain_rate``: at most ``max_new_drains_per_window`` new drains per ``window_s``.
 Evidence must be fresh: scrape findings only come from fresh, successful samples (sense never derives them
 from stale data); a pushed event is fresh evidence by itself and drains even when the node's scrape is stale.
@@ -112,7 +114,7 @@ class DrainBudget:
     """The drain caps as a budget shared by every new drain of a tick (fatal first, then approved)."""
 
     cap_nodes: int
-    drained: int  # nodes drained by us (minus exempt RETIRED/NEEDS_HUMAN ones) plus this tick's new drains
+    drained: int  # nodes FleetYield holds out of service (drained by us, canary-only) plus this tick's drains
     in_window: int  # drains in the rate window plus this tick's new drains
     qp: QuarantineParams
 
@@ -274,18 +276,18 @@ def decide(
     state: ControllerState,
     qp: QuarantineParams,
     now: float,
-    exempt: frozenset[str] = frozenset(),
+    owned: frozenset[str] = frozenset(),
 ) -> Drains:
-    """``exempt``: nodes drained by us that do not count against the cap (RETIRED / NEEDS_HUMAN: parked for
-    a human, they must not stop the quarantine of a new dead GPU)."""
+    """``owned``: nodes FleetYield holds out of normal service besides its drains (the lifecycle's canary
+    nodes); those Slurm does not show drained by us count against the cap too."""
     by_node: dict[str, list[Fatal]] = {}
     for f in fatal:
         by_node.setdefault(f.node, []).append(f)
     fleet = len(obs.slurm)
     cap_nodes = max(qp.drain_cap_min_nodes, math.floor(qp.drain_cap_fraction * fleet))
     drained_by_us = sum(1 for n in obs.slurm.values() if n.reason and n.drained_by_us)  # most have no reason
-    if exempt:
-        drained_by_us -= sum(1 for n in exempt if (s := obs.slurm.get(n)) is not None and s.drained_by_us)
+    if owned:
+        drained_by_us += sum(1 for n in owned if (s := obs.slurm.get(n)) is not None and not s.drained_by_us)
     recent = sum(1 for t in state.drain_times if t > now - qp.window_s)
     drains: list[DrainNode] = []
     holds: dict[str, Hold] = {}

@@ -14,7 +14,8 @@ Events are derived per node and folded in order, each derived from the memory th
    clock restarts now), REMEDIATION_OK (REMEDIATING, no remediation of it still running off the tick,
    responding, a fresh sample newer than the attempt start - ``reboot_settle_s`` later after a reboot -
    no GPU missing, no fatal since), CANARY_PASSED/FAILED (results of the current round, each job once),
-   INCIDENT (risk >= red in canary or probation),
+   INCIDENT (in canary or probation, the risk of the evidence that appeared after the remediation is at or
+   above red: ``core/aftercare.py``; a counter a reset cannot clear is no incident),
    ADMIN_DRAINED (drained with a reason not ours; while REMEDIATING Slurm's own reasons are not an admin),
    ADMIN_RESUMED (only on the edge: Slurm showed it drained by us last tick, not drained now, in a stage that
    should be drained: our own ResumeNode always leaves such a stage first);
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from slurm_fleetyield.core import aftercare
 from slurm_fleetyield.core.gate import Approval, approved_summary
 from slurm_fleetyield.core.lifecycle import (
     DRAINED_STAGES,
@@ -62,7 +64,6 @@ NOT_RESPONDING = frozenset(
      "POWERED_DOWN", "POWERING_DOWN", "FAIL", "UNKNOWN"}
 )  # fmt: skip
 REMEDIATION_KINDS = frozenset({"reset_gpu", "reboot", "power_cycle"})
-PARKED = frozenset({Stage.RETIRED, Stage.NEEDS_HUMAN})
 CANARY_PASS = frozenset({"COMPLETED"})
 CANARY_FAIL = frozenset({"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
 
@@ -79,8 +80,10 @@ class Rehab:
     new_drains: int = 0  # approved drains (count against the rate window)
 
 
-def exempt_from_cap(state: ControllerState) -> frozenset[str]:
-    return frozenset(n for n, m in state.lifecycle.items() if m.stage in PARKED)
+def out_of_service(state: ControllerState) -> frozenset[str]:
+    """Nodes the lifecycle holds out of normal service without a drain (CANARY: canary jobs only). They
+    count against the drain cap with every node drained by us (``quarantine.decide``)."""
+    return frozenset(n for n, m in state.lifecycle.items() if m.stage is Stage.CANARY)
 
 
 def rehabilitate(
@@ -95,6 +98,7 @@ def rehabilitate(
 ) -> Rehab:
     lp = params.lifecycle
     red = params.risk.red_threshold
+    risk_xids = tuple(params.quarantine.risk_only_xids)
     findings: dict[str, list[Fatal]] = {}
     f: Fatal | None
     for f in drains.processed:
@@ -197,7 +201,8 @@ def rehabilitate(
             and name not in obs.in_flight  # the power may not even be cut yet: its scrapes prove nothing
             and _remediated(name, m, slurm, sensed, state, fatal, lp)
         ):
-            fold(Event(EventKind.REMEDIATION_OK))
+            s = sensed.nodes[name]  # fresh: _remediated checked it
+            fold(Event(EventKind.REMEDIATION_OK, baseline=aftercare.baseline(s, risk_xids)))
         if m.stage is Stage.CANARY:
             for c in sorted(canaries.get(name, ()), key=lambda c: c.job_id):
                 if m.stage is not Stage.CANARY or c.token != m.canary_token or c.job_id in m.canary_jobs:
@@ -207,13 +212,16 @@ def rehabilitate(
                     detail = "" if ok else f"({c.state}, exit {c.exit_code})"
                     fold(Event.canary(ok, c.token, c.job_id, detail))
         r = risks.get(name)
-        if (
-            m.stage in (Stage.CANARY, Stage.PROBATION)
-            and name not in fatal
-            and r is not None
-            and r.probability >= red
-        ):
-            fold(Event.incident(f"risk {r.probability:.2f} >= red {red:g}", _requeue(running)))
+        sn = sensed.nodes.get(name)
+        if m.stage in (Stage.CANARY, Stage.PROBATION) and sn is not None and sn.fresh:
+            # counters first seen now (or a memory stored before baselines) start from their value now
+            now_base = aftercare.baseline(sn, risk_xids)
+            m = replace(m, baseline=aftercare.extend(m.baseline, now_base))
+            inc = None
+            if name not in fatal and r is not None and r.probability >= red:
+                inc = aftercare.incident(r, sn, m.baseline, risk_xids, params.risk.base_probability, red)
+            if inc is not None:
+                fold(Event.incident(inc.detail, _requeue(running), key=inc.key))
         if m.stage is not Stage.IN_SERVICE and slurm.drained_by_other:
             own = m.stage is Stage.REMEDIATING and slurm.reason.startswith(SLURM_OWN_REASONS)
             if not own:

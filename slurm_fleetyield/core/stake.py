@@ -2,7 +2,10 @@
 
 Input: the Slurm view (jobs: class, GPUs, state), priced nodes (tier, risk), envelopes, ``Params``
 (``stake``, ``risk.horizon_days``). Output: ``Withheld``: per node the ``fy_ok_*`` class features it does not
-carry this tick, the per-class stakes behind it, and the capacity breaker's events.
+carry this tick, the per-class stakes behind it, the nodes the rule weighed (with their GPUs), and the
+capacity breaker's events. ``figures`` is rules 2-3 for one node, the arithmetic ``withhold`` decides by and
+``explain`` shows (one function, so the two cannot disagree); ``drain_figures`` is ``drain_pays``'
+arithmetic.
 
 Why: a node's risk is a probability; whether to keep work off it depends on the work. An absolute threshold
 ("no training on yellow nodes") kept capacity idle to avoid losses far smaller than the work it stopped: a
@@ -34,8 +37,8 @@ most likely to fail is used last).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from slurm_fleetyield.core.model import FY_PREFIX, JobView, LogEvent, Observations
 from slurm_fleetyield.core.params import ClassStake, Params
@@ -56,10 +59,28 @@ class Stake:
     workload: str
     gpus: int  # GPUs one fault kills
     lost_s: float  # seconds of progress (and restart) each of them loses
+    job_id: int | None = None  # source of ``gpus``: the largest pending/running job of the class (None: none)
+    job_gpus: int = 0  # that job's GPUs (before rounding up to a power of two)
+    job_state: str = ""  # PENDING | RUNNING
 
     def loss_rate(self, hazard_per_s: float) -> float:
         """GPU-seconds expected lost per second of running on a node with this hazard."""
         return hazard_per_s * self.gpus * self.lost_s
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFigures:
+    """Rules 2-3 for one class on one node, in GPU-seconds per second (= GPU-hours per hour)."""
+
+    stake: Stake
+    hazard_per_s: float  # the node's fatal hazard (NaN: unknown risk)
+    loss: float  # expected loss of running the class there: hazard x stake GPUs x lost seconds
+    cost: float  # what withholding costs: the work the class would do there, min(stake GPUs, node GPUs)
+
+    @property
+    def withhold(self) -> bool:
+        """The expected loss exceeds the work that would wait (False for an unknown risk)."""
+        return self.loss > self.cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +90,8 @@ class Withheld:
     pending: frozenset[str] = frozenset()  # classes with pending work
     events: tuple[LogEvent, ...] = ()
     tripped: tuple[str, ...] = ()  # classes whose breaker held this tick
+    gpus: Mapping[str, int] = field(default_factory=dict)  # the in-service nodes the rule weighed -> GPUs
+    service_gpus: int = 0  # their GPUs (the breaker's cap is a share of them)
 
 
 def hazard_per_s(p: float, horizon_s: float) -> float:
@@ -78,16 +101,28 @@ def hazard_per_s(p: float, horizon_s: float) -> float:
 
 def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
     """Rule 1: per class of ``stake.classes``, what one fault there costs."""
-    largest: dict[str, int] = {}
+    largest: dict[str, JobView] = {}
     for j in obs.jobs:
         if j.workload is not None and j.state in ("PENDING", "RUNNING"):
             w = j.workload.value
-            largest[w] = max(largest.get(w, 0), j.gpus)
+            top = largest.get(w)
+            if top is None or j.gpus > top.gpus:
+                largest[w] = j
     out = []
     for w, cs in sorted(params.stake.classes.items()):
-        gpus = 1 << max(0, largest.get(w, 1) - 1).bit_length()  # next power of two
-        out.append(Stake(w, gpus, cs.lost_s))
+        top = largest.get(w)
+        gpus = 1 << max(0, (top.gpus if top is not None else 1) - 1).bit_length()  # next power of two
+        if top is None:
+            out.append(Stake(w, gpus, cs.lost_s))
+        else:
+            out.append(Stake(w, gpus, cs.lost_s, top.job_id, top.gpus, top.state))
     return tuple(out)
+
+
+def figures(st: Sequence[Stake], p: float, gpus: int, horizon_s: float) -> tuple[ClassFigures, ...]:
+    """Rules 2-3 on a node of ``gpus`` GPUs whose fatal probability within ``horizon_s`` is ``p``."""
+    lam = hazard_per_s(p, horizon_s)
+    return tuple(ClassFigures(s, lam, s.loss_rate(lam), float(min(s.gpus, gpus))) for s in st)
 
 
 def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> Withheld:
@@ -117,13 +152,11 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
         service_gpus += g
         if not pn.risk >= p_floor:  # NaN (unknown) carries what it had
             continue
-        lam = hazard_per_s(pn.risk, horizon)
         drop = []
-        for s in st:
-            loss = s.loss_rate(lam)
-            if loss > min(s.gpus, g):
-                drop.append(CLASS_FEATURE[s.workload])
-                losses.setdefault(s.workload, []).append((loss / g, name))
+        for fig in figures(st, pn.risk, g, horizon):
+            if fig.withhold:
+                drop.append(CLASS_FEATURE[fig.stake.workload])
+                losses.setdefault(fig.stake.workload, []).append((fig.loss / g, name))
         if drop:
             out[name] = frozenset(drop)
     events: list[LogEvent] = []
@@ -169,17 +202,63 @@ def withhold(obs: Observations, priced: Priced, params: Params, now: float) -> W
                 },
             )
         )
-    return Withheld(out, st, pending, tuple(events), tuple(tripped))
+    return Withheld(out, st, pending, tuple(events), tuple(tripped), gpus_of, service_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainFigures:
+    """``drain_pays``' arithmetic, in GPU-hours."""
+
+    p: float  # P(fatal within the horizon)
+    moved_gpu_h: float  # progress + restart the requeued jobs lose now (the stake moved off the node)
+    next_gpu_h: float  # the largest pending stake, which would land there next
+    repair_gpu_h: float  # the node's GPUs down for stake.repair_s (a fault costs it anyway)
+    drain_gpu_h: float  # the node's GPUs down for stake.drain_s
+
+    @property
+    def averted_gpu_h(self) -> float:
+        return self.p * (self.moved_gpu_h + self.next_gpu_h + self.repair_gpu_h)
+
+    @property
+    def cost_gpu_h(self) -> float:
+        return self.drain_gpu_h + self.moved_gpu_h
+
+    @property
+    def pays(self) -> bool:
+        return self.averted_gpu_h > self.cost_gpu_h
+
+    @property
+    def why(self) -> str:
+        return f"averted {self.averted_gpu_h:.1f} GPU-h (p {self.p:.2f}) vs cost {self.cost_gpu_h:.1f} GPU-h"
+
+    def as_dict(self) -> dict[str, float | bool]:
+        """JSON-able, for the proposal's log event."""
+        return {
+            "p": self.p,
+            "moved_gpu_h": self.moved_gpu_h,
+            "next_gpu_h": self.next_gpu_h,
+            "repair_gpu_h": self.repair_gpu_h,
+            "drain_gpu_h": self.drain_gpu_h,
+            "averted_gpu_h": self.averted_gpu_h,
+            "cost_gpu_h": self.cost_gpu_h,
+            "pays": self.pays,
+        }
 
 
 def drain_pays(node: str, p: float, obs: Observations, params: Params, wh: Withheld) -> tuple[bool, str]:
+    """``drain_figures``' verdict and its figures in words."""
+    fig = drain_figures(node, p, obs, params, wh)
+    return fig.pays, fig.why
+
+
+def drain_figures(node: str, p: float, obs: Observations, params: Params, wh: Withheld) -> DrainFigures:
     """Does a pre-emptive drain of ``node`` (fatal probability ``p`` within the horizon, false alarms
     included: that is what a probability is) pay? The drain moves the work a fault there would kill:
     the jobs it requeues now (each loses half a checkpoint interval and a restart at once) and the work
     that would land there next (the largest of this tick's stakes, ``wh``, among the pending classes); jobs
     without the Requeue flag run to their end on the node either way. Averted: p x (the stake moved + the
     node's GPUs down for ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for
-    ``drain_s`` plus the requeue's loss. In GPU-hours, with the figures, for the proposal's log."""
+    ``drain_s`` plus the requeue's loss."""
     sp = params.stake
     default = ClassStake()
     g = node_gpus(obs, node)
@@ -191,10 +270,7 @@ def drain_pays(node: str, p: float, obs: Observations, params: Params, wh: Withh
         if cs.checkpoint_s > 0:
             moved += j.gpus * cs.lost_s
     nxt = max((x.gpus * x.lost_s for x in wh.stakes if x.workload in wh.pending), default=0.0)
-    averted = p * (moved + nxt + g * sp.repair_s) / 3600.0
-    cost = (g * sp.drain_s + moved) / 3600.0
-    why = f"averted {averted:.1f} GPU-h (p {p:.2f}) vs cost {cost:.1f} GPU-h"
-    return averted > cost, why
+    return DrainFigures(p, moved / 3600.0, nxt / 3600.0, g * sp.repair_s / 3600.0, g * sp.drain_s / 3600.0)
 
 
 def signals_checkpoint(job: JobView, params: Params) -> str:

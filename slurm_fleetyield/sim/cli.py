@@ -94,7 +94,12 @@ def _common(f):  # type: ignore[no-untyped-def]
             "initialisation, checkpoint load; assumption, sweep it).",
         ),
         click.option("--swap-h", default=24.0, show_default=True),
-        click.option("--policies", default=",".join(runner.POLICIES), show_default=True),
+        click.option(
+            "--policies",
+            default=None,
+            help=f"Comma-separated [default: {','.join(runner.POLICIES)}; "
+            "frontier: baseline,fleetyield,oracle].",
+        ),
         click.option("--workers", default=1, show_default=True, help="Processes (one seed each)."),
         click.option("--out", "out_dir", default="sim-out", show_default=True, type=click.Path()),
         click.option("--no-plots", is_flag=True, help="Skip the PNGs (no matplotlib needed)."),
@@ -121,6 +126,9 @@ def simulate() -> None:
 def _split(kw: dict) -> tuple[dict, dict]:
     keys = ("seeds", "first_seed", "workers", "out_dir", "no_plots", "policies", "as_json")
     run = {k: kw.pop(k) for k in keys}
+    if run["policies"] is None:  # a 2,048-node frontier run of every ablation would take hours
+        frontier_default = ("baseline", "fleetyield", "oracle")
+        run["policies"] = ",".join(frontier_default if kw.get("workload") == "frontier" else runner.POLICIES)
     run["policies"] = tuple(p.strip() for p in run["policies"].split(",") if p.strip())
     path = kw.pop("params_file", None)
     if path:

@@ -19,7 +19,10 @@ pending premium-needing job (core/reclaim.py; their lost progress is in ``wasted
 where the oracle beats the baseline by less than ``GAP_MIN_FRACTION`` of the baseline's net goodput (a ratio
 over a near-zero gap is noise, not a result: 0.1 GPU-h of headroom would turn a 5 GPU-h loss into "-50x"),
 and reported as n/a with that reason when it is undefined on more than half the seeds.
-The CI is mean +/- t(0.975, n-1) x sd / sqrt(n) over seeds.
+The CI is mean +/- t(0.975, n-1) x sd / sqrt(n) over seeds. ``net_vs_baseline`` is printed as a percentage
+with its CI in both tables. ``workload``: the load that actually ran (``offered_load``, per seed: a thinned
+replica and work clipped at the horizon make it differ from the ``load`` asked for), the jobs per seed, and
+the warnings of sim/workload.py (e.g. nodes no job of the workload fits); the table prints both.
 """
 
 from __future__ import annotations
@@ -152,6 +155,14 @@ def build(cfg: Any, results: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> d
             row["ettr_gap_closed"] = ci([_ettr_gap(results[s], p) for s in seeds])
         out["policies"][p] = row
     out["per_seed"] = {str(s): {p: {k: results[s][p][k] for k in SCALARS} for p in policies} for s in seeds}
+    first = [results[s][policies[0]] for s in seeds] if policies else []
+    facts = [m["workload"] for m in first if "workload" in m]
+    if facts:
+        out["workload"] = {
+            "offered_load": ci([f["offered_load"] for f in facts]),
+            "jobs": ci([f["jobs"] for f in facts]),
+            "warnings": _warnings([f["warnings"] for f in facts]),
+        }
     return _round(out)
 
 
@@ -165,6 +176,16 @@ def _ettr_gap(seed: Mapping[str, Mapping[str, Any]], p: str) -> float:
     if not all(isinstance(x, float) and math.isfinite(x) for x in (b, o, m)) or o - b < ETTR_GAP_MIN:
         return math.nan
     return (m - b) / (o - b)
+
+
+def _warnings(per_seed: Sequence[Sequence[str]]) -> list[str]:
+    """Each seed's workload warnings once, with the share of seeds that gave it when not all did."""
+    n = len(per_seed)
+    counts: dict[str, int] = {}
+    for ws in per_seed:
+        for w in dict.fromkeys(ws):
+            counts[w] = counts.get(w, 0) + 1
+    return sorted(w if k == n else f"{w} (on {k} of {n} seeds)" for w, k in counts.items())
 
 
 def _rel(m: Mapping[str, Any], base: Mapping[str, Any]) -> float:
@@ -187,8 +208,8 @@ def table(rep: Mapping[str, Any]) -> str:
     cfg = rep["config"]
     head = (
         f"SIMULATED results (not measurements): {cfg['nodes']} nodes x {cfg['gpus_per_node']} GPUs, "
-        f"{cfg['days']:g} days, workload {cfg['workload']}, load {cfg['load']:g}, precursor share "
-        f"{cfg['faults']['precursor_share']:g}, seeds {rep['seeds'][0]}..{rep['seeds'][-1]} "
+        f"{cfg['days']:g} days, workload {cfg['workload']}, load {cfg['load']:g}{_offered(rep)}, "
+        f"precursor share {cfg['faults']['precursor_share']:g}, seeds {rep['seeds'][0]}..{rep['seeds'][-1]} "
         f"(n={len(rep['seeds'])}); mean [95% CI]"
     )
     cols = ["policy", *TABLE]
@@ -201,11 +222,15 @@ def table(rep: Mapping[str, Any]) -> str:
                 cells.append("n/a*")
             elif not c or c["mean"] is None:
                 cells.append("-")
+            elif k == "net_vs_baseline":
+                cells.append(_pct(c))
             else:
                 cells.append(f"{c['mean']:.3g} [{_f(c['lo'])}, {_f(c['hi'])}]")
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [head, ""]
+    lines = [head]
+    lines.extend(f"WARNING: {w}" for w in rep.get("workload", {}).get("warnings", ()))
+    lines.append("")
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     lines.append("")
@@ -232,6 +257,24 @@ def table(rep: Mapping[str, Any]) -> str:
 
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+def _pct(c: Mapping[str, Any]) -> str:
+    """A relative figure (0.0123) as ``+1.23% [+0.50, +1.96]``: mean and 95% CI in percent."""
+
+    def p(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:+.2f}"
+
+    return f"{p(c['mean'])}% [{p(c['lo'])}, {p(c['hi'])}]"
+
+
+def _offered(rep: Mapping[str, Any]) -> str:
+    """What ran, beside the load asked for: the offered load measured on each seed's job stream."""
+    w = rep.get("workload")
+    if not w or w["offered_load"]["mean"] is None:
+        return ""
+    o = w["offered_load"]
+    return f" (offered {o['mean']:.3f} [{_f(o['lo'])}, {_f(o['hi'])}], {w['jobs']['mean']:.0f} jobs/seed)"
 
 
 def write(rep: Mapping[str, Any], out: Path, plots: bool = True) -> list[Path]:
@@ -278,8 +321,14 @@ def _plots(rep: Mapping[str, Any], out: Path) -> list[Path]:
 
 def sweep_table(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> str:
     """Precursor-observability sweep: one line per (share, policy) with net goodput and gap closed."""
-    lines = ["SIMULATED sweep over precursor observability (share of fatal faults with a precursor)", ""]
-    lines.append(f"{'share':>6}  {'policy':<14} {'net goodput GPU-h [95% CI]':<34} gap closed [95% CI]")
+    lines = ["SIMULATED sweep over precursor observability (share of fatal faults with a precursor)"]
+    warned = sorted({w for _, rep in rows for w in rep.get("workload", {}).get("warnings", ())})
+    lines.extend(f"WARNING: {w}" for w in warned)
+    lines.append("")
+    lines.append(
+        f"{'share':>6}  {'policy':<14} {'net goodput GPU-h [95% CI]':<30} {'vs baseline [95% CI]':<26} "
+        "gap closed [95% CI]"
+    )
     for share, rep in rows:
         for p, row in rep["policies"].items():
             g, gc = row["net_goodput_gpu_h"], row.get("gap_closed")
@@ -291,7 +340,10 @@ def sweep_table(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> str:
             else:
                 ctxt = f"{gc['mean']:.3f} [{_f(gc['lo'])}, {_f(gc['hi'])}]"
             r = row.get("net_vs_baseline")
-            if r and r["mean"] is not None:
-                gtxt += f" ({r['mean']:+.1%})"
-            lines.append(f"{share:>6.2f}  {p:<14} {gtxt:<34} {ctxt}")
+            rtxt = _pct(r) if r and r["mean"] is not None else "-"
+            e = row.get("ettr")
+            etxt = ""
+            if e and e["mean"] is not None:
+                etxt = f"  ettr {e['mean']:.3f} [{_f(e['lo'])}, {_f(e['hi'])}]"
+            lines.append(f"{share:>6.2f}  {p:<14} {gtxt:<30} {rtxt:<26} {ctxt}{etxt}")
     return "\n".join(lines) + "\n"

@@ -24,6 +24,10 @@ Policies:
 - ``oracle``: knows every future fault: drains a node ``oracle_lead_s`` before each fault (checkpointing
   first: no progress lost), swaps the GPU, and routes with the core's own feature/weight functions fed the
   true state (lemon nodes yellow). The upper bound.
+- ``baseline_aa``: an A/A control, unmodified Slurm exactly as ``baseline`` but with another, equally blind
+  node order (node weights from a permutation fixed by the seed). Its spread against ``baseline`` is the
+  placement-chaos floor of every comparison: a policy that only moves work to other, identical nodes differs
+  from the baseline by about that much on a seed, with a mean of zero.
 - ablations: ``fy_no_premium`` (decode gets fy_ok_finetune: no premium reservation at all),
   ``fy_no_widening`` (``premium.enabled = False``: the old wall, decode never on premium GPUs),
   ``fy_no_yellow`` (batch needs fy_tier_green too, no gang widening: no yellow reclaim), ``fy_no_drain``
@@ -95,7 +99,7 @@ from slurm_fleetyield.core.signals import (
 )
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.sim import faults as fm
-from slurm_fleetyield.sim import traces
+from slurm_fleetyield.sim import traces, workload
 from slurm_fleetyield.sim.cluster import WORKLOAD_CLASS, SimSlurm, new_job_view
 from slurm_fleetyield.sim.data import openb_pods
 
@@ -109,8 +113,10 @@ POLICIES = (
     "fy_no_drain",
     "fy_no_gangs",
     "fy_tiers",
+    "baseline_aa",
 )
-FY_POLICIES = frozenset(POLICIES) - {"baseline", "oracle"}
+BARE = frozenset({"baseline", "baseline_aa"})  # unmodified Slurm
+FY_POLICIES = frozenset(POLICIES) - BARE - {"oracle"}
 PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
 OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
 ADMIN_CONSTRAINT = {"pretrain": ("h100",)}  # gangs need NVLink boards under every policy (an admin feature)
@@ -252,6 +258,7 @@ def build_inputs(cfg: SimConfig) -> Inputs:
         )
     else:
         raw = traces.load(cfg.workload)
+        traces.check_fits(raw, cfg.nodes, cfg.gpus_per_node, cfg.workload)  # by the trace's own job ids
         span = max((j.submit for j in raw), default=0.0) or cfg.horizon_s
         jobs = traces.fill(raw, cfg.horizon_s, fleet_gpus, cfg.load, job_rng, span)
     too_big = [j for j in jobs if j.gpus_per_node > cfg.gpus_per_node or j.nodes > cfg.nodes]
@@ -415,6 +422,12 @@ class Simulation:
         self.slurm = SimSlurm(specs, self._requeue_from_drain, cfg.bf_max_job_test)
         self.slurm.pending = self._pending_views
         self.slurm.on_signal = self._signal
+        if policy == "baseline_aa":  # the same blind Slurm, another node order (a fixed permutation)
+            order = list(inputs.nodes)
+            random.Random(f"aa-{cfg.seed}").shuffle(order)
+            for i, name in enumerate(order):
+                n = self.slurm.nodes[name]
+                self.slurm.set_features(name, n.features, 1 + i)
         self._views: dict[int, JobView] = {}
         self.jobs: dict[int, _JobState] = {}
         self.queue: list[tuple[float, int]] = []  # (submit, job_id), priority order
@@ -504,7 +517,7 @@ class Simulation:
         return v
 
     def _class_features(self, c: str) -> tuple[str, ...]:
-        if self.policy == "baseline":
+        if self.policy in BARE:
             return ()
         if self.policy in ("fy_no_premium", "oracle") and c == "decode":
             return ("fy_ok_finetune",)
@@ -544,7 +557,7 @@ class Simulation:
             self.push(f.time, FAULT, f)
             if self.policy == "oracle":
                 self.push(max(0.0, f.time - cfg.oracle_lead_s), ORACLE, f)
-        if self.policy != "baseline":
+        if self.policy not in BARE:
             self.push(0.0, TICK, "periodic")  # seq 0-ish: label nodes before the first job
         handlers = {
             END: self._end,
@@ -1144,9 +1157,14 @@ def run_one(cfg: SimConfig, policy: str, inputs: Inputs | None = None) -> dict[s
 
 
 def run_policies(cfg: SimConfig, policies: Sequence[str] = POLICIES) -> dict[str, dict[str, Any]]:
-    """Every policy on the same seed (same jobs, same faults)."""
+    """Every policy on the same seed (same jobs, same faults); each policy's metrics carry the seed's
+    ``workload`` facts (sim/workload.py: the load that actually ran, warnings)."""
     inputs = build_inputs(cfg)
-    return {p: run_one(cfg, p, inputs) for p in policies}
+    w = workload.facts(
+        inputs.jobs, inputs.nodes, inputs.premium, cfg.gpus_per_node, cfg.horizon_s,
+        frozenset(ADMIN_CONSTRAINT), PREMIUM_TYPE, OTHER_TYPE,
+    )  # fmt: skip
+    return {p: {**run_one(cfg, p, inputs), "workload": w} for p in policies}
 
 
 def run_seeds(

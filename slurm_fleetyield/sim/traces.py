@@ -23,12 +23,16 @@ this documented rule, never per job:
   pods never got a GPU and are dropped. Durations are clipped to ``max_duration_h`` (default 72 h): openb's
   long-lived inference pods (LS, up to 145 days) are modelled as service instances redeployed every 3 days.
 - Filling 90 days (``fill``): the 149-day arrival pattern is compressed onto the horizon (arrival x
-  horizon/149 d), then replicated with deterministic offsets until the offered GPU-hours reach ``load`` x the
-  fleet's GPU-hours. Durations are not compressed.
+  horizon/149 d), then replicated with seeded offsets until the offered GPU-hours reach ``load`` x the
+  fleet's GPU-hours: whole replicas, then one thinned replica (each job kept with the fractional part's
+  probability, drawn from the seed), so any load is replayed, not the nearest whole number of replicas.
+  Durations are not compressed. ``offered_load`` measures what a job stream offers.
 
 Generic format (CSV with a header, or JSON: a list of objects), one job per row:
 ``job_id,submit_s,duration_s,nodes,gpus_per_node,workload,checkpoint_s`` where ``workload`` is one of
-decode|pretrain|finetune|batch and ``checkpoint_s`` is empty/null for a job that cannot checkpoint.
+decode|pretrain|finetune|batch and ``checkpoint_s`` is empty/null for a job that cannot checkpoint. Every CSV
+row has every column (a row without its trailing comma is an error, never a job that cannot checkpoint); job
+ids are unique; a trace without jobs is an error naming its file.
 ``sacct --parsable2 --format=JobID,Submit,Start,End,NNodes,AllocTRES,Comment`` output is also read: the class
 comes from ``fy:<class>`` in Comment (job_submit.lua's convention), else pretrain; GPUs from ``gres/gpu=N``.
 """
@@ -198,11 +202,14 @@ def fill(
     trace_span_s: float | None = None,
 ) -> list[Job]:
     """Compress the trace's arrivals onto the horizon and replicate it until the offered GPU-hours reach
-    ``load`` x ``fleet_gpus`` x horizon. Every replica, the first included, is rotated by its own uniform
-    offset (mod horizon) drawn from ``rng``: the seed varies the workload's timing as well as the faults.
-    (Until stop 12 the first replica was never shifted, so a fleet small enough for one replica -- openb at
-    16 or 32 nodes -- replayed the identical job stream on every seed, and the confidence intervals over
-    seeds measured fault luck only.)"""
+    ``load`` x ``fleet_gpus`` x horizon: ``target / per_replica`` replicas, the whole ones complete and the
+    fractional part as one thinned replica (each job kept with that probability, drawn from ``rng``). Every
+    replica, the first included, is rotated by its own uniform offset (mod horizon) drawn from ``rng``: the
+    seed varies the workload's timing as well as the faults. (Until stop 12 the first replica was never
+    shifted, so a fleet small enough for one replica -- openb at 16 or 32 nodes -- replayed the identical job
+    stream on every seed, and the confidence intervals over seeds measured fault luck only. Until issue 25
+    the count was rounded to whole replicas: a trace of about one replica's load ran the same at 0.2 and
+    0.7.)"""
     if not trace:
         raise TraceError("<trace>", None, "no jobs to replay")
     if not 0 < load <= 2:
@@ -211,11 +218,24 @@ def fill(
     squeeze = horizon_s / span
     per_replica = sum(min(j.duration, horizon_s) * j.gpus for j in trace) / 3600.0
     target = load * fleet_gpus * horizon_s / 3600.0
-    replicas = max(1, round(target / per_replica)) if per_replica > 0 else 1
+    replicas = target / per_replica if per_replica > 0 else 1.0
+    if abs(replicas - round(replicas)) < 1e-9:  # a whole number up to float noise: no thinned replica
+        replicas = float(round(replicas))
+    whole, part = int(replicas), replicas - int(replicas)
     placed: list[tuple[float, Job]] = []  # (new submit time, trace job): each Job is built once, at the end
-    for _ in range(replicas):
+    for _ in range(whole):
         shift = rng.uniform(0.0, horizon_s)
         placed.extend([((j.submit * squeeze + shift) % horizon_s, j) for j in trace])
+    if part > 0:
+        shift = rng.uniform(0.0, horizon_s)
+        placed.extend([((j.submit * squeeze + shift) % horizon_s, j) for j in trace if rng.random() < part])
+    if not placed:
+        raise TraceError(
+            "<trace>",
+            None,
+            f"load {load:g} keeps none of the trace's {len(trace)} jobs ({replicas:.3g} of a replica): "
+            "raise --load or use a smaller fleet",
+        )
     placed.sort(key=lambda p: (p[0], p[1].workload, p[1].duration, p[1].nodes))
     return [
         Job(
@@ -223,6 +243,26 @@ def fill(
         )
         for i, (t, j) in enumerate(placed, 1)
     ]
+
+
+def offered_load(jobs: Iterable[Job], horizon_s: float, fleet_gpus: int) -> float:
+    """GPU-hours the jobs offer within the horizon (each job's work, clipped at the horizon as ``fill``
+    counts it) over the fleet's GPU-hours: the load a run actually replays."""
+    gpu_s = sum(min(j.duration, horizon_s) * j.gpus for j in jobs)
+    return gpu_s / (fleet_gpus * horizon_s) if fleet_gpus and horizon_s else math.nan
+
+
+def check_fits(jobs: Iterable[Job], nodes: int, gpus_per_node: int, source: str) -> None:
+    """A job larger than the fleet can never start: an error naming the job by the trace's own id (before
+    ``fill`` renumbers the replicas)."""
+    for j in jobs:
+        if j.gpus_per_node > gpus_per_node or j.nodes > nodes:
+            raise TraceError(
+                source,
+                None,
+                f"job {j.job_id} needs {j.nodes} x {j.gpus_per_node} GPUs, "
+                f"larger than the fleet ({nodes} x {gpus_per_node})",
+            )
 
 
 # ---- synthetic ---------------------------------------------------------------------------------------------
@@ -412,11 +452,20 @@ def load(path: str | Path) -> list[Job]:
         for line, r in rows:
             if not isinstance(r, dict):
                 raise TraceError(src, line, f"job {line} is not an object: {r!r}")
-        return _generic(src, rows)
-    head = p.read_text().split("\n", 1)[0]
+        return _nonempty(src, _generic(src, rows, csv_rows=False))
+    text = p.read_text()
+    if not text.strip():
+        raise TraceError(src, None, "empty file: no header, no jobs")
+    head = text.split("\n", 1)[0]
     if "|" in head and "JobID" in head:
-        return _sacct(src, p)
-    return _generic(src, _read_csv(src, GENERIC_COLUMNS))
+        return _nonempty(src, _sacct(src, p))
+    return _nonempty(src, _generic(src, _read_csv(src, GENERIC_COLUMNS), csv_rows=True))
+
+
+def _nonempty(src: str, jobs: list[Job]) -> list[Job]:
+    if not jobs:
+        raise TraceError(src, None, "no jobs in the trace (a header and nothing else?)")
+    return jobs
 
 
 def _read_csv(src: str, required: Sequence[str], delimiter: str = ",") -> list[tuple[int, dict[str, str]]]:
@@ -432,12 +481,32 @@ def _read_csv(src: str, required: Sequence[str], delimiter: str = ",") -> list[t
         raise TraceError(src, None, str(exc)) from None
 
 
-def _generic(src: str, rows: Sequence[tuple[int, dict]]) -> list[Job]:
+def _generic(src: str, rows: Sequence[tuple[int, dict]], csv_rows: bool) -> list[Job]:
+    """``csv_rows``: the rows come from ``csv.DictReader``, which fills the columns of a short row with None
+    and keeps the fields past the header's under the key None."""
     jobs = []
+    first_line: dict[int, int] = {}  # job id -> the line that defined it
     for line, r in rows:
         missing = [c for c in GENERIC_COLUMNS if c not in r]
         if missing:
             raise TraceError(src, line, f"missing field(s) {', '.join(missing)}")
+        if csv_rows:
+            if None in r:
+                n = len(r) - 1 + len(r[None])
+                raise TraceError(src, line, f"{n} fields, the header has {len(r) - 1}")
+            short = [c for c in GENERIC_COLUMNS if r[c] is None]
+            if short:
+                raise TraceError(
+                    src,
+                    line,
+                    f"{len(GENERIC_COLUMNS) - len(short)} fields, the header has {len(GENERIC_COLUMNS)} "
+                    f"(no {', '.join(short)}; a job that cannot checkpoint has an empty checkpoint_s, "
+                    "written with its trailing comma)",
+                )
+        else:
+            null = [c for c in GENERIC_COLUMNS if r[c] is None and c != "checkpoint_s"]
+            if null:
+                raise TraceError(src, line, f"{', '.join(null)} is null (only checkpoint_s may be)")
         try:
             ck = r["checkpoint_s"]
             job = Job(
@@ -452,6 +521,10 @@ def _generic(src: str, rows: Sequence[tuple[int, dict]]) -> list[Job]:
         except (TypeError, ValueError) as exc:
             raise TraceError(src, line, f"bad value: {exc}") from None
         _check(src, line, job)
+        if job.job_id in first_line:
+            first = first_line[job.job_id]
+            raise TraceError(src, line, f"duplicate job_id {job.job_id} (first on line {first})")
+        first_line[job.job_id] = line
         jobs.append(job)
     jobs.sort(key=lambda j: (j.submit, j.job_id))
     return jobs

@@ -119,3 +119,67 @@ def test_unauthenticated_requests_are_counted_by_endpoint_and_reason():
     key = "fleetyield_unauthenticated_requests_total"
     assert values[(key, (("endpoint", "approvals"), ("reason", "bad_signature")))] == 3
     assert values[(key, (("endpoint", "events"), ("reason", "bad_signature")))] == 1
+
+
+def _breaker_result():
+    """A real tick whose capacity breaker holds for pretrain: 4 nodes, one about to fail, a 1,000-GPU gang
+    pending (withholding that one node would pass 20% of the in-service GPUs)."""
+    from core.builders import Fleet, Runner
+
+    from slurm_fleetyield.core import signals as s
+    from slurm_fleetyield.core.model import JobView, WorkloadClass
+
+    f = Fleet(4)
+    f.set("gpu000", 2, s.REMAP_FAILURE, 1)
+    f.set("gpu000", 3, s.REMAP_FAILURE, 1)
+    f.jobs = [JobView(17, "PENDING", (), True, WorkloadClass.PRETRAIN, 1000)]
+    return Runner(f).tick()
+
+
+def test_the_capacity_breaker_is_a_metric_per_class(tick_parts):
+    from slurm_fleetyield.ports import ApplyReport
+
+    stats = ControllerStats()
+    result = _breaker_result()
+    assert [e.kind for e in result.events if e.kind == "stake_breaker"] == ["stake_breaker"]
+    stats.record_tick(TickSnapshot(1, 1000.0, 0.1, result, ApplyReport(), True, 0))
+    values = scrape(stats)
+
+    def family(name: str) -> dict[str, float]:
+        return {dict(k)["class"]: v for (n, k), v in values.items() if n == name}
+
+    assert family("fleetyield_stake_breaker_tripped") == {
+        "batch": 0.0,
+        "decode": 0.0,
+        "finetune": 0.0,
+        "pretrain": 1.0,
+    }
+    assert family("fleetyield_stake_breaker_would_withhold_gpus")["pretrain"] == 8
+    assert family("fleetyield_stake_breaker_withheld_gpus")["pretrain"] == 0
+    # a tick without it: every class 0 (exported, not absent)
+    result, report, _ = tick_parts
+    stats.record_tick(TickSnapshot(2, 1001.0, 0.1, result, report, True, 0))
+    values = scrape(stats)
+    assert family("fleetyield_stake_breaker_tripped") == dict.fromkeys(
+        ("batch", "decode", "finetune", "pretrain"), 0.0
+    )
+
+
+def test_the_shipped_alert_rule_reads_the_breaker_metric():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    rules = Path(__file__).parents[2] / "contrib" / "prometheus" / "fleetyield-rules.yml"
+    alerts = {
+        r["alert"]: r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"] if "alert" in r
+    }
+    rule = alerts["FleetYieldStakeBreaker"]
+    (metric,) = re.findall(r"fleetyield_[a-z_]+", rule["expr"])
+    stats = ControllerStats()
+    from slurm_fleetyield.ports import ApplyReport
+
+    stats.record_tick(TickSnapshot(1, 1000.0, 0.1, _breaker_result(), ApplyReport(), True, 0))
+    assert (metric, (("class", "pretrain"),)) in scrape(stats)
+    assert rule["labels"]["severity"] == "warning" and "fleetyield_action" not in rule["labels"]

@@ -180,8 +180,11 @@ def test_happy_path_xid79_reboot_canary_twice_probation_green():
     reason = "fleetyield: XID 79 gpu 3; quarantined, remediation 1/3 (reboot)"
     assert t.actions == (
         DrainNode(NODE, reason, cause="rehab"),
-        RebootNode(NODE, reason),
+        # the intent names the decision (node, the memory it was made from, attempt, rung): a replay of
+        # this step from the same memory (a crash before the commit) makes the same one (executor.py)
+        RebootNode(NODE, reason, intent=f"{NODE}/{T0!r}/1/reboot"),
     )
+    assert step(t.memory, ev(K.TICK), T0 + 31, P).actions == ()
     assert t.actions[1].next_state is None  # Slurm must keep the drain: we resume, not the reboot
     assert t.memory.stage is S.REMEDIATING and t.memory.reason == reason
     assert tier_for(t.memory.stage, Tier.GREEN) is Tier.QUARANTINED
@@ -215,10 +218,12 @@ def test_happy_path_xid79_reboot_canary_twice_probation_green():
     assert go(t.memory, ev(K.TICK), T0 + 8 * DAY).memory.forgettable
 
 
-def test_quiet_corruption_reset_canary_fails_back_to_quarantine_then_reboot_then_retired():
+def test_quiet_corruption_reset_canary_fails_back_to_quarantine_then_reboot_then_needs_human():
+    """The failed canaries are the episode's fault surviving the reset and the reboots: one fault, one
+    failure (issue 27 item 9), so the remediations run out (NEEDS_HUMAN), not the RMA count."""
     m = go(LifecycleMemory(NODE), Event.fatal("check_failed", gpu=2), T0).memory
     t = go(m, ev(K.DRAINED), T0 + 10)
-    assert t.actions[1] == ResetGpu(NODE, (2,), t.memory.reason)
+    assert t.actions[1] == ResetGpu(NODE, (2,), t.memory.reason, f"{NODE}/{T0!r}/1/gpu_reset")
     assert "remediation 1/3 (gpu_reset)" in t.memory.reason
     t = go(t.memory, ev(K.REMEDIATION_OK), T0 + 60)
     token = t.memory.canary_token
@@ -229,7 +234,7 @@ def test_quiet_corruption_reset_canary_fails_back_to_quarantine_then_reboot_then
         CancelCanaries(NODE, token),
         DrainNode(NODE, "fleetyield: canary job 7001 failed gpu 2: wrong answer", cause="rehab"),
     )
-    assert t.memory.failures == (T0, T0 + 120)
+    assert t.memory.failures == (T0,) and t.memory.faults == ("check_failed:gpu2",)
     assert t.memory.attempts[-1].outcome == "canary_failed"
 
     t = go(t.memory, ev(K.DRAINED), T0 + 300)  # escalated: the reset did not help
@@ -239,6 +244,26 @@ def test_quiet_corruption_reset_canary_fails_back_to_quarantine_then_reboot_then
     assert not stale.accepted and "not the current round" in stale.log[0].message
 
     t = go(t.memory, Event.canary(False, t.memory.canary_token, 7003, "gpu 2: wrong answer"), T0 + 960)
+    assert t.memory.stage is S.QUARANTINED and t.memory.failures == (T0,)
+    t = go(t.memory, ev(K.DRAINED), T0 + 1000)
+    assert "remediation 3/3 (reboot)" in t.memory.reason
+    t = go(t.memory, ev(K.REMEDIATION_OK), T0 + 1900)
+    t = go(t.memory, Event.canary(False, t.memory.canary_token, 7004, "gpu 2: wrong answer"), T0 + 1960)
+    assert t.memory.stage is S.NEEDS_HUMAN and t.memory.failures == (T0,)
+    drain = t.actions[-1]
+    assert isinstance(drain, DrainNode) and drain.cause == "needs_human"
+    assert "reboot: canary_failed" in drain.reason
+
+
+def test_three_distinct_faults_in_the_window_retire():
+    m = go(LifecycleMemory(NODE), Event.fatal("check_failed", gpu=2), T0).memory
+    t = go(m, ev(K.DRAINED), T0 + 10)
+    t = go(t.memory, ev(K.REMEDIATION_OK), T0 + 60)
+    t = go(t.memory, Event.fatal("xid", 79, 5), T0 + 120)  # another fault, another GPU: a second strike
+    assert t.memory.stage is S.QUARANTINED and t.memory.faults == ("check_failed:gpu2", "xid_79:gpu5")
+    t = go(t.memory, ev(K.DRAINED), T0 + 300)
+    t = go(t.memory, ev(K.REMEDIATION_OK), T0 + 900)
+    t = go(t.memory, Event.incident("risk 0.9 >= red 0.5", key="incident:gpu1:remap_growth"), T0 + 960)
     assert t.memory.stage is S.RETIRED
     drain = t.actions[-1]
     assert isinstance(drain, DrainNode) and drain.cause == "retire"
@@ -247,6 +272,23 @@ def test_quiet_corruption_reset_canary_fails_back_to_quarantine_then_reboot_then
     for kind in EventKind:  # retired is terminal for everything but a human
         if kind not in (K.ADMIN_RESUMED, K.ADMIN_DRAINED, K.TICK):
             assert not step(t.memory, event_for(kind, t.memory), T0 + 2000, P).accepted
+
+
+def test_one_fault_seen_by_many_checks_is_one_failure():
+    """Issue 27 item 9: the same incident after each of three reboots (one fault) never retires the node."""
+    m = go(LifecycleMemory(NODE), Event.approved("p-0123456789ab"), T0).memory
+    assert m.failures == ()  # an approved drain is no evidence against the GPU
+    now = T0
+    for _ in range(3):
+        now += 10
+        t = go(m, ev(K.DRAINED), now)
+        if t.memory.stage is S.NEEDS_HUMAN:
+            break
+        t = go(t.memory, ev(K.REMEDIATION_OK), now + 1)
+        t = go(t.memory, Event.incident("risk 0.9 >= red 0.5", key="incident:gpu2:remap_growth"), now + 2)
+        m = t.memory
+        assert m.stage is not S.RETIRED and len(m.failures) == 1
+    assert m.stage is S.NEEDS_HUMAN and m.failures == (T0 + 12,)
 
 
 def test_escalation_reset_reboot_then_needs_human():
@@ -287,7 +329,8 @@ def test_power_cycle_is_the_top_rung_only_when_enabled():
     t = go(m, ev(K.DRAINED), T0 + 1, p)
     assert isinstance(t.actions[1], RebootNode)
     t = go(t.memory, ev(K.REMEDIATION_TIMEOUT), T0 + 1 + 900, p)
-    assert t.actions[1] == PowerCycle(NODE, t.memory.reason)
+    assert t.actions[1] == PowerCycle(NODE, t.memory.reason, t.actions[1].intent)
+    assert t.actions[1].intent.endswith("/2/power_cycle")
     assert P.ladder("gpu_missing") == (Remediation.REBOOT,)  # default: power cycle off
 
 
@@ -452,10 +495,11 @@ def test_the_same_xid_surviving_two_remediations_needs_a_human_not_a_third():
     assert t.actions == (CancelCanaries(NODE, token), DrainNode(NODE, reason, cause="needs_human"))
 
 
-def test_with_default_limits_the_second_survival_retires_the_node_first():
+def test_with_default_limits_one_xid_surviving_twice_needs_a_human_not_three_strikes():
     m = go(LifecycleMemory(NODE), Event.fatal("xid", 79, 3), T0).memory
     m = _back_in_canary(m, T0 + 10, P)
     m = go(m, Event.fatal("xid", 79, 3), T0 + 200).memory
     m = _back_in_canary(m, T0 + 300, P)
-    t = go(m, Event.fatal("xid", 79, 3), T0 + 500)  # third failure in the window: bad hardware wins
-    assert t.memory.stage is S.RETIRED and "RMA" in t.memory.reason
+    t = go(m, Event.fatal("xid", 79, 3), T0 + 500)  # the same fault seen thrice: one failure, survived twice
+    assert t.memory.stage is S.NEEDS_HUMAN and t.memory.failures == (T0,)
+    assert "XID 79 gpu 3 survived 2 remediations (reboot, reboot) - RMA?" in t.memory.reason

@@ -23,13 +23,23 @@ def slurm(states: str = "IDLE", reason: str = "") -> dict[str, SlurmNode]:
     return {NODE: SlurmNode(NODE, frozenset(states.split("+")), reason, ("l40s",), ("l40s",), 100, "l40s", 8)}
 
 
-def sample(t: float, missing: int | None = None, xid79_gpu: int | None = None) -> dict[str, NodeSample]:
+HOT = {
+    "DCGM_FI_DEV_GPU_TEMP": 90.0,
+    "DCGM_FI_DEV_SLOWDOWN_TEMP": 88.0,
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x48,
+}
+"""A GPU past its slowdown temperature, clocked down by the hardware: present-state evidence."""
+
+
+def sample(
+    t: float, missing: int | None = None, xid79_gpu: int | None = None, hot: int | None = None
+) -> dict[str, NodeSample]:
     gpus = tuple(
         GpuReading(
             i,
             f"GPU-{i}",
             MODEL,
-            fields={"DCGM_FI_DEV_GPU_TEMP": 40.0},
+            fields=HOT if i == hot else {"DCGM_FI_DEV_GPU_TEMP": 40.0},
             xid_totals={79: 1.0} if i == xid79_gpu else {},
         )
         for i in range(8)
@@ -125,10 +135,10 @@ def test_gpu_missing_seen_when_the_reboot_starts_does_not_block_remediation_ok()
 
 def test_incident_in_the_tick_the_canary_starts_leaves_the_node_drained_not_resumed() -> None:
     """Back from the reboot after an XID 79, REMEDIATION_OK (resume + canary) and INCIDENT (risk >= red:
-    drain) fold in the same tick when the fault history alone makes the node red (in the docker A/B: two XID
-    79s on one node; here: a red threshold under the one-fault risk). The resume must not survive the drain
-    (the plan applies drains before lifecycle actions), or the next tick reads our own resume as an admin's
-    and puts a red node back in service."""
+    drain) fold in the same tick when the node is red on evidence of the present (a GPU at its slowdown
+    temperature, clocked down by the hardware; fault history alone is no incident since issue 27 item 9).
+    The resume must not survive the drain (the plan applies drains before lifecycle actions), or the next
+    tick reads our own resume as an admin's and puts a red node back in service."""
     from slurm_fleetyield.core.plan import ResumeNode, SubmitCanary
 
     params = Params.model_validate({"risk": {"red_threshold": 0.03, "yellow_threshold": 0.01}})
@@ -140,9 +150,9 @@ def test_incident_in_the_tick_the_canary_starts_leaves_the_node_drained_not_resu
     assert result.state.lifecycle[NODE].stage.value == "remediating", result.state.lifecycle[NODE]
     state, reason = result.state, result.state.lifecycle[NODE].reason
     t += params.lifecycle.reboot_settle_s + 5
-    result = tick(state, Observations(t, slurm("IDLE+DRAIN", reason), sample(t)), params, t, rng)
+    result = tick(state, Observations(t, slurm("IDLE+DRAIN", reason), sample(t, hot=5)), params, t, rng)
     assert any(e.message.startswith("remediation_ok") for e in result.events), result.events
-    assert result.risks[NODE].probability >= params.risk.red_threshold  # the premise: red from history alone
+    assert result.risks[NODE].probability >= params.risk.red_threshold  # the premise: red
     kinds = [type(a) for a in result.plan.actions if getattr(a, "node", NODE) == NODE]
     assert result.state.lifecycle[NODE].stage.value == "quarantined", result.state.lifecycle[NODE]
     assert DrainNode in kinds and ResumeNode not in kinds and SubmitCanary not in kinds, kinds

@@ -141,3 +141,52 @@ def test_a_proposal_that_pays_logs_the_arithmetic():
     res = Runner(f).tick()
     ev = [e for e in res.events if e.kind == "drain_proposal"]
     assert len(ev) == 1 and ev[0].data["stake"].startswith("averted ")
+
+
+def test_the_proposal_event_carries_drain_pays_figures():
+    f = Fleet(1)
+    f.set("gpu000", 2, s.REMAP_FAILURE, 1)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]
+    res = Runner(f).tick()
+    (ev,) = [e for e in res.events if e.kind == "drain_proposal"]
+    fig = ev.data["stake_figures"]
+    assert fig["pays"] is True and fig["averted_gpu_h"] > fig["cost_gpu_h"]
+    assert fig["next_gpu_h"] == 1024 * (3600 / 2 + 600) / 3600  # the gang that would land there next
+    assert fig["averted_gpu_h"] == fig["p"] * (fig["moved_gpu_h"] + fig["next_gpu_h"] + fig["repair_gpu_h"])
+    assert (
+        ev.data["stake"] == f"averted {fig['averted_gpu_h']:.1f} GPU-h (p {fig['p']:.2f}) vs cost 192.0 GPU-h"
+    )
+
+
+def test_stakes_say_which_job_they_come_from():
+    f = _fleet(2)
+    f.jobs = [
+        JobView(5, "RUNNING", ("n0",), True, WorkloadClass.PRETRAIN, 16),
+        JobView(9, "PENDING", (), True, WorkloadClass.PRETRAIN, 48),
+        JobView(11, "PENDING", (), True, WorkloadClass.PRETRAIN, 48),  # a tie keeps the first
+    ]
+    st = {x.workload: x for x in stake.stakes(f.observe(0.0), Params())}
+    assert (st["pretrain"].job_id, st["pretrain"].job_gpus, st["pretrain"].job_state) == (9, 48, "PENDING")
+    assert st["batch"].job_id is None
+
+
+def test_withhold_decides_by_the_figures_explain_shows():
+    # one function (stake.figures) decides and explains: over a spread of risks, the nodes withheld are
+    # exactly those whose figures say the loss exceeds the cost
+    f = _fleet(40)
+    f.jobs = [JobView(1, "RUNNING", ("n39",), True, WorkloadClass.PRETRAIN, 512)]  # running: no breaker
+    obs = f.observe(0.0)
+    p = Params()
+    risks = {f"n{i}": 0.001 * 1.25**i for i in range(40)}
+    w = stake.withhold(obs, _priced(risks), p, 0.0)
+    expected = {}
+    for n, r in risks.items():
+        drop = frozenset(
+            stake.CLASS_FEATURE[x.stake.workload]
+            for x in stake.figures(w.stakes, r, 8, HORIZON)
+            if x.withhold
+        )
+        if drop:
+            expected[n] = drop
+    assert w.nodes == expected and 0 < len(expected) < 40
+    assert w.gpus == dict.fromkeys(risks, 8) and w.service_gpus == 320

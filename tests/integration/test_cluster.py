@@ -37,8 +37,10 @@ def test_snippet_is_marked_and_in_repo_slurm_conf() -> None:
     lines = snippet.strip().splitlines()
     assert lines[0] == "# --- BEGIN FleetYield ---"
     assert lines[-1] == "# --- END FleetYield ---"
-    assert "Prolog=/opt/fleetyield/bin/fleetyield-prolog" in lines
-    assert "Epilog=/opt/fleetyield/bin/fleetyield-epilog" in lines
+    assert "Prolog=/etc/slurm/prolog.d/*" in lines  # beside the site's own hooks, not instead of them
+    assert "Epilog=/etc/slurm/epilog.d/*" in lines
+    assert "#   ln -s /opt/fleetyield/bin/fleetyield-prolog /etc/slurm/prolog.d/50-fleetyield" in lines
+    assert "#   ln -s /opt/fleetyield/bin/fleetyield-epilog /etc/slurm/epilog.d/50-fleetyield" in lines
     assert "PrologFlags=Alloc,DeferBatch" in lines
     assert "JobSubmitPlugins=lua" in lines
     conf = SLURM_CONF.read_text()
@@ -65,8 +67,10 @@ def test_slurm_conf_in_cluster_contains_snippet(cluster: Any) -> None:
     conf = cluster.exec("slurmctld", "cat", "/etc/slurm/slurm.conf").stdout
     assert SNIPPET_FILE.read_text() in conf
     for node in NODES:
-        assert cluster.exec(node, "test", "-x", "/opt/fleetyield/bin/fleetyield-prolog").returncode == 0
-        assert cluster.exec(node, "test", "-x", "/opt/fleetyield/bin/fleetyield-epilog").returncode == 0
+        for kind in ("prolog", "epilog"):
+            link = cluster.exec(node, "readlink", "-f", f"/etc/slurm/{kind}.d/50-fleetyield").stdout.strip()
+            assert link.startswith("/opt/fleetyield/"), (node, kind, link)
+            assert cluster.exec(node, "test", "-x", f"/opt/fleetyield/bin/fleetyield-{kind}").returncode == 0
 
 
 @pytest.mark.integration

@@ -89,7 +89,7 @@ def test_start_labels_gpus_with_dcgms_pci_bus_id_form() -> None:
         (0, "00000000:53:00.0", "nvidia0", "GPU-h0"),
         (1, "00000000:54:00.0", "nvidia1", "GPU-h1"),
     ]
-    assert b.driver_version() == "580.159.04" and b._thread is None  # no event sets: no XID thread
+    assert b.driver_version() == "580.159.04" and b._xid is None  # no event sets: no XID thread
 
 
 def test_not_supported_fields_are_omitted() -> None:

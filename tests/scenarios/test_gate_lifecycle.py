@@ -11,7 +11,7 @@ from core.builders import tier_params as Params  # the tier rule's mechanisms (b
 
 from slurm_fleetyield.core import signals as s
 from slurm_fleetyield.core.explain import explain
-from slurm_fleetyield.core.lifecycle import Stage
+from slurm_fleetyield.core.lifecycle import Remediation, Stage
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import (
     CanaryResult,
@@ -240,11 +240,11 @@ def test_quiet_corruption_in_probation_requarantines():
     assert len(r.state.lifecycle["gpu002"].failures) == 2
 
 
-def test_remediation_failure_escalates_and_repeated_failures_retire_with_rma():
+def test_remediation_failure_escalates_and_one_fault_failing_every_canary_needs_a_human():
     f = Fleet(10)
     r = Loop(f, quiet_history_params())
     _, token = to_canary(r, f)
-    r.tick(canary_results=(CanaryResult("gpu002", 501, token, "NODE_FAIL"),))  # failure 2
+    r.tick(canary_results=(CanaryResult("gpu002", 501, token, "NODE_FAIL"),))  # the episode's fault again
     res = r.tick()  # drained again and empty: next rung
     assert "remediation 2/3" in res.plan.of_kind("reboot")[0].reason
     res = r.tick(failed_actions=(FailedAction("reboot", "gpu002", "scontrol: error"),))
@@ -252,12 +252,14 @@ def test_remediation_failure_escalates_and_repeated_failures_retire_with_rma():
     while not res.plan.of_kind("resume"):
         res = r.tick()
     token = res.plan.of_kind("submit_canary")[0].token
-    res = r.tick(canary_results=(CanaryResult("gpu002", 601, token, "FAILED", 1),))  # failure 3
-    assert r.state.lifecycle["gpu002"].stage is Stage.RETIRED
+    res = r.tick(canary_results=(CanaryResult("gpu002", 601, token, "FAILED", 1),))
+    # one fault, however many canaries saw it: one failure; the remediations ran out, a human decides
+    lc = r.state.lifecycle["gpu002"]
+    assert lc.stage is Stage.NEEDS_HUMAN and len(lc.failures) == 1
     (d,) = res.plan.of_kind("drain")
-    assert d.cause == "retire" and "RETIRED after 3 failures" in d.reason and "RMA" in d.reason
+    assert d.cause == "needs_human" and "3 remediations failed" in d.reason
     res = r.tick()
-    assert res.nodes["gpu002"].tier.value == "retired" and res.plan.of_kind("reboot") == ()
+    assert res.nodes["gpu002"].tier.value == "quarantined" and res.plan.of_kind("reboot") == ()
 
 
 def power_cycling(r: Loop, f: Fleet) -> tuple[TickResult, float]:
@@ -319,7 +321,9 @@ def test_power_cycle_failing_off_the_tick_escalates_to_needs_human():
     assert res.nodes["gpu002"].tier.value == "quarantined" and res.plan.of_kind("resume") == ()
 
 
-def test_retired_node_does_not_count_against_the_drain_cap():
+def test_retired_node_counts_against_the_drain_cap():
+    """Issue 27 item 10: every node FleetYield holds drained counts, RETIRED included (it used to be
+    exempt: 2 of 4 nodes drained by FleetYield under a 10%, min-1 cap). The new fault is held, not drained."""
     f = Fleet(10)  # cap: 1 node
     r = Loop(f)
     r.tick()
@@ -330,7 +334,28 @@ def test_retired_node_does_not_count_against_the_drain_cap():
         r.state, lifecycle={"gpu004": LifecycleMemory("gpu004", Stage.RETIRED, r.now, failures=(r.now,))}
     )
     f.push("gpu006", 79, 0, r.now)
+    res = r.tick()
+    assert res.plan.of_kind("drain") == ()
+    (hold,) = res.plan.holds
+    assert (hold.node, hold.rule) == ("gpu006", "drain_cap") and "1 nodes already drained" in hold.detail
+    # the admin repairs the retired node and resumes it: the cap has room, the held evidence drains
+    f.slurm_update("gpu004", states=frozenset({"IDLE"}), reason="")
     assert [d.node for d in r.tick().plan.of_kind("drain")] == ["gpu006"]
+
+
+def test_canary_node_counts_against_the_drain_cap():
+    """A node resumed for canaries only is out of normal service: it holds its place under the cap."""
+    f = Fleet(10)  # cap: 1 node
+    r = Loop(f)
+    r.tick()
+    from slurm_fleetyield.core.lifecycle import LifecycleMemory
+
+    canary = LifecycleMemory("gpu004", Stage.CANARY, r.now, canary_token="gpu004-1-0", until=r.now + 1800)
+    r.state = replace(r.state, lifecycle={"gpu004": canary})
+    f.push("gpu006", 79, 0, r.now)
+    res = r.tick()
+    assert res.plan.of_kind("drain") == ()
+    assert [(h.node, h.rule) for h in res.plan.holds] == [("gpu006", "drain_cap")]
 
 
 def test_admin_resume_of_a_quarantined_node_hands_it_back():
@@ -448,3 +473,75 @@ def test_a_gang_that_follows_the_checkpoint_signal_convention_checkpoints_at_the
     assert [(a.jobs, a.signal) for a in after] == ([((7,), "USR1")] if convention else [])
     if convention:  # after the drain, so the job cannot requeue itself back onto this node
         assert kinds(res).index(("signal", "gpu001")) > kinds(res).index(("drain", "gpu001"))
+
+
+# ---- issue 27 item 9: false RMA on counters a reset cannot clear -------------------------------------------
+
+
+def scarred(f: Fleet, node: str = "gpu001", gpu: int = 3) -> None:
+    """An ECC fault that left its scar: uncorrectable rows remapped and the remapper out of rows (levels no
+    reset clears), grown within the trend window. After that nothing moves: the fault is gone."""
+    f.set(node, gpu, s.ROWS_UNCORR, 6)
+    f.set(node, gpu, s.REMAP_FAILURE, 1)
+    f.bump(node, gpu, s.ROWS_UNCORR, 2)
+
+
+def rebooted_back(r: Loop) -> TickResult:
+    """Ticks until the lifecycle resumes the node for its canaries (the reboot's settle time included)."""
+    deadline = r.now + r.params.lifecycle.remediation_timeout_s[Remediation.REBOOT]
+    res = r.tick()
+    while not res.plan.of_kind("resume"):
+        assert r.now < deadline and r.state.lifecycle["gpu001"].stage is Stage.REMEDIATING
+        res = r.tick()
+    return res
+
+
+def test_approved_ecc_drain_with_counters_no_reset_clears_ends_in_service_not_retired():
+    """The docker scenario of issue 27: an approved ECC drain; the fault is gone after the reboot, but the
+    remap counters stay. Each canary round used to read the scar as "incident in canary: risk >= red": three
+    rounds, RETIRED - RMA within minutes. A counter that did not move since the remediation is no incident:
+    the canaries decide, the node passes probation and is back in service."""
+    f = Fleet(10)
+    r = Loop(f)
+    r.tick()
+    scarred(f)
+    res = r.tick()
+    assert res.risks["gpu001"].probability >= 0.5
+    (p,) = res.plan.of_kind("propose_drain")
+    res = r.tick(gate_decisions=(GateDecision(p.proposal_id, "gpu001", "approve", "alice", r.now),))
+    assert [d.cause for d in res.plan.of_kind("drain")] == ["approved"]
+    res = r.tick()
+    assert res.plan.of_kind("reboot") and r.state.lifecycle["gpu001"].stage is Stage.REMEDIATING
+    for round_ in range(3):  # three canary rounds: none of them sees an incident
+        res = rebooted_back(r) if round_ == 0 else r.tick()
+        lc = r.state.lifecycle["gpu001"]
+        assert lc.stage in (Stage.CANARY, Stage.PROBATION), lc
+        assert res.risks["gpu001"].probability >= 0.5  # still red on the scar: the premise
+        assert not [e for e in res.events if "incident" in e.message], res.events
+    token = r.state.lifecycle["gpu001"].canary_token
+    ok = tuple(CanaryResult("gpu001", j, token, "COMPLETED", 0) for j in (801, 802))
+    r.tick(canary_results=ok)
+    assert r.state.lifecycle["gpu001"].stage is Stage.PROBATION
+    r.until(r.now + r.params.lifecycle.probation_s + 60)
+    lc = r.state.lifecycle.get("gpu001")
+    assert lc is None or lc.stage is Stage.IN_SERVICE, lc  # back in service; red again: the gate asks anew
+    assert lc is None or lc.failures == ()
+
+
+def test_a_counter_that_grows_after_the_remediation_is_an_incident():
+    """The same scar, then rows remapped again after the reboot: evidence of a fault after the remediation."""
+    f = Fleet(10)
+    r = Loop(f)
+    r.tick()
+    scarred(f)
+    (p,) = r.tick().plan.of_kind("propose_drain")
+    r.tick(gate_decisions=(GateDecision(p.proposal_id, "gpu001", "approve", "alice", r.now),))
+    r.tick()
+    rebooted_back(r)
+    assert r.state.lifecycle["gpu001"].stage is Stage.CANARY
+    f.bump("gpu001", 3, s.ROWS_UNCORR, 1)
+    res = r.tick()
+    (inc,) = [e for e in res.events if e.message.startswith("incident ->")]
+    assert "since the remediation" in inc.message, inc.message
+    lc = r.state.lifecycle["gpu001"]
+    assert lc.stage is Stage.QUARANTINED and lc.faults == ("incident:gpu3:uncorrectable_remapped_rows",)

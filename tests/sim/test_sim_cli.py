@@ -38,3 +38,42 @@ def test_bad_workload_is_a_json_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(simulate, args)
     assert result.exit_code == 1 and result.stdout == ""
     assert str(missing) in json.loads(result.stderr)["error"]
+
+
+HEADER = "job_id,submit_s,duration_s,nodes,gpus_per_node,workload,checkpoint_s\n"
+
+
+def _pretrain_trace(path: Path, n: int = 60) -> Path:
+    path.write_text(
+        HEADER
+        + "".join(f"{100 + i},{i * 3600.0},{4 * 3600.0 + 97 * i},2,8,pretrain,3600\n" for i in range(n))
+    )
+    return path
+
+
+def test_run_prints_the_load_that_ran_and_warns_of_idle_nodes(tmp_path: Path) -> None:
+    trace = _pretrain_trace(tmp_path / "pretrain.csv")
+    base = ["run", "--nodes", "8", "--days", "3", "--seeds", "2", "--no-plots", "--workload", str(trace)]
+    base += ["--policies", "baseline", "--premium-share", "0.5"]
+    offered = {}
+    for load in ("0.2", "0.7"):
+        r = CliRunner().invoke(simulate, [*base, "--load", load, "--out", str(tmp_path / load), "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        offered[load] = doc["workload"]["offered_load"]["mean"]
+        assert any("4 of 8 nodes (l40s) fit no job" in w for w in doc["workload"]["warnings"])
+    # until issue 25 both loads replayed the trace once: the same run
+    assert offered["0.2"] < 0.35 < 0.55 < offered["0.7"], offered
+    text = CliRunner().invoke(simulate, [*base, "--load", "0.7", "--out", str(tmp_path / "t")]).stdout
+    assert "load 0.7 (offered " in text.splitlines()[0]
+    assert text.splitlines()[1].startswith("WARNING: 4 of 8 nodes (l40s) fit no job of this workload")
+
+
+def test_an_oversized_job_is_named_by_the_traces_own_id(tmp_path: Path) -> None:
+    trace = _pretrain_trace(tmp_path / "big.csv", 3)
+    trace.write_text(trace.read_text() + "4242,50,3600,16,8,pretrain,3600\n")
+    r = CliRunner().invoke(simulate, ["run", *SMALL[:-1], str(trace), "--out", str(tmp_path), "--json"])
+    assert r.exit_code == 1
+    assert json.loads(r.stderr)["error"] == (
+        f"{trace}: job 4242 needs 16 x 8 GPUs, larger than the fleet (8 x 8)"
+    )

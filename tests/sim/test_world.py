@@ -128,7 +128,7 @@ def test_frontier_defaults_to_a_2048_node_all_h100_fleet_on_the_command_line() -
             "workers": 1,
             "out_dir": "x",
             "no_plots": True,
-            "policies": "baseline",
+            "policies": None,
             "as_json": False,
             "workload": "frontier",
             "nodes": None,
@@ -136,16 +136,17 @@ def test_frontier_defaults_to_a_2048_node_all_h100_fleet_on_the_command_line() -
         }
     )
     assert kw["nodes"] == 2048 and kw["premium_share"] == 1.0
-    _, kw = sim_cli._split(
+    assert run["policies"] == ("baseline", "fleetyield", "oracle")  # not every ablation at 2,048 nodes
+    run2, kw = sim_cli._split(
         {
             **dict.fromkeys(run),
-            "policies": "baseline",
+            "policies": None,
             "workload": "openb",
             "nodes": None,
             "premium_share": None,
         }
     )
-    assert kw["nodes"] == 64 and kw["premium_share"] == 0.5
+    assert kw["nodes"] == 64 and kw["premium_share"] == 0.5 and run2["policies"] == runner.POLICIES
 
 
 @pytest.mark.parametrize("opt", ["--health-check-interval=0", "--collective-timeout=-1", "--restart-s=nan"])
