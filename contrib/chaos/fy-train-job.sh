@@ -51,10 +51,13 @@ if [ -s "$PROG" ]; then
   echo "fy-train-job $JOB: resuming at ${done_s}s of ${WORK}s (restart ${SLURM_RESTART_COUNT:-?})"
 fi
 last_ckpt=$done_s
-ckpt_now=0
-requeue_now=0
-trap 'ckpt_now=1' USR2
-trap 'ckpt_now=1; requeue_now=1' USR1
+# Signals are counted, never cleared: a flag reset after a checkpoint would lose a signal that arrived while
+# the checkpoint was being written (USR1 then requeued the job without the checkpoint it asked for).
+ckpt_asked=0    # checkpoint requests received (USR2 and USR1)
+ckpt_served=0   # requests covered by a checkpoint written after them
+requeue_after=0 # USR1: requeue once ckpt_served reaches this request
+trap 'ckpt_asked=$((ckpt_asked + 1))' USR2
+trap 'ckpt_asked=$((ckpt_asked + 1)); requeue_after=$ckpt_asked' USR1
 echo "fy-train-job $JOB: training from ${done_s}s"
 
 GANG=${FY_GANG:-0}
@@ -126,12 +129,13 @@ while [ "$done_s" -lt "$WORK" ]; do
   [ "$GANG" = 1 ] && gang_check
   done_s=$((done_s + STEP))
   [ "$GANG" = 1 ] && echo "$EPOCHREALTIME $done_s" >> "$PROG.steps"
-  if [ "$ckpt_now" = 1 ] || { [ "$CKPT" -gt 0 ] && [ $((done_s - last_ckpt)) -ge "$CKPT" ]; }; then
+  asked=$ckpt_asked  # a request arriving after this line is served at the next step
+  if [ "$asked" -gt "$ckpt_served" ] || { [ "$CKPT" -gt 0 ] && [ $((done_s - last_ckpt)) -ge "$CKPT" ]; }; then
     checkpoint "$done_s"
     last_ckpt=$done_s
-    ckpt_now=0
+    ckpt_served=$asked
   fi
-  if [ "$requeue_now" = 1 ]; then
+  if [ "$requeue_after" -gt 0 ] && [ "$ckpt_served" -ge "$requeue_after" ]; then
     echo "fy-train-job $JOB: checkpointed at ${done_s}s on request: requeueing myself"
     "${FY_SCONTROL:-scontrol}" requeue "$JOB"
     exit 0
