@@ -8,7 +8,7 @@ VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package sim-frontier sim-noharm
+.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package sim-frontier sim-noharm ab-gang
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -91,3 +91,13 @@ sim-noharm: $(STAMP)
 			--node-rate $$r --policies baseline,baseline_aa,fleetyield,oracle --workers $(SIM_WORKERS) \
 			--no-plots --out docs/sim/noharm/$$w-load$$l-rate$$r || exit 1; done; done; done
 	$(VENV)/bin/python bench/noharm_table.py docs/sim/noharm > docs/sim/noharm/table.md
+
+# A 3-node gang and one fatal GPU fault per seed (chaos/gang_ab.py), bare Slurm (hang until the collective
+# timeout, NHC drain, requeue after the failure) vs Slurm + FleetYield (pushed XID: drain and requeue at once),
+# then README's gang block from docs/ab-gang/ab-gang.json. `make up` first; hold /tmp/fy-cluster.lock around
+# it when sharing the cluster. ~7 min per seed (both arms).
+GANG_SEEDS ?= 0,1,2
+GANG_OUT ?= docs/ab-gang
+ab-gang: $(STAMP)
+	$(VENV)/bin/fleetyield chaos ab-gang --seeds $(GANG_SEEDS) --out $(GANG_OUT)
+	$(VENV)/bin/fleetyield chaos report $(GANG_OUT)/ab-gang.json --readme README.md

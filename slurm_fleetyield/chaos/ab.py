@@ -112,8 +112,11 @@ def has_fy_feature(fields: Mapping[str, str]) -> bool:
     return any(f.startswith("fy_") for f in feats)
 
 
-def setup_commands(arm: str, nodes: Sequence[str], run_tag: str = "x") -> list[tuple[str, ...]]:
-    """The arm's configuration commands after ``reset`` (idempotent; ``prepare`` adds the waits)."""
+def setup_commands(
+    arm: str, nodes: Sequence[str], run_tag: str = "x", nhc: bool = True
+) -> list[tuple[str, ...]]:
+    """The arm's configuration commands after ``reset`` (idempotent; ``prepare`` adds the waits); ``nhc``:
+    the bare arm starts ``nhc-drain.sh`` (the gang A/B runs its own health checks in both arms instead)."""
     common = [
         d(CTL, "sh", "-c", f"rm -rf {SHARED}/runs/{run_tag}; mkdir -p {SHARED}/out {progress_dir(run_tag)}"),
         ("docker", "cp", str(CONTRIB / "fy-train-job.sh"), f"{CTL}:{SHARED}/fy-train-job.sh"),
@@ -132,7 +135,8 @@ def setup_commands(arm: str, nodes: Sequence[str], run_tag: str = "x") -> list[t
                 d(n, "sh", "-c", f"[ -f {HOOKS_ORIG} ] || cp -p {HOOKS_CONF} {HOOKS_ORIG}; "
                   f"printf %s {hooks} > {HOOKS_CONF}")
             )  # fmt: skip
-        out.append(d("-d", CTL, "bash", f"{SHARED}/nhc-drain.sh", "5"))
+        if nhc:
+            out.append(d("-d", CTL, "bash", f"{SHARED}/nhc-drain.sh", "5"))
         return out
     if arm == "fleetyield":
         out = [*common, *restore_hooks_commands(nodes), d(CTL, "rm", "-f", DISABLED)]
@@ -217,10 +221,10 @@ class Cluster:
         info = self.nodes_now()
         return all(n in info and pred(info[n]) for n in self.nodes)
 
-    def prepare(self, arm: str, run_tag: str) -> dict[str, dict[str, str]]:
+    def prepare(self, arm: str, run_tag: str, nhc: bool = True) -> dict[str, dict[str, str]]:
         """Reset, then the arm's configuration, verified; returns the nodes as the run starts."""
         self.reset()
-        for argv in setup_commands(arm, self.nodes, run_tag):
+        for argv in setup_commands(arm, self.nodes, run_tag, nhc):
             rc, out = self.run(argv)
             if rc != 0:
                 raise ChaosError(f"{' '.join(argv)} failed (rc {rc}): {out[-300:]}")

@@ -1,13 +1,15 @@
 """``fleetyield chaos``: seeded chaos timelines against the docker cluster, replay, and the A/B driver.
 
-``timeline SEED`` prints the plan (no cluster needed); ``run`` executes one timeline and logs it;
-``replay LOG`` re-executes the timeline recorded in a log's header; ``ab --seeds 0,1,2`` runs bare Slurm and
-Slurm + FleetYield on the same timelines and prints the side-by-side ledger (``make ab``); ``report AB_JSON``
-renders its Markdown table (``--readme``: into README.md). ``--duration D`` scales the default 1,800 s profile
-(job work, checkpoint intervals) to a D-second run (``TimelineParams.for_duration``). ``run``, ``replay`` and
-``ab`` leave the cluster as ``make up`` does (controller on, fresh state, every node green). ``--json`` on
-any verb prints JSON (``ab``: the summary written to ab.json; ``report``: the Markdown in a document) and
-errors as ``{"error": ...}`` on stderr.
+``timeline SEED`` prints the plan (no cluster needed); ``run`` executes one timeline and logs it; ``replay
+LOG`` re-executes the timeline recorded in a log's header; ``ab --seeds 0,1,2`` runs bare Slurm and Slurm +
+FleetYield on the same timelines and prints the side-by-side ledger (``make ab``); ``report AB_JSON`` renders
+its Markdown table (``--readme``: into README.md); ``ab-gang`` runs one 3-node gang and one fatal GPU fault
+per seed in both arms (``make ab-gang``; ``report`` renders its ab-gang.json into its own block). ``--duration
+D`` scales the default 1,800 s profile (job work, checkpoint intervals) to a D-second run
+(``TimelineParams.for_duration``). ``run``, ``replay``, ``ab`` and ``ab-gang`` leave the cluster as ``make
+up`` does (controller on, fresh state, every node green). ``--json`` on any verb prints JSON (``ab``: the
+summary written to ab.json; ``report``: the Markdown in a document) and errors as ``{"error": ...}`` on
+stderr.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import click
 
 from node_agent.clikit import JsonErrorGroup, emit, json_option
 from slurm_fleetyield.chaos import ab as ab_mod
+from slurm_fleetyield.chaos import gang, gang_ab, gang_report
 from slurm_fleetyield.chaos import log as log_mod
 from slurm_fleetyield.chaos import report as report_mod
 from slurm_fleetyield.chaos.runner import docker_exec
@@ -180,6 +183,67 @@ def ab_cmd(
         click.echo(summary["table"], nl=False)
 
 
+@chaos.command("ab-gang")
+@click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds.")
+@click.option("--work", "work_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds of the gang's work.")  # fmt: skip
+@click.option("--ckpt", "ckpt_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Checkpoint every this many seconds of work (0: never).")  # fmt: skip
+@click.option("--collective-timeout", "collective_s", type=click.FloatRange(min=1), default=60.0,
+              show_default=True,
+              help="Hang before a gang on a dead GPU fails (simulator's 600 s x 0.1).")  # fmt: skip
+@click.option("--health-check-interval", "hc_s", type=click.FloatRange(min=1), default=30.0,
+              show_default=True, help="NHC's period (the simulator's 300 s x 0.1), both arms.")  # fmt: skip
+@click.option("--out", "out_dir", default="docs/ab-gang", show_default=True, type=click.Path())
+@click.option(
+    "--resettle",
+    is_flag=True,
+    help="Run nothing: rebuild OUT/ab-gang.json's results from OUT's logs (after a ledger change).",
+)
+@JSON
+def ab_gang_cmd(
+    seeds: str,
+    work_s: float,
+    ckpt_s: float,
+    collective_s: float,
+    hc_s: float,
+    out_dir: str,
+    resettle: bool,
+    as_json: bool,
+) -> None:
+    """A 3-node gang and one fatal GPU fault per seed, bare Slurm vs Slurm + FleetYield; writes
+    OUT/ab-gang.json and the logs (time from the fault to the gang running again, progress lost)."""
+    if resettle:
+        try:
+            summary = gang_ab.resettle(Path(out_dir))
+        except (OSError, ValueError, KeyError, StopIteration) as exc:
+            raise click.ClickException(f"{out_dir}: cannot resettle ({exc!r})") from None
+        if as_json:
+            emit(summary)
+        else:
+            click.echo(gang_ab.describe(summary), nl=False)
+        return
+    try:
+        ss = [int(s) for s in seeds.split(",") if s.strip()]
+        gp = gang.GangParams(
+            work_s=work_s, ckpt_s=ckpt_s, collective_timeout_s=collective_s, health_check_interval_s=hc_s
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not ss:
+        raise click.BadParameter("--seeds names no seed")
+    argv = sys.argv[1:]
+    command = shlex.join(["fleetyield", *argv]) if argv[:2] == ["chaos", "ab-gang"] else ""
+    try:
+        summary = gang_ab.ab_gang(ss, docker_exec, Path(out_dir), gp, command=command)
+    except ab_mod.ChaosError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        emit(summary)
+    else:
+        click.echo(gang_ab.describe(summary), nl=False)
+
+
 @chaos.command("report")
 @click.argument("ab_json", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -187,10 +251,12 @@ def ab_cmd(
 )
 @json_option('{"markdown": BLOCK} (with --readme: {"readme": FILE}) instead of the text.')
 def report_cmd(ab_json: str, readme: str | None, as_json: bool) -> None:
-    """Render AB_JSON (written by `chaos ab`) as Markdown; with --readme, write it into that file."""
+    """Render AB_JSON (written by `chaos ab`, or `chaos ab-gang`'s ab-gang.json) as Markdown; with --readme,
+    write it into that file (each kind of run has its own block)."""
     try:
         summary = json.loads(Path(ab_json).read_text())
-        block = report_mod.render(summary)
+        mod = gang_report if isinstance(summary, dict) and summary.get("kind") == "gang" else report_mod
+        block = mod.render(summary)
     except (ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"{ab_json}: not an A/B summary ({exc})") from None
     if readme is None:
@@ -201,7 +267,7 @@ def report_cmd(ab_json: str, readme: str | None, as_json: bool) -> None:
         return
     path = Path(readme)
     try:
-        new = report_mod.splice(path.read_text(), block)
+        new = mod.splice(path.read_text(), block)
     except ValueError as exc:
         raise click.ClickException(f"{readme}: {exc}") from None
     path.write_text(new)
