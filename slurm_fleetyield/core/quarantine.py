@@ -286,8 +286,11 @@ def decide(
     fleet = len(obs.slurm)
     cap_nodes = max(qp.drain_cap_min_nodes, math.floor(qp.drain_cap_fraction * fleet))
     drained_by_us = sum(1 for n in obs.slurm.values() if n.reason and n.drained_by_us)  # most have no reason
-    if owned:
-        drained_by_us += sum(1 for n in owned if (s := obs.slurm.get(n)) is not None and not s.drained_by_us)
+    # nodes held out of service (canary) that Slurm does not show drained by us: they count too
+    held_undrained = frozenset(
+        n for n in owned if (s := obs.slurm.get(n)) is not None and not s.drained_by_us
+    )
+    drained_by_us += len(held_undrained)
     recent = sum(1 for t in state.drain_times if t > now - qp.window_s)
     drains: list[DrainNode] = []
     holds: dict[str, Hold] = {}
@@ -313,7 +316,9 @@ def decide(
         if slurm.drained_by_us:
             processed.extend(findings)  # already quarantined: remember the evidence, nothing to do
             continue
-        rule, detail = _blocked(slurm, drained_by_us + len(drains), cap_nodes, recent + len(drains), qp)
+        # a node FleetYield already holds (in canary) is counted already: draining it takes no more room
+        counted = drained_by_us + len(drains) - (name in held_undrained)
+        rule, detail = _blocked(slurm, counted, cap_nodes, recent + len(drains), qp)
         if rule:
             hold = Hold(name, "drain", rule, f"{first.reason}: {detail}")
             holds[name] = hold

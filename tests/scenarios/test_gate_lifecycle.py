@@ -358,6 +358,22 @@ def test_canary_node_counts_against_the_drain_cap():
     assert [(h.node, h.rule) for h in res.plan.holds] == [("gpu006", "drain_cap")]
 
 
+def test_a_canary_node_that_faults_again_is_drained_at_once_it_holds_its_own_place_under_the_cap():
+    """The canary node is already counted: its own fatal drain takes no more room (CI: a node re-faulting in
+    canary waited 3-4 s for its own slot on the 4-node docker cluster)."""
+    f = Fleet(10)  # cap: 1 node
+    r = Loop(f)
+    r.tick()
+    from slurm_fleetyield.core.lifecycle import LifecycleMemory
+
+    canary = LifecycleMemory("gpu004", Stage.CANARY, r.now, canary_token="gpu004-1-0", until=r.now + 1800)
+    r.state = replace(r.state, lifecycle={"gpu004": canary})
+    f.push("gpu004", 79, 0, r.now)
+    res = r.tick()
+    assert [(d.node, d.cause) for d in res.plan.of_kind("drain")] == [("gpu004", "fatal")]
+    assert not res.plan.holds
+
+
 def test_admin_resume_of_a_quarantined_node_hands_it_back():
     f = Fleet(10)
     r = Loop(f)
