@@ -172,6 +172,27 @@ class AlertmanagerConfig(BaseModel):
         return self.token_file is not None
 
 
+# The listeners' shared settings (push and api), one definition each.
+WebConfigFile = Annotated[
+    str | None,
+    Field(
+        description="Web-config file (YAML, the Prometheus exporter-toolkit format dcgm-exporter's "
+        "--web-config-file takes): tls_server_config (cert_file, key_file, client_auth_type, client_ca_file) "
+        "and basic_auth_users (bcrypt hashes) for this listener. Unset: plain HTTP, no basic auth.",
+    ),
+]
+MaxConnections = Annotated[
+    int,
+    Field(
+        ge=16,
+        le=65_536,
+        description="Connections held at once (node_agent/httpd.py); at the cap a new one evicts the "
+        "longest-waiting connection without a complete request. Keep systemd's LimitNOFILE well above "
+        "the sum over listeners.",
+    ),
+]
+
+
 class PushConfig(BaseModel):
     """The authenticated listener agents POST fatal events to (``/v1/agent/events``)."""
 
@@ -186,20 +207,8 @@ class PushConfig(BaseModel):
         "every interface). The default binds loopback only, so a fresh install exposes nothing.",
     )
     port: int = Field(9402, ge=0, le=65535, description="Listen port (0: any free port, for tests).")
-    web_config_file: str | None = Field(
-        None,
-        description="Web-config file (YAML, the Prometheus exporter-toolkit format dcgm-exporter's "
-        "--web-config-file takes): tls_server_config (cert_file, key_file, client_auth_type, client_ca_file) "
-        "and basic_auth_users (bcrypt hashes) for this listener. Unset: plain HTTP, no basic auth.",
-    )
-    max_connections: int = Field(
-        1024,
-        ge=16,
-        le=65_536,
-        description="Connections held at once (node_agent/httpd.py); at the cap a new one evicts the "
-        "longest-waiting connection without a complete request. Keep systemd's LimitNOFILE well above "
-        "the sum over listeners.",
-    )
+    web_config_file: WebConfigFile = None
+    max_connections: MaxConnections = 1024
     secret_file: str | None = Field(
         None,
         description="File holding the shared HMAC secret (same as the agents' --push-secret-file). "
@@ -238,20 +247,8 @@ class ApiConfig(BaseModel):
     enabled: bool = Field(True, description="Run the read-only API listener.")
     host: str = Field("127.0.0.1", description="Listen address; it exposes no write operation.")
     port: int = Field(9401, ge=0, le=65535, description="Listen port (0: any free port, for tests).")
-    web_config_file: str | None = Field(
-        None,
-        description="Web-config file (YAML, the Prometheus exporter-toolkit format dcgm-exporter's "
-        "--web-config-file takes): tls_server_config (cert_file, key_file, client_auth_type, client_ca_file) "
-        "and basic_auth_users (bcrypt hashes) for this listener. Unset: plain HTTP, no basic auth.",
-    )
-    max_connections: int = Field(
-        1024,
-        ge=16,
-        le=65_536,
-        description="Connections held at once (node_agent/httpd.py); at the cap a new one evicts the "
-        "longest-waiting connection without a complete request. Keep systemd's LimitNOFILE well above "
-        "the sum over listeners.",
-    )
+    web_config_file: WebConfigFile = None
+    max_connections: MaxConnections = 1024
 
 
 class StoreConfig(BaseModel):
