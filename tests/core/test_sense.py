@@ -1,7 +1,8 @@
 from core.builders import Fleet, Runner
 from slurm_fleetyield.core.model import Health
 from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.sense import _adjust, sense
+from slurm_fleetyield.core.sense import sense
+from slurm_fleetyield.core.trends import _adjust
 from slurm_fleetyield.core.signals import NVLINK_CRC_FLIT, SBE_VOL, channel_layout
 from slurm_fleetyield.core.state import ControllerState
 
@@ -87,7 +88,7 @@ def test_adjust_fast_path_is_the_general_rule_bit_for_bit() -> None:
     import math
     import random
 
-    from slurm_fleetyield.core.sense import _adjust
+    from slurm_fleetyield.core.trends import _adjust
 
     def rule(raw, last_raw, last_adj):  # type: ignore[no-untyped-def]
         return tuple(

@@ -1,0 +1,343 @@
+"""Counter trends of one GPU: reset adjustment, the ring of points, per-window rates.
+
+Input: a fresh ``NodeSample`` and the node's previous trend memory (``NodeTracks`` and its ``Clock``, or a
+plain mapping of ``GpuHistory``). Output: one ``SensedGpu`` per GPU and the node's new trend memory.
+
+Counters are reset-adjusted (a decrease is a restart from zero, never a negative rate) and stored as a ring of
+points at least ``history_resolution_s`` apart, trimmed to the longest window. A window's per-hour rate is
+growth since the oldest point inside the window divided by the window length (never by a shorter span), so a
+short history under-estimates a rate instead of inflating one event into a burst.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from operator import add, ge, itemgetter, sub
+
+from slurm_fleetyield.core.model import GpuReading, NodeSample, fast_init, fast_new
+from slurm_fleetyield.core.params import SenseParams
+from slurm_fleetyield.core.signals import COUNTER_CHANNELS
+from slurm_fleetyield.core.state import Clock, Counters, GpuHistory, GpuTrack, NodeHistory, NodeTracks
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class SensedGpu:
+    reading: GpuReading
+    raw: Counters  # current value per channel (None: not exported)
+    rates: tuple[float, ...] | None  # per-hour rate per channel, largest over the windows; None: no growth
+    growth: tuple[float, ...] | None  # growth per channel over the longest window; None: no growth at all
+    new_xids: tuple[tuple[int, float], ...] = ()  # (xid, count) grown since the previous sample
+    baseline: bool = False  # first sample of this GPU: no trend yet, counts seen are not "new"
+
+
+# the constructor of the type built once per GPU per tick (model.fast_new)
+_new_gpu: Callable[..., SensedGpu] = fast_new(SensedGpu)
+
+
+def compact(
+    h: Mapping[str, GpuHistory],
+) -> tuple[NodeTracks | Mapping[str, GpuHistory], Clock | None]:
+    """A node's history as tracks and clock (a ``NodeHistory``), or as itself with no clock (plain)."""
+    if type(h) is NodeHistory:
+        return NodeTracks(h.gpus, h.quiet), (h.last_time, h.times)
+    return h, None
+
+
+class Tracker:
+    """Per-tick constants of the trend computation, so the per-GPU loop does no lookups it can hoist.
+
+    GPUs sampled together share their timeline, so everything that depends only on a history's ``times`` (the
+    appended and trimmed ring, the window base indices and per-hour divisors) is computed once per distinct
+    timeline and reused (``timeline``); equal rings are then shared between GPUs (structure sharing, no
+    mutation). The per-GPU work is a tuple build, one comparison with the last raw values and, for a quiet
+    GPU, one comparison with the oldest point of the longest window.
+    """
+
+    def __init__(self, layout: tuple[str, ...], params: SenseParams, now: float) -> None:
+        self.params = params
+        self.now = now
+        self.n_counters = len(COUNTER_CHANNELS)
+        self.counter_names = layout[: self.n_counters]
+        self.xids = tuple(int(c.split(":", 1)[1]) for c in layout[self.n_counters :])
+        self.xid_slots = tuple(range(self.n_counters, len(layout)))
+        self.zero_xids = (0.0,) * len(self.xids)
+        self.pick = itemgetter(*self.counter_names)
+        self.windows = params.trend_windows_s
+        self.longest = params.longest_window_s
+        self.resolution = params.history_resolution_s
+        # Memo of the last timeline seen: (t, old times) -> (new times, cut, appended, trend plan).
+        self._memo_t: float | None = None
+        self._memo_src: tuple[float, ...] | None = None
+        self._memo: tuple[tuple[float, ...], int, bool, _TrendPlan | None] = ((), 0, False, None)
+
+    def timeline(
+        self, t: float, times: tuple[float, ...]
+    ) -> tuple[tuple[float, ...], int, bool, _TrendPlan | None]:
+        """(times after appending ``t`` and trimming, the cut applied, whether ``t`` was appended, and the
+        trend plan over the old ``times``): the same for every GPU whose ring has these times."""
+        src = self._memo_src
+        if t == self._memo_t and src is not None and (times is src or times == src):
+            return self._memo
+        appended = not times or t - times[-1] >= self.resolution
+        cut = 0
+        new_times = times
+        if appended:
+            new_times = (*times, t)
+            cut = bisect_left(new_times, t - self.longest)
+            if cut:
+                new_times = new_times[cut:]
+        plan: _TrendPlan | None = None
+        if times:
+            n = len(times)
+            i_long = bisect_left(times, t - self.longest)
+            steps = []
+            for w in self.windows:
+                i = bisect_left(times, t - w)
+                if i >= n:
+                    i = n - 1
+                base_t = times[i]
+                if base_t >= t:
+                    continue
+                steps.append((i, 3600.0 / max(w, t - base_t)))
+            plan = (min(i_long, n - 1), tuple(steps))
+        memo = (new_times, cut, appended, plan)
+        self._memo_t, self._memo_src, self._memo = t, times, memo
+        return memo
+
+    def node(
+        self,
+        sample: NodeSample,
+        old: NodeTracks | Mapping[str, GpuHistory] | None,
+        clock: Clock | None,
+    ) -> tuple[tuple[SensedGpu, ...], NodeTracks | Mapping[str, GpuHistory], Clock | None]:
+        """The sensed GPUs of a fresh sample, and the node's new trend memory: tracks and their clock (None:
+        a plain mapping, no clock)."""
+        if type(old) is NodeTracks:
+            assert clock is not None
+            if sample.time > clock[0] and clock[1]:
+                return self._node_tracks(sample, old, clock)
+            old = NodeHistory(clock[0], clock[1], old.gpus, old.quiet)
+        gpus, hist = self._node_plain(sample, old or {})  # type: ignore[arg-type]
+        return (gpus, *compact(NodeHistory.of(sample.time, hist)))
+
+    def _raw(self, reading: GpuReading) -> Counters:
+        fields = reading.fields
+        xt = reading.xid_totals
+        try:  # every counter exported (the common case): one C-level lookup
+            counters = self.pick(fields)
+        except (KeyError, TypeError):
+            get = fields.get
+            counters = tuple(map(get, self.counter_names))
+        if xt:  # an XID never seen has total 0 (agents export the ones they saw): its first occurrence counts
+            xget = xt.get
+            return (*counters, *[xget(x, 0.0) for x in self.xids])
+        return counters + self.zero_xids
+
+    def _node_tracks(
+        self, sample: NodeSample, old: NodeTracks, clock: Clock
+    ) -> tuple[tuple[SensedGpu, ...], NodeTracks | Mapping[str, GpuHistory], Clock]:
+        """``_node_plain`` over the compact node history (same values): a GPU whose counters did not move
+        keeps its ``GpuTrack`` object, and a node whose GPUs all did keeps its track mapping."""
+        t = sample.time
+        node_times = clock[1]
+        new_times, _cut, appended, _plan = self.timeline(t, node_times)
+        quiet = old.quiet
+        if quiet is not None and quiet[0] is sample.gpus:  # same readings, all quiet: same result
+            return quiet[1], old, (t, new_times)
+        first_time = new_times[0]
+        n_new = len(new_times)
+        tracks = old.gpus
+        tget = tracks.get
+        out: list[SensedGpu] = []
+        hist: dict[str, GpuTrack | GpuHistory] = {}
+        kept = 0
+        raw_of = self._raw
+        for reading in sample.gpus:
+            raw = raw_of(reading)
+            uuid = reading.uuid
+            prev = tget(uuid)
+            if not isinstance(prev, GpuTrack):  # new GPU, or one kept as its own history: the plain path
+                g, h = self._gpu_plain(reading, raw, prev, t)
+                out.append(g)
+                m = len(h.times)
+                if h.last_time == t and 0 < m <= n_new and new_times[n_new - m :] == h.times:
+                    hist[uuid] = NodeHistory.of(t, {uuid: h}).gpus[uuid]  # type: ignore[attr-defined]
+                else:
+                    hist[uuid] = h
+                continue
+            last_raw = prev.last_raw
+            steps = prev.steps
+            if raw == last_raw:
+                raw = last_raw
+                adj = prev.last_adj
+                new_xids: tuple[tuple[int, float], ...] = ()
+                moved = False
+            else:
+                adj = _adjust(raw, last_raw, prev.last_adj)
+                new_xids = self._grown_xids(adj, prev.last_adj)
+                moved = True
+            if len(steps) == 1 and adj == steps[0][1]:
+                # nothing grew within the longest window (the common, healthy case)
+                out.append(_new_gpu(reading, raw, None, None, new_xids, False))
+            else:
+                ring = prev.ring(node_times)
+                points = prev.points(ring)
+                plan = self.timeline(t, ring)[3]
+                assert plan is not None
+                base_long = points[plan[0]]
+                if adj == base_long:
+                    out.append(_new_gpu(reading, raw, None, None, new_xids, False))
+                else:
+                    rates, growth = self._trend(adj, points, base_long, plan[1])
+                    out.append(_new_gpu(reading, raw, rates, growth, new_xids, False))
+            if appended:
+                if steps[-1][1] is not adj:
+                    steps = (*steps, (t, adj))
+                if len(steps) > 1 and steps[1][0] <= first_time:
+                    k = 1
+                    while k + 1 < len(steps) and steps[k + 1][0] <= first_time:
+                        k += 1
+                    steps = steps[k:]
+            if moved or steps is not prev.steps:
+                prev = GpuTrack(raw, adj, steps)
+            else:
+                kept += 1
+            hist[uuid] = prev
+        sensed = tuple(out)
+        if kept == len(hist) == len(tracks):
+            return sensed, NodeTracks(tracks, _quiet(sample.gpus, sensed, tracks)), (t, new_times)
+        return sensed, NodeTracks(hist), (t, new_times)
+
+    def _gpu_plain(
+        self, reading: GpuReading, raw: Counters, prev: GpuHistory | None, t: float
+    ) -> tuple[SensedGpu, GpuHistory]:
+        """One GPU of ``_node_plain``."""
+        if prev is None:
+            return SensedGpu(reading, raw, None, None, (), True), GpuHistory(t, raw, raw, (t,), (raw,))
+        last_adj = prev.last_adj
+        times, cut, appended, plan = self.timeline(t, prev.times)
+        new_xids: tuple[tuple[int, float], ...]
+        if t <= prev.last_time:
+            adj, h, new_xids = last_adj, prev, ()
+        else:
+            if raw == prev.last_raw:
+                adj, new_xids = last_adj, ()
+            else:
+                adj = _adjust(raw, prev.last_raw, last_adj)
+                new_xids = self._grown_xids(adj, last_adj)
+            if appended:
+                points = prev.points
+                points = (*points[cut:], adj) if cut else (*points, adj)
+            else:
+                times, points = prev.times, prev.points
+            h = GpuHistory(t, raw, adj, times, points)
+        if plan is None:
+            return SensedGpu(reading, raw, None, None, new_xids, False), h
+        base_long = prev.points[plan[0]]
+        if adj == base_long:
+            return SensedGpu(reading, raw, None, None, new_xids, False), h
+        rates, growth = self._trend(adj, prev.points, base_long, plan[1])
+        return SensedGpu(reading, raw, rates, growth, new_xids, False), h
+
+    def _node_plain(
+        self, sample: NodeSample, old: Mapping[str, GpuHistory]
+    ) -> tuple[tuple[SensedGpu, ...], dict[str, GpuHistory]]:
+        t = sample.time
+        out: list[SensedGpu] = []
+        hist: dict[str, GpuHistory] = {}
+        oget = old.get
+        for reading in sample.gpus:
+            g, h = self._gpu_plain(reading, self._raw(reading), oget(reading.uuid), t)
+            out.append(g)
+            hist[reading.uuid] = h
+        return tuple(out), hist
+
+    def _grown_xids(self, adj: Counters, last: Counters) -> tuple[tuple[int, float], ...]:
+        n = self.n_counters
+        if adj[n:] == last[n:]:  # no XID channel moved (the common case): nothing can have grown
+            return ()
+        grown = []
+        for slot, xid in zip(self.xid_slots, self.xids, strict=True):
+            a, b = adj[slot], last[slot]
+            if a is not None and b is not None and a > b:
+                grown.append((xid, a - b))
+        return tuple(grown)
+
+    @staticmethod
+    def _trend(
+        adj: Counters,
+        points: tuple[Counters, ...],
+        base_long: Counters,
+        steps: tuple[tuple[int, float], ...],
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        # Only channels that moved within the longest window can have a non-zero rate in any shorter one.
+        # A window's per-hour rate: growth since its base point / max(window, time since that point).
+        moved = [
+            c
+            for c, (a, b) in enumerate(zip(adj, base_long, strict=True))
+            if a != b and a is not None and b is not None
+        ]
+        zeros = [0.0] * len(adj)
+        rates = zeros[:]
+        growth = zeros
+        for c in moved:
+            growth[c] = adj[c] - base_long[c]  # type: ignore[operator]
+        for i, per_hour in steps:
+            base = points[i]
+            for c in moved:
+                b = base[c]
+                if b is None:
+                    continue
+                r = (adj[c] - b) * per_hour  # type: ignore[operator]
+                if r > rates[c]:
+                    rates[c] = r
+        return tuple(rates), tuple(growth)
+
+
+_TrendPlan = tuple[int, tuple[tuple[int, float], ...]]
+"""(index of the longest window's base point, ((base index, per-hour divisor) per usable window))."""
+
+
+def _quiet(
+    readings: tuple[GpuReading, ...],
+    sensed: tuple[SensedGpu, ...],
+    tracks: Mapping[str, GpuHistory | GpuTrack],
+) -> tuple[tuple[GpuReading, ...], tuple[SensedGpu, ...]] | None:
+    """``NodeHistory.quiet`` for a node whose tracks were all kept: set only when, fed the same readings
+    again, ``_node_tracks`` would take the quiet branch for every GPU and keep every track (one stored point,
+    identical to the last adjusted value, so appending a time adds no step), i.e. return ``sensed`` again."""
+    for g in sensed:
+        if g.rates is not None or g.growth is not None or g.new_xids or g.baseline:
+            return None
+    for tr in tracks.values():
+        if type(tr) is not GpuTrack or len(tr.steps) != 1 or tr.steps[0][1] is not tr.last_adj:
+            return None
+    return readings, sensed
+
+
+def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
+    """Reset-adjusted cumulative values: a counter that went down restarted from zero (driver reload).
+
+    Per channel: not exported now (None) keeps the last adjusted value; appearing for the first time makes the
+    value its own baseline; growth adds to the adjusted value; a decrease restarts from zero.
+
+    The common case (every channel exported before and now, none decreased) is the third rule on every
+    channel, ``la + (r - lr)``, evaluated by ``map`` over C-level operators: the same arithmetic, the same
+    bits."""
+    if (
+        None not in raw
+        and None not in last_raw
+        and None not in last_adj
+        # NaN compares False: such a value takes the general path
+        and all(map(ge, raw, last_raw))  # type: ignore[arg-type]
+    ):
+        return tuple(map(add, last_adj, map(sub, raw, last_raw)))
+    return tuple(
+        [
+            la if r is None else r if la is None or lr is None else la + (r - lr) if r >= lr else la + r
+            for r, lr, la in zip(raw, last_raw, last_adj, strict=True)
+        ]
+    )
