@@ -22,124 +22,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from slurm_fleetyield.core.fatal_history import fatal_events, fatal_uuids, history_decay
 from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk, fast_new
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.quarantine import Fatal
+from slurm_fleetyield.core.scoring import CompiledSignal, Scorer, compile_signals, logit, signal_values
 from slurm_fleetyield.core.sense import Sensed, SensedGpu, SensedNode
 from slurm_fleetyield.core.signals import (
-    COUNTER_CHANNELS,
     GPU_TEMP,
-    HW_SLOWDOWN_BITS,
-    SIGNALS_BY_NAME,
     SLOWDOWN_TEMP,
-    SignalSpec,
-    xid_channel,
 )
 from slurm_fleetyield.core.state import ControllerState, note_changes
 
-# A value reader: (gpu, past fatal events of this GPU, past fatal events of the node's other GPUs) -> value.
-Reader = Callable[[SensedGpu, int, int], float | None]
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledSignal:
-    name: str
-    read: Reader
-    steps: tuple[tuple[float, float], ...]
-    lower_is_worse: bool
-    unit: str
-
-    def contribution(self, value: float) -> float:
-        c = 0.0
-        if self.lower_is_worse:
-            for threshold, logodds in self.steps:
-                if value <= threshold:
-                    c = logodds
-        else:
-            for threshold, logodds in self.steps:
-                if value >= threshold:
-                    c = logodds
-        return c
-
-
-def compile_signals(params: Params, layout: tuple[str, ...]) -> tuple[CompiledSignal, ...]:
-    """Resolve every enabled signal to a reader over the channel layout (once per tick, not per GPU)."""
-    rp = params.risk
-    slot = {name: i for i, name in enumerate(layout)}
-    risk_xid_slots = tuple(slot[xid_channel(x)] for x in params.quarantine.risk_only_xids)
-    out = []
-    for name in rp.signals:
-        spec = SIGNALS_BY_NAME[name]
-        scale = rp.weights.get(name, 1.0)
-        steps = tuple((t, w * scale) for t, w in rp.steps.get(name, spec.steps))
-        read = _reader(spec, slot, risk_xid_slots, rp.default_slowdown_temp_c)
-        out.append(CompiledSignal(name, read, steps, spec.lower_is_worse, spec.unit))
-    return tuple(out)
-
-
-def _reader(spec: SignalSpec, slot: Mapping[str, int], xid_slots: tuple[int, ...], slowdown: float) -> Reader:
-    kind = spec.kind
-    if kind == "level":
-        fields = spec.fields
-
-        def level(g: SensedGpu, _h: int, _n: int) -> float | None:
-            get = g.reading.fields.get
-            vals = [v for v in (get(f) for f in fields) if v is not None]
-            return sum(vals) if vals else None
-
-        return level
-    if kind in ("rate", "growth", "xid"):
-        idx = xid_slots if kind == "xid" else tuple(slot[f] for f in spec.fields if f in COUNTER_CHANNELS)
-        scale = spec.scale
-        use_rates = kind == "rate"
-
-        def windowed(g: SensedGpu, _h: int, _n: int) -> float | None:
-            raw = g.raw
-            present = [i for i in idx if raw[i] is not None]
-            if not present:
-                return None
-            series = g.rates if use_rates else g.growth
-            if series is None:
-                return 0.0
-            return sum(series[i] for i in present) * scale
-
-        return windowed
-    if kind == "margin":
-
-        def margin(g: SensedGpu, _h: int, _n: int) -> float | None:
-            f = g.reading.fields
-            temp = f.get(GPU_TEMP)
-            if temp is None:
-                return None
-            limit = f.get(SLOWDOWN_TEMP) or slowdown
-            return limit - temp
-
-        return margin
-    if kind == "hw_throttle":
-        fields = spec.fields
-
-        def throttle(g: SensedGpu, _h: int, _n: int) -> float | None:
-            get = g.reading.fields.get
-            for f in fields:
-                bits = get(f)
-                if bits is not None:
-                    b = int(bits)
-                    return float(sum(1 for bit in HW_SLOWDOWN_BITS if b & bit))
-            return None
-
-        return throttle
-    if kind == "gpu_history":
-        return lambda _g, h, _n: float(h)
-    if kind == "node_history":
-        return lambda _g, _h, n: float(n)
-    raise ValueError(f"signal {spec.name!r} has unknown kind {kind!r}")  # a programming error in signals.py
-
-
-def logit(p: float) -> float:
-    return math.log(p / (1.0 - p))
+__all__ = [
+    "CompiledSignal",
+    "Scorer",
+    "assess",
+    "compile_signals",
+    "fatal_events",
+    "fatal_uuids",
+    "history_decay",
+    "logit",
+    "signal_values",
+]
 
 
 def assess(
@@ -402,217 +309,6 @@ def _gpu_risk(
 
 
 _new_gpu_risk: Callable[..., GpuRisk] = fast_new(GpuRisk)  # built once per GPU per tick (model.fast_new)
-
-_LEVEL, _WINDOW, _MARGIN, _THROTTLE, _GPU_HIST, _NODE_HIST = range(6)
-
-
-class Scorer:
-    """The hot path of the risk stage: the same arithmetic as ``CompiledSignal.read`` + ``contribution``, with
-    the dispatch flattened into one loop and quiet inputs skipped early (a 100k-GPU tick evaluates ~1.7M
-    signal values). ``tests/core/test_risk.py`` checks that both paths agree."""
-
-    def __init__(self, compiled: tuple[CompiledSignal, ...], params: Params, layout: tuple[str, ...]) -> None:
-        rp = params.risk
-        slot = {name: i for i, name in enumerate(layout)}
-        xid_slots = tuple(slot[xid_channel(x)] for x in params.quarantine.risk_only_xids)
-        self.base_logit = logit(rp.base_probability)
-        self.slowdown = rp.default_slowdown_temp_c
-        plan: list[tuple[int, str, Any, float, tuple[tuple[float, float], ...], str]] = []
-        arg: Any  # the fields, (slot indices, rates or growth) or nothing, by code
-        for cs in compiled:
-            spec = SIGNALS_BY_NAME[cs.name]
-            if spec.kind == "level":
-                code, arg, scale = _LEVEL, spec.fields, 1.0
-            elif spec.kind in ("rate", "growth", "xid"):
-                idx = xid_slots if spec.kind == "xid" else tuple(slot[f] for f in spec.fields)
-                code, arg, scale = _WINDOW, (idx, spec.kind == "rate"), spec.scale
-            elif spec.kind == "margin":
-                code, arg, scale = _MARGIN, None, 1.0
-            elif spec.kind == "hw_throttle":
-                code, arg, scale = _THROTTLE, spec.fields, 1.0
-            elif spec.kind == "gpu_history":
-                code, arg, scale = _GPU_HIST, None, 1.0
-            else:
-                code, arg, scale = _NODE_HIST, None, 1.0
-            plan.append((code, cs.name, arg, scale, cs.steps, cs.unit))
-        self.plan = tuple(plan)
-        # Quiet-GPU shortcut: with no counter growth (rates and growth None) every windowed signal is skipped,
-        # and when no level/throttle field is set (all absent or 0) those are skipped too; what is left is the
-        # margin and fatal-history signals, evaluated by the same loop in the same order (same sum, same
-        # contributions). Any set field falls back to the full plan.
-        self.quiet_fields = tuple(
-            f for code, _n, arg, *_ in self.plan if code in (_LEVEL, _THROTTLE) for f in arg
-        )
-        self.quiet_plan = tuple(p for p in self.plan if p[0] not in (_LEVEL, _THROTTLE, _WINDOW))
-        # Of the quiet plan, without fatal history only the margin signal can fire: below this margin (None:
-        # the signal is disabled) a quiet GPU is scored in full, above it it has no contribution at all.
-        self.quiet_margin = next((p[4][0][0] for p in self.quiet_plan if p[0] == _MARGIN and p[4]), None)
-        self.margin_enabled = any(p[0] == _MARGIN for p in self.quiet_plan)
-
-    def score(
-        self, g: SensedGpu, n_gpu: int, n_node: int, decay: float = 1.0
-    ) -> tuple[float, tuple[Contribution, ...]]:
-        """``decay`` scales the fatal-history contributions (see ``history_decay``)."""
-        z = self.base_logit
-        out: list[Contribution] = []
-        fget = g.reading.fields.get
-        raw = g.raw
-        plan = self.plan
-        if g.rates is None and g.growth is None and not any(map(fget, self.quiet_fields)):
-            plan = self.quiet_plan
-        for code, name, arg, scale, steps, unit in plan:
-            if code == _LEVEL:
-                v = None
-                for f in arg:
-                    x = fget(f)
-                    if x is not None:
-                        v = x if v is None else v + x
-                if not v:
-                    continue
-            elif code == _WINDOW:
-                idx, use_rates = arg
-                series = g.rates if use_rates else g.growth
-                if series is None:
-                    continue
-                v = 0.0
-                present = False
-                for i in idx:
-                    if raw[i] is not None:
-                        present = True
-                        v += series[i]
-                if not present or not v:
-                    continue
-                v *= scale
-            elif code == _MARGIN:
-                temp = fget(GPU_TEMP)
-                if temp is None:
-                    continue
-                v = (fget(SLOWDOWN_TEMP) or self.slowdown) - temp
-                if v > steps[0][0]:
-                    continue
-                c = 0.0
-                for t, w in steps:
-                    if v <= t:
-                        c = w
-                if c:
-                    z += c
-                    out.append(Contribution(name, v, c, unit))
-                continue
-            elif code == _THROTTLE:
-                bits = None
-                for f in arg:
-                    bits = fget(f)
-                    if bits is not None:
-                        break
-                if not bits:
-                    continue
-                b = int(bits)
-                v = float(sum(1 for bit in HW_SLOWDOWN_BITS if b & bit))
-                if not v:
-                    continue
-            elif code == _GPU_HIST:
-                if not n_gpu:
-                    continue
-                v = float(n_gpu)
-            else:
-                if not n_node:
-                    continue
-                v = float(n_node)
-            c = 0.0
-            for t, w in steps:
-                if v >= t:
-                    c = w
-            if code >= _GPU_HIST:
-                c *= decay
-            if c:
-                z += c
-                out.append(Contribution(name, v, c, unit))
-        return z, tuple(out)
-
-
-def fatal_uuids(state: ControllerState, node: str, params: Params, now: float) -> list[str]:
-    """GPU uuids ("" for node-wide) of the node's distinct fatal events within ``fatal_history_days``
-    (``fatal_events`` without the times)."""
-    return [u for _, u in fatal_events(state, node, params, now)]
-
-
-def history_decay(events: list[tuple[float, str]], params: Params, now: float) -> float:
-    """Scale of the repeat-offender contributions: 2^(-age / single_fault_half_life_days) when ``events``
-    (``fatal_events``) is one isolated failure, else 1 (none, or a repeat offender: full weights).
-
-    Titan (Ostrouchov et al., SC '20; olcf/TitanGPULife gc_full.csv): after a GPU's return to service
-    following its first fatal event (in place or re-inserted), the hazard of a second one relative to
-    never-failed GPUs fits exp(5.78 x 2^(-t / 80 d)): x342 in the first week, x106 in days 7-30, x48 in days
-    30-90, x4.0 beyond (``sim/calibrate.post_failure_hazard``). The age is taken in whole
-    ``single_fault_decay_step_hours`` steps, so the value is constant between steps."""
-    half_life = params.risk.single_fault_half_life_days
-    if half_life is None or len(events) != 1:
-        return 1.0
-    age = max(0.0, now - events[0][0])
-    step = params.risk.single_fault_decay_step_hours * 3_600.0
-    if step > 0:
-        age -= age % step
-    return 2.0 ** (-age / (half_life * 86_400.0))
-
-
-def fatal_events(state: ControllerState, node: str, params: Params, now: float) -> list[tuple[float, str]]:
-    """(time, GPU uuid or "" for node-wide) of the node's distinct fatal events within ``fatal_history_days``.
-
-    One fault reaches the history through several reports: an XID 79 arrives as the pushed XID, the pushed
-    'GPU missing' of the same GPU and the scrape's unnamed 'GPU missing'. The repeat-offender signals count
-    failures (Titan: a GPU that had already failed), so reports closer than ``learn.lemon_dedup_s`` (the
-    project's "one failure" window, as for lemons) are one: a GPU's repeats within it are dropped, and an
-    unnamed report within it of any other report is that report's twin."""
-    memory = state.nodes.get(node)
-    if memory is None or not memory.fatal_history:
-        return []
-    start = now - params.risk.fatal_history_days * 86_400.0
-    # The answer only changes when the history object, the params or the set of events inside the window
-    # does: kept in ``state.memo`` (not persisted) with the range of window starts it holds for. Callers
-    # must not mutate the list.
-    memo = state.memo.setdefault("fatal_events", {})
-    hit = memo.get(node)
-    if hit is not None and hit[0] is memory.fatal_history and hit[1] is params and hit[2] < start <= hit[3]:
-        return hit[4]  # type: ignore[no-any-return]
-    out = _fatal_events(memory.fatal_history, start, params.learn.lemon_dedup_s)
-    lo = max((t for t, _ in memory.fatal_history if t < start), default=-math.inf)
-    hi = min((t for t, _ in memory.fatal_history if t >= start), default=math.inf)
-    memo[node] = (memory.fatal_history, params, lo, hi, out)
-    return out
-
-
-def _fatal_events(
-    history: tuple[tuple[float, str], ...], start: float, dedup: float
-) -> list[tuple[float, str]]:
-    hist = sorted(h for h in history if h[0] >= start)
-    if len(hist) < 2:
-        return hist
-    named = [t for t, u in hist if u]
-    last: dict[str, float] = {}
-    out: list[tuple[float, str]] = []
-    for t, u in hist:
-        if u in last and t - last[u] <= dedup:
-            continue
-        if not u and any(abs(t - x) <= dedup for x in named):
-            continue
-        last[u] = t
-        out.append((t, u))
-    return out
-
-
-def signal_values(
-    g: SensedGpu, compiled: tuple[CompiledSignal, ...], n_gpu: int, n_node: int, decay: float = 1.0
-) -> tuple[tuple[str, float | None, float], ...]:
-    """Every enabled signal's (name, value, contribution) for one GPU: the slow, obvious path (explain).
-    ``decay`` scales the fatal-history signals' contributions (``history_decay``)."""
-    out = []
-    for cs in compiled:
-        v = cs.read(g, n_gpu, n_node)
-        c = 0.0 if v is None else cs.contribution(v)
-        if SIGNALS_BY_NAME[cs.name].kind in ("gpu_history", "node_history"):
-            c *= decay
-        out.append((cs.name, v, c))
-    return tuple(out)
 
 
 def _unknown(node: SensedNode, fatal: list[Fatal] | tuple[Fatal, ...], stale_s: float | None) -> NodeRisk:

@@ -308,7 +308,8 @@ def test_history_due_is_no_later_than_the_next_change_of_the_history_inputs() ->
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from slurm_fleetyield.core.risk import _fatal_events, _history_due, history_decay
+    from slurm_fleetyield.core.fatal_history import _fatal_events, history_decay
+    from slurm_fleetyield.core.risk import _history_due
 
     day = 86_400.0
     report = st.tuples(st.floats(0.0, 40 * day), st.sampled_from(["", "GPU-a", "GPU-b"]))

@@ -2,9 +2,9 @@ from core.builders import Fleet, Runner
 from slurm_fleetyield.core.model import Health
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.sense import sense
-from slurm_fleetyield.core.trends import _adjust
 from slurm_fleetyield.core.signals import NVLINK_CRC_FLIT, SBE_VOL, channel_layout
 from slurm_fleetyield.core.state import ControllerState
+from slurm_fleetyield.core.trends import _adjust
 
 LAYOUT = channel_layout((79, 13))
 
