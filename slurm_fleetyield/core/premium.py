@@ -56,29 +56,49 @@ waited first.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from slurm_fleetyield.core.capacity import (
+    _RUNNING,
+    best_fit,
+    best_fit_hist,
+    idle_gpus,
+    node_pieces,
+    out_of_service,
+    place,
+)
 from slurm_fleetyield.core.model import (
     Envelope,
     JobView,
     LogEvent,
     Observations,
-    SlurmNode,
-    Tier,
     WorkloadClass,
     job_index,
 )
 from slurm_fleetyield.core.params import Params, PremiumParams
-from slurm_fleetyield.core.price import Priced, PricedNode
-from slurm_fleetyield.core.route import OK_BATCH_TIERS
-from slurm_fleetyield.core.state import PremiumMemory, changed_keys
-
-_RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
-_OUT = frozenset(
-    {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN"}
+from slurm_fleetyield.core.premium_supply import (
+    _home,
+    _premium,
+    batch_home,
+    decode_eligible,
+    decode_home,
+    supply,
 )
+from slurm_fleetyield.core.price import Priced
+from slurm_fleetyield.core.state import PremiumMemory
+
+__all__ = [
+    "Widening",
+    "best_fit",
+    "decode_eligible",
+    "idle_gpus",
+    "node_pieces",
+    "out_of_service",
+    "place",
+    "widen",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,18 +125,6 @@ class Widening:
         return self.lent, self.reason
 
 
-def decode_eligible(pn: PricedNode, env: Envelope) -> bool:
-    """Would this node carry fy_ok_decode if it were not premium (green, full HBM, not a lemon, derived)?"""
-    return (
-        pn.managed
-        and pn.keep_fy is None
-        and pn.tier is Tier.GREEN
-        and pn.feature_tier in (None, Tier.GREEN)
-        and env.hbm_full
-        and not pn.lemon
-    )
-
-
 def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[JobView]:
     """PENDING jobs of a premium-needing class (``settle.premium_needing_classes``) asking for GPUs, by job
     id (submission order: Slurm's default age priority; a job id is unique in a queue)."""
@@ -132,89 +140,6 @@ def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[Job
     )
 
 
-_IDLE: list[tuple[Observations, dict[str, int]]] = []  # the last answer and its Observations (held)
-
-
-def idle_gpus(obs: Observations) -> dict[str, int]:
-    """Idle GPUs per schedulable node: IDLE -> all, ALLOCATED -> none, else Gres minus running jobs' share.
-
-    ``JobView.gpus`` is the job's total; a multi-node job uses gpus / len(nodes) on each of its nodes (the
-    running jobs are read only when some node is neither IDLE nor ALLOCATED). Several stages ask within one
-    tick: the answer for the very same ``Observations`` (one per tick, unchanged while it runs) is counted
-    once and handed out as a copy."""
-    if _IDLE and _IDLE[0][0] is obs:
-        return dict(_IDLE[0][1])
-    out = _idle_gpus(obs)
-    _IDLE[:] = [(obs, out)]
-    return dict(out)
-
-
-def _idle_gpus(obs: Observations) -> dict[str, int]:
-    slurm = obs.slurm
-    base, partly = _idle_base(slurm)
-    out = dict(base)
-    if partly:
-        used: dict[str, float] = {}
-        for j in job_index(obs.jobs).holding:
-            if j.state in _RUNNING and j.nodes and j.gpus > 0:
-                share = j.gpus / len(j.nodes)
-                for n in j.nodes:
-                    used[n] = used.get(n, 0.0) + share
-        for name in partly:
-            out[name] = max(0, slurm[name].gpu_count - math.ceil(used.get(name, 0.0) - 1e-9))
-    return out
-
-
-# the last Slurm view seen (a copy), its nodes in service (IDLE: all GPUs, else 0) and the partly allocated
-_IDLE_BASE: list[tuple[dict[str, SlurmNode], dict[str, int], frozenset[str]]] = []
-
-
-def _idle_base(slurm: Mapping[str, SlurmNode]) -> tuple[dict[str, int], frozenset[str]]:
-    """Per in-service node, in Slurm's order: its Gres count when IDLE, else 0; and the nodes neither IDLE
-    nor ALLOCATED (their idle GPUs depend on the running jobs). Only the views that are other objects than
-    last time are read again, while no node enters or leaves service (else every view is)."""
-    snapshot = dict(slurm)
-    last = _IDLE_BASE[0] if _IDLE_BASE else None
-    if last is not None:
-        base, partly = dict(last[1]), set(last[2])
-        for name in changed_keys(snapshot, last[0]):
-            s = snapshot.get(name)
-            kind = None if s is None else _idle_kind(s)  # None: out of service, or gone
-            if (kind is None) is (name in base):  # entered or left service: read every view
-                break
-            if kind is None:
-                continue
-            base[name] = kind[0]
-            if kind[1]:
-                partly.add(name)
-            else:
-                partly.discard(name)
-        else:
-            frozen = frozenset(partly)
-            _IDLE_BASE[:] = [(snapshot, base, frozen)]
-            return base, frozen
-    base, partly = {}, set()
-    for name, s in snapshot.items():
-        kind = _idle_kind(s)
-        if kind is not None:
-            base[name] = kind[0]
-            if kind[1]:
-                partly.add(name)
-    frozen = frozenset(partly)
-    _IDLE_BASE[:] = [(snapshot, base, frozen)]
-    return base, frozen
-
-
-def _idle_kind(s: SlurmNode) -> tuple[int, bool] | None:
-    """An in-service node's idle GPUs as far as its state tells (IDLE: all, else 0) and whether it is partly
-    allocated (neither IDLE nor ALLOCATED: the running jobs tell the rest); None: out of service."""
-    if out_of_service(s):
-        return None
-    if "IDLE" in s.states:
-        return s.gpu_count, False
-    return 0, "ALLOCATED" not in s.states
-
-
 def widen(
     obs: Observations,
     priced: Priced,
@@ -228,7 +153,7 @@ def widen(
     """``params.premium`` drives the rule; ``params.settle.premium_needing_classes`` names premium work;
     ``walled``: premium nodes premium reclaim (core/reclaim.py) keeps for a premium job: never lent to
     waiting decode, and the keep-open loan (rule 6) only when no other node can take it; ``memo``:
-    ``ControllerState.memo``, where the supply of the last call is kept (``_supply``)."""
+    ``ControllerState.memo``, where the supply of the last call is kept (``premium_supply.supply``)."""
     pp = params.premium
     if not (pp.enabled and pp.reserve):  # no reservation: nothing to lend (route puts decode on every node)
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
@@ -240,7 +165,7 @@ def widen(
     batch = jobs.pending_by.get(BATCH, ()) if pp.batch else ()
     pending_batch = [j for j in batch if j.workload is BATCH and j.gpus > 0]
     homeless = pp.keep_decode_open and (
-        not _decode_home(obs, priced, envelopes)
+        not decode_home(obs, priced, envelopes)
         or (pp.batch and not _home(obs, priced, envelopes, batch_home))
     )
     if not (
@@ -254,7 +179,7 @@ def widen(
             return Widening(memory=replace(mem, gang_nodes=gang, gang_seen=seen))
         return Widening(memory=mem)  # the common case: nothing pending, nothing lent
     idle = idle_gpus(obs)
-    base, batch_base, eligible = _supply(idle, envelopes, priced.nodes, memo)
+    base, batch_base, eligible = supply(idle, envelopes, priced.nodes, memo)
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     gang, gang_seen = _largest_gang(obs, classes, max_node, mem, pp, now)
     gang_cap = math.floor(pp.gang_reserve_max_fraction * len(eligible) + 1e-9)
@@ -265,11 +190,11 @@ def widen(
     )
     cap = max(0, len(eligible) - reserve)
     chunks = sorted((c for j in pending_decode for c in node_pieces(j, max_node)), reverse=True)
-    unfit = _best_fit(chunks, dict(base))
+    unfit = best_fit_hist(chunks, dict(base))
     decode_unfit = sum(unfit)
     if pending_batch:
         batch_chunks = sorted((c for j in pending_batch for c in node_pieces(j, max_node)), reverse=True)
-        unfit = sorted(unfit + _best_fit(batch_chunks, dict(batch_base)), reverse=True)
+        unfit = sorted(unfit + best_fit_hist(batch_chunks, dict(batch_base)), reverse=True)
     waiting = bool(unfit)
     since = (mem.waiting_since if mem.waiting_since is not None else now) if waiting else None
     last = now if waiting else mem.last_waiting
@@ -419,197 +344,6 @@ def _claims(
             total -= g
             claimed.add(n)
     return frozenset(claimed), startable, tuple(memory)
-
-
-def place(chunks: list[int], free: Mapping[str, int], lent: frozenset[str]) -> dict[str, int] | None:
-    """All-or-nothing best fit of one job's per-node ``chunks`` (largest first): each on the node with the
-    fewest free GPUs that holds it, unlent nodes before lent ones, then by name. None: some chunk fits
-    nowhere. A whole-node chunk empties its node, so a gang's chunks land on distinct nodes."""
-    left = dict(free)
-    used: dict[str, int] = {}
-    for c in sorted(chunks, reverse=True):
-        best = min(((n in lent, f, n) for n, f in left.items() if f >= c), default=None)
-        if best is None:
-            return None
-        n = best[2]
-        left[n] -= c
-        used[n] = used.get(n, 0) + c
-    return used
-
-
-def batch_home(pn: PricedNode, env: Envelope) -> bool:
-    """Does this node carry fy_ok_batch without a loan under ``premium.batch`` (route.fy_features: green,
-    yellow or probation, except green premium nodes that are not lemons)?"""
-    if not pn.managed:
-        return False
-    if pn.keep_fy is not None:
-        return "fy_ok_batch" in pn.keep_fy and not (
-            env.premium and not pn.lemon and "fy_tier_green" in pn.keep_fy
-        )
-    tier = pn.feature_tier or pn.tier
-    if tier not in OK_BATCH_TIERS:
-        return False
-    return not (tier is Tier.GREEN and env.premium and not pn.lemon)
-
-
-def _home(
-    obs: Observations,
-    priced: Priced,
-    envelopes: Mapping[str, Envelope],
-    qualifies: Callable[[PricedNode, Envelope], bool],
-) -> bool:
-    """Is some in-service node one that ``qualifies`` (carries the feature without a loan)? Stops at the
-    first one: in a mixed fleet that is one of the first few nodes."""
-    pnodes = priced.nodes
-    for name, s in obs.slurm.items():
-        env = envelopes.get(name)
-        if env is None or out_of_service(s):
-            continue
-        pn = pnodes.get(name)
-        if pn is not None and qualifies(pn, env):
-            return True
-    return False
-
-
-def _decode_home(obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope]) -> bool:
-    """Is some in-service non-premium node decode-eligible (so fy_ok_decode exists without a loan)?"""
-    return _home(obs, priced, envelopes, lambda pn, env: not env.premium and decode_eligible(pn, env))
-
-
-def _premium(env: Envelope | None) -> bool:
-    return env is not None and env.premium
-
-
-def out_of_service(s: SlurmNode) -> bool:
-    return not s.states or not _OUT.isdisjoint(s.states)
-
-
-def node_pieces(j: JobView, max_node: int) -> list[int]:
-    """Per-node pieces of a pending job (its nodes are not chosen yet): whole nodes of ``max_node`` GPUs."""
-    if max_node <= 0 or j.gpus <= max_node:
-        return [j.gpus]
-    full, rest = divmod(j.gpus, max_node)
-    return [max_node] * full + ([rest] if rest else [])
-
-
-_NOTHING = (0, 0, False)
-
-
-def _share(n_idle: int, env: Envelope | None, pn: PricedNode | None) -> tuple[int, int, bool]:
-    """What one schedulable node with ``n_idle`` idle GPUs adds to the supply: (idle GPUs on which decode
-    runs without a loan, idle GPUs on which batch runs without a loan under ``premium.batch``, whether it is
-    an eligible premium node); 0 where it adds none."""
-    if env is None or pn is None or not (env.premium or n_idle > 0):
-        return _NOTHING
-    batch = n_idle if n_idle > 0 and batch_home(pn, env) else 0
-    if not decode_eligible(pn, env):
-        return (0, batch, False)
-    if env.premium:
-        return (0, batch, True)
-    return (n_idle, batch, False)
-
-
-def _supply(
-    idle: Mapping[str, int],
-    envelopes: Mapping[str, Envelope],
-    pnodes: Mapping[str, PricedNode],
-    memo: dict[str, Any] | None,
-) -> tuple[dict[int, int], dict[int, int], list[str]]:
-    """Rules 1 and 3 per node (``_share`` of every node ``idle_gpus`` counts, i.e. not out of service): the
-    idle GPUs that carry fy_ok_decode without lending and those that carry fy_ok_batch without lending,
-    as histograms (free count -> nodes, what ``best_fit`` reads of them), and the eligible premium nodes
-    by name.
-
-    ``memo`` (``ControllerState.memo``) keeps the last call's shares and totals: only the nodes whose idle
-    count, envelope or priced node (the very object, ``state.changed_keys``) differs are looked at again;
-    ``tests/core/test_premium.py`` checks the totals against a fresh count."""
-    last = memo.get("premium_supply") if memo is not None else None
-    if last is None:
-        shares: dict[str, tuple[int, int, bool]] = {}
-        base: dict[int, int] = {}
-        batch: dict[int, int] = {}
-        eligible: set[str] = set()
-        todo: Iterable[str] = idle
-    else:
-        shares, base, batch = dict(last["shares"]), dict(last["base"]), dict(last["batch"])
-        eligible = set(last["eligible"])
-        old_idle = last["idle"]
-        todo = {n for n, v in idle.items() if old_idle.get(n) != v}  # holds the keys new to idle
-        if len(old_idle) != len(idle) - sum(1 for n in todo if n not in old_idle):  # some left idle
-            todo.update(old_idle.keys() - idle.keys())
-        todo |= changed_keys(envelopes, last["envs"], memo) | changed_keys(pnodes, last["pnodes"], memo)
-    moved = last is None  # an eligible node came or went: sorted again
-    for name in todo:
-        n_idle = idle.get(name)
-        new = _NOTHING if n_idle is None else _share(n_idle, envelopes.get(name), pnodes.get(name))
-        old = shares.get(name, _NOTHING)
-        if new == old:
-            continue
-        moved = moved or new[2] is not old[2]
-        for hist, was, now in ((base, old[0], new[0]), (batch, old[1], new[1])):
-            if was > 0:
-                left = hist[was] - 1
-                if left:
-                    hist[was] = left
-                else:
-                    del hist[was]  # every count in a histogram stays > 0 (_best_fit)
-            if now > 0:
-                hist[now] = hist.get(now, 0) + 1
-        if new[2]:
-            eligible.add(name)
-        else:
-            eligible.discard(name)
-        if new is _NOTHING:
-            shares.pop(name, None)
-        else:
-            shares[name] = new
-    names = sorted(eligible) if moved or last is None else last["eligible"]
-    if memo is not None:
-        memo["premium_supply"] = {
-            "idle": idle, "envs": envelopes, "pnodes": pnodes, "shares": shares, "base": base, "batch": batch,
-            "eligible": names,
-        }  # fmt: skip
-    return base, batch, names
-
-
-def best_fit(chunks: list[int], free: list[int]) -> list[int]:
-    """Best fit of ``chunks`` (largest first) into per-node ``free`` GPUs; returns the chunks that fit
-    nowhere. A histogram of free counts keeps this O(chunks x GPUs per node)."""
-    if not chunks:
-        return []
-    hist: dict[int, int] = {}
-    for f in free:
-        if f > 0:
-            hist[f] = hist.get(f, 0) + 1
-    return _best_fit(chunks, hist)
-
-
-def _best_fit(chunks: list[int], hist: dict[int, int]) -> list[int]:
-    """``best_fit`` over ``hist`` (free count > 0 -> nodes with that many free, every count > 0), which it
-    uses up."""
-    if not chunks:
-        return []
-    if not hist:
-        return list(chunks)
-    top = max(hist)  # the largest free count left (hist[top] > 0 while top > 0)
-    unfit: list[int] = []
-    for i, c in enumerate(chunks):
-        if c > top:
-            unfit.append(c)
-            continue
-        k = c
-        while not hist.get(k):  # the smallest free count that takes c (ends at top at the latest)
-            k += 1
-        left = hist[k] - 1
-        hist[k] = left
-        if k - c > 0:
-            hist[k - c] = hist.get(k - c, 0) + 1
-        if not left and k == top:
-            top = max((f for f, m in hist.items() if m > 0), default=0)
-            if not top:  # nothing free anywhere: the rest fits nowhere
-                unfit.extend(chunks[i + 1 :])
-                break
-    return unfit
 
 
 def _changed(

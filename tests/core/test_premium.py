@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from core.builders import Fleet, Runner, mixed_fleet
 from core.builders import tier_params as Params  # the tier rule's mechanisms (builders.TIER_RULE)
 from slurm_fleetyield.core.model import Envelope, JobView, Observations, SlurmNode, Tier, WorkloadClass
-from slurm_fleetyield.core.premium import _decode_home, best_fit, decode_eligible, out_of_service, widen
+from slurm_fleetyield.core.premium import best_fit, decode_eligible, out_of_service, widen
+from slurm_fleetyield.core.premium_supply import decode_home as _decode_home
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.state import ControllerState, PremiumMemory
 
@@ -416,10 +417,10 @@ def test_batch_wall_on_an_all_premium_fleet_keeps_batch_submittable():
 
 
 def test_supply_from_last_call_equals_a_fresh_count() -> None:
-    """``_supply`` started from the last call's shares (only nodes whose idle count, envelope or priced
+    """``supply`` started from the last call's shares (only nodes whose idle count, envelope or priced
     node changed are looked at again) gives the histograms and eligible nodes of a fresh count, call after
     call, as nodes come and go, idle counts move and nodes turn premium, yellow, lemon or unmanaged."""
-    from slurm_fleetyield.core.premium import _supply
+    from slurm_fleetyield.core.premium_supply import supply as _supply
 
     names = [f"n{i}" for i in range(6)]
     envs = [
