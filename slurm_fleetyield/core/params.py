@@ -436,12 +436,14 @@ class ClassStake(BaseModel):
 
 def _default_stakes() -> dict[str, ClassStake]:
     # Sources: the simulator's trace conventions (sim/traces.py): training checkpoints hourly, batch every
-    # 30 min (assumptions, swept there), decode services cannot checkpoint.
+    # 30 min (assumptions, swept there). Decode is an inference service: what it served is served, so a
+    # fault costs it the requests in flight (~a minute: a 2-minute "interval", half of it lost) and the
+    # restart, not half its run (sim/runner.py, service_loss "inflight").
     return {
         "pretrain": ClassStake(checkpoint_s=3600.0),
         "finetune": ClassStake(checkpoint_s=3600.0),
         "batch": ClassStake(checkpoint_s=1800.0),
-        "decode": ClassStake(checkpoint_s=0.0, run_s=86_400.0),
+        "decode": ClassStake(checkpoint_s=120.0),
     }
 
 
@@ -474,6 +476,18 @@ class StakeParams(BaseModel):
         gt=0,
         description="Downtime of a pre-emptive drain (GPU swap or repair; assumption, the simulator's "
         "swap_h).",
+    )
+    drain_precision: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="The most a pre-emptive drain trusts a telemetry risk: drain_pays weighs the averted "
+        "loss at min(risk, drain_precision). A precursor signature (ECC, row remapping, link errors) also "
+        "shows on GPUs that do not fail, as often as on those that do by the simulator's default "
+        "(--false-alarm-ratio 1, an assumption), and the additive risk model reads several signals of one "
+        "episode as independent evidence (p ~0.99 on benign episodes, simulated): a drain is paid for by "
+        "what it averts at the precision such evidence can have. Fatal evidence (XIDs) does not go this way: "
+        "it quarantines at once.",
     )
     withhold_cap_fraction: float = Field(
         0.2,

@@ -93,6 +93,14 @@ def _common(f):  # type: ignore[no-untyped-def]
             help="Seconds each restart of an interrupted job spends before progress (scheduling, "
             "initialisation, checkpoint load; assumption, sweep it).",
         ),
+        click.option(
+            "--service-loss",
+            default="inflight",
+            show_default=True,
+            type=click.Choice(["inflight", "run"]),
+            help="What an interrupted decode (inference) service loses: the requests in flight and its "
+            "restart (it keeps what it served), or its whole run (the earlier assumption).",
+        ),
         click.option("--swap-h", default=24.0, show_default=True),
         click.option(
             "--policies",

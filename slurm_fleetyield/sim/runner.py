@@ -52,7 +52,11 @@ Fatal faults (the world after one, the same for every policy; only who notices a
 - FleetYield's agent pushes the XID at once: the core's quarantine drains the node and requeues the jobs on
   it with Slurm's Requeue flag in the same tick (fast requeue: no hang);
 - once the dead node is drained and empty it is DOWN for ``repair_h`` (reset, diagnostics), then comes back.
-A requeued job restarts from its last checkpoint if checkpointable, else from zero, and each restart spends
+A decode job is an inference service (openb's qos LS: latency-sensitive, inference-like): what it served is
+served, so an interruption loses only the requests in flight (``SERVICE_INFLIGHT_S``, assumption: a minute)
+and its restart, and the service runs on elsewhere for the rest of its life (``service_loss = "inflight"``;
+``"run"``: the earlier assumption that it loses its whole run, kept to compare). Any other job that is
+requeued restarts from its last checkpoint if checkpointable, else from zero, and each restart spends
 ``restart_s`` (scheduling, initialisation, checkpoint load; assumption: 5 min, swept) before progress; a
 checkpoint write blocks training for the job's ``ckpt_write_s`` every ``checkpoint_s`` of work. The GPU time
 a job holds without progress (hang, restart) counts as wasted, with the progress it loses (``stalled_gpu_h``
@@ -116,6 +120,8 @@ POLICIES = (
     "baseline_aa",
 )
 BARE = frozenset({"baseline", "baseline_aa"})  # unmodified Slurm
+SERVICE_LOSS = ("inflight", "run")
+SERVICE_INFLIGHT_S = 60.0  # assumption: an interrupted inference service loses about a minute of requests
 FY_POLICIES = frozenset(POLICIES) - BARE - {"oracle"}
 PREMIUM_MODEL, PREMIUM_TYPE = "NVIDIA H100 80GB HBM3", "h100"
 OTHER_MODEL, OTHER_TYPE = "NVIDIA L40S", "l40s"
@@ -166,6 +172,7 @@ class SimConfig:
     collective_timeout_s: float = 600.0  # PyTorch's NCCL process-group timeout default (10 min)
     health_check_interval_s: float = 300.0  # Slurm HealthCheckInterval running NHC (LBNL NHC's example)
     restart_s: float = 300.0  # per restart: scheduling, initialisation, checkpoint load (assumption, swept)
+    service_loss: str = "inflight"  # decode services: "inflight" (keep what they served) | "run" (lose it)
     faults: fm.FaultParams = field(default_factory=fm.FaultParams)
     # decision-core overrides for the FleetYield policies, as JSON of the config file's [core] table
     # (``simulate --params FILE``); applied under each ablation's own switch
@@ -713,6 +720,8 @@ class Simulation:
         self._stalled(j.gpus, min(js.startup, ran) + hang)
         if keep_progress:
             retained = progress
+        elif j.workload == "decode" and self.cfg.service_loss == "inflight":
+            retained = max(0.0, progress - SERVICE_INFLIGHT_S)  # a service keeps what it served
         elif j.checkpoint_s:
             retained = max(math.floor(progress / j.checkpoint_s) * j.checkpoint_s, min(js.saved, progress))
         else:
@@ -1215,6 +1224,9 @@ def make_config(**kw: Any) -> SimConfig:
         "health_check_interval_s": cfg.health_check_interval_s > 0,
         "restart_s": cfg.restart_s >= 0,
     }
+    if cfg.service_loss not in SERVICE_LOSS:
+        known = ", ".join(SERVICE_LOSS)
+        raise ValueError(f"simulation option service_loss={cfg.service_loss!r} is not one of {known}")
     for name, ok in checks.items():
         if not ok or not math.isfinite(getattr(cfg, name)):
             raise ValueError(f"simulation option {name}={getattr(cfg, name)!r} is out of range")

@@ -8,7 +8,8 @@ openb (Weng et al., "Beware of Fragmentation", USENIX ATC '23; github.com/alibab
 cluster-trace-gpu-v2023, commit 7a6c496e) has no job classes and no checkpoint flags, so they are assigned by
 this documented rule, never per job:
 - ``num_gpu`` 0 (CPU pods): dropped.
-- qos LS -> decode (latency-sensitive inference; not checkpointable: an interruption loses the whole run).
+- qos LS -> decode (latency-sensitive inference: a service, which does not checkpoint; an interruption loses
+  the requests in flight and its restart, not what it served: sim/runner.py ``service_loss``).
 - qos BE -> batch (best effort; checkpointable every ``BATCH_CKPT_S``).
 - qos Burstable/Guaranteed with ``num_gpu`` 8 -> pretrain gang; other Burstable/Guaranteed -> finetune
   (both checkpointable every ``TRAIN_CKPT_S``).

@@ -44,7 +44,7 @@ def test_stakes_weigh_the_whole_gang_and_the_lost_progress():
     st = {x.workload: x for x in stake.stakes(f.observe(0.0), Params())}
     assert st["pretrain"].gpus == 64  # 48 rounded up to a power of two: the answer does not flicker
     assert st["pretrain"].lost_s == 3600 / 2 + 600  # half an hourly checkpoint + the restart
-    assert st["decode"].gpus == 2 and st["decode"].lost_s == 86_400 / 2 + 600  # cannot checkpoint
+    assert st["decode"].gpus == 2 and st["decode"].lost_s == 120 / 2 + 600  # a service: in flight + restart
     assert st["batch"].gpus == 1  # nothing of the class around: one GPU
 
 
@@ -134,10 +134,15 @@ def test_a_drain_pays_only_when_the_averted_loss_exceeds_the_capacity_drained():
     p = Params()
     assert not _pays("n0", 0.6, f, p)[0]  # nothing at stake: downtime either way
     assert not _pays("n0", 0.999, f, p)[0]
-    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 256)]  # a gang would land there next
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 1024)]  # a gang would land there next
     pays, why = _pays("n0", 0.9, f, p)
-    assert pays and "averted" in why
-    assert not _pays("n0", 0.5, f, p)[0]  # a coin flip does not pay a day's swap
+    assert pays and "averted" in why and "(p 0.50)" in why  # weighed at the precision telemetry can have
+    assert not _pays("n0", 0.2, f, p)[0]  # 0.2 x (683 + 192) GPU-h averted < a day's swap
+    # a 256-GPU gang: 171 GPU-h at stake pays a day's swap at p 0.9, not at the precision bound (0.5)
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 256)]
+    assert not _pays("n0", 0.9, f, p)[0]
+    trusting = Params(stake={"drain_precision": 1.0})
+    assert _pays("n0", 0.9, f, trusting)[0] and not _pays("n0", 0.5, f, trusting)[0]
     # a job that cannot be requeued runs to its end on the node: the drain averts nothing for it
     f.jobs = [JobView(1, "RUNNING", ("n0", "n9"), False, WorkloadClass.DECODE, 64)]
     assert not _pays("n0", 0.9, f, p)[0]
