@@ -394,8 +394,10 @@ def _drain_stake_text(x: dict[str, Any]) -> str:
     f = x["figures"]
     if not f:  # logged before the figures were
         return head + x["why"]
+    risk = f.get("risk")
+    at = f" (risk {risk:.3f}, at most stake.drain_precision)" if risk is not None and risk != f["p"] else ""
     return head + (
-        f"averted = p {f['p']:.3f} x (requeued work {f['moved_gpu_h']:.1f} + next stake "
+        f"averted = p {f['p']:.3f}{at} x (requeued work {f['moved_gpu_h']:.1f} + next stake "
         f"{f['next_gpu_h']:.1f} + repair downtime {f['repair_gpu_h']:.1f}) = {f['averted_gpu_h']:.1f} GPU-h "
         f"vs cost = drain downtime {f['drain_gpu_h']:.1f} + requeued work {f['moved_gpu_h']:.1f} = "
         f"{f['cost_gpu_h']:.1f} GPU-h"

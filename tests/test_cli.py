@@ -340,7 +340,9 @@ def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     assert "-> carried_by_breaker: " in out
     drain = next(x for x in out.splitlines() if x.startswith("drain proposal "))
     assert (
-        "(open), made at " in drain and "averted = p 0.905 x (requeued work 0.0 + next stake 682.7 " in drain
+        "(open), made at " in drain
+        and "averted = p 0.500 (risk 0.905, at most stake.drain_precision) x (requeued work 0.0 + "
+        "next stake 682.7 " in drain
     )
     assert drain.endswith("vs cost = drain downtime 192.0 + requeued work 0.0 = 192.0 GPU-h")
     code, out = invoke("explain", "gpu000", "--config", str(stake_cfg), "--json")

@@ -227,11 +227,12 @@ def withhold(
 class DrainFigures:
     """``drain_pays``' arithmetic, in GPU-hours."""
 
-    p: float  # P(fatal within the horizon)
+    p: float  # P(fatal within the horizon) the drain is weighed at: the risk, at most stake.drain_precision
     moved_gpu_h: float  # progress + restart the requeued jobs lose now (the stake moved off the node)
     next_gpu_h: float  # the largest pending stake, which would land there next
     repair_gpu_h: float  # the node's GPUs down for stake.repair_s (a fault costs it anyway)
     drain_gpu_h: float  # the node's GPUs down for stake.drain_s
+    risk: float = math.nan  # the node's risk (P(fatal within the horizon) by the risk model)
 
     @property
     def averted_gpu_h(self) -> float:
@@ -253,6 +254,7 @@ class DrainFigures:
         """JSON-able, for the proposal's log event."""
         return {
             "p": self.p,
+            "risk": self.risk,
             "moved_gpu_h": self.moved_gpu_h,
             "next_gpu_h": self.next_gpu_h,
             "repair_gpu_h": self.repair_gpu_h,
@@ -275,8 +277,9 @@ def drain_figures(node: str, p: float, obs: Observations, params: Params, wh: Wi
     the jobs it requeues now (each loses half a checkpoint interval and a restart at once) and the work
     that would land there next (the largest of this tick's stakes, ``wh``, among the pending classes); jobs
     without the Requeue flag run to their end on the node either way. Averted: p x (the stake moved + the
-    node's GPUs down for ``repair_s``, which a fault costs anyway). Cost: the node's GPUs down for
-    ``drain_s`` plus the requeue's loss."""
+    node's GPUs down for ``repair_s``, which a fault costs anyway), p being the risk at most
+    ``stake.drain_precision`` (how often telemetry evidence of a coming fault can be right). Cost: the
+    node's GPUs down for ``drain_s`` plus the requeue's loss."""
     sp = params.stake
     default = ClassStake()
     g = node_gpus(obs, node)
@@ -288,7 +291,10 @@ def drain_figures(node: str, p: float, obs: Observations, params: Params, wh: Wi
         if cs.checkpoint_s > 0:
             moved += j.gpus * cs.lost_s
     nxt = max((x.gpus * x.lost_s for x in wh.stakes if x.workload in wh.pending), default=0.0)
-    return DrainFigures(p, moved / 3600.0, nxt / 3600.0, g * sp.repair_s / 3600.0, g * sp.drain_s / 3600.0)
+    pe = min(p, sp.drain_precision)
+    return DrainFigures(
+        pe, moved / 3600.0, nxt / 3600.0, g * sp.repair_s / 3600.0, g * sp.drain_s / 3600.0, p
+    )
 
 
 def signals_checkpoint(job: JobView, params: Params) -> str:

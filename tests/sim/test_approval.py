@@ -14,7 +14,9 @@ from slurm_fleetyield.core.plan import DrainNode
 from slurm_fleetyield.sim import runner
 
 # a small, fault-heavy synthetic fleet where approved drains hit nodes running both kinds of jobs
-CFG = dict(nodes=12, days=10, seed=0, lead_h=12.0)  # seed: a run with both kinds of drained jobs
+# seed: a run with both kinds of drained jobs; these tests are about the approval mechanism, not the drain
+# economics: the risk is trusted fully (stake.drain_precision 1) so that drains pay on this small fleet
+CFG = dict(nodes=12, days=10, seed=0, lead_h=12.0, core='{"stake": {"drain_precision": 1.0}}')
 
 
 def test_approved_drain_comes_from_the_plan_and_never_requeues_a_no_requeue_job(
