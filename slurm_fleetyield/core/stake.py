@@ -162,13 +162,20 @@ def withhold(
     out: dict[str, frozenset[str]] = {}
     losses: dict[str, list[tuple[float, str]]] = {}
     service_gpus = 0
+    # per node size: (the base risk of such a node, the risk at which its excess hazard reaches the floor);
+    # a fleet has a few sizes, so this tick computes each once
+    by_size: dict[int, tuple[float, float]] = {}
     for name, pn in priced.nodes.items():
         if pn.tier not in SERVICE_TIERS or not pn.managed or pn.keep_fy is not None:
             continue
         g = gpus_of[name] = node_gpus(obs, name)
         service_gpus += g
-        base = base_risk(g, multiplier, params)
-        if not pn.risk >= -math.expm1(-(floor + hazard_per_s(base, horizon)) * horizon):
+        size = by_size.get(g)
+        if size is None:
+            b = base_risk(g, multiplier, params)
+            size = by_size[g] = (b, -math.expm1(-(floor + hazard_per_s(b, horizon)) * horizon))
+        base, at_floor = size
+        if not pn.risk >= at_floor:
             continue  # below every class's floor; NaN (unknown) carries what it had
         drop = []
         for fig in figures(st, pn.risk, g, horizon, base):
