@@ -27,6 +27,8 @@ Keys (defaults)::
     attest_areas    = /tmp/fy-job-{job_id}         # per-job areas the Epilog wipes, comma-separated
     attest_max_age_s = 3600                        # the Prolog denies on an older verdict
     attest_controller_pubkey =                     # controller's key line; empty: the agent checked it
+    healthcheck_grace_s = 120                      # healthcheck.py: controller silent this long: drain here
+    scontrol        = scontrol                     # healthcheck.py: scontrol to run (PATH, else /usr/bin)
 
 With ``attest`` on, the Epilog invalidates the node's verdict (``<agent_state_dir>/attest-verdict.json``),
 wipes the job's areas, asks the agent to scrub its GPUs and then for a fresh hand-over; the Prolog
@@ -81,6 +83,8 @@ class HookConfig:
         "attest_areas": "/tmp/fy-job-{job_id}",
         "attest_max_age_s": 3600,
         "attest_controller_pubkey": "",
+        "healthcheck_grace_s": 120,
+        "scontrol": "scontrol",
     }
 
     agent_state_dir: str
@@ -96,6 +100,8 @@ class HookConfig:
     attest_areas: str
     attest_max_age_s: int
     attest_controller_pubkey: str
+    healthcheck_grace_s: int
+    scontrol: str
 
     def __init__(self, **values: str | int | bool) -> None:
         for key, default in self.DEFAULTS.items():
