@@ -5,6 +5,7 @@ real kernel on a GPU machine (skipped without ``libcuda.so.1``)."""
 from __future__ import annotations
 
 import ctypes
+import shutil
 import subprocess
 import threading
 from types import SimpleNamespace
@@ -288,3 +289,19 @@ def test_agent_books_failed_gpus_and_a_failed_diag_as_fatal(
     assert not report.ok and [r.status for r in report.results] == ["pass", "pass", "fail"]
     text = (tmp_path / "fatal.json").read_text()
     assert "active check fail: 1 of 4096 words wrong" in text and "dcgmi diag -r 1 failed" in text
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="no CUDA toolkit (ptxas) on this machine")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_ptx_assembles_for_a100_and_h100(tmp_path: Any, arch: str) -> None:
+    """What the driver's JIT does at cuModuleLoadData, done by the toolkit's assembler where there is one."""
+    src = tmp_path / "check.ptx"
+    src.write_text(cc.PTX)
+    out = subprocess.run(
+        ["ptxas", f"-arch={arch}", str(src), "-o", str(tmp_path / "check.cubin")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "check.cubin").stat().st_size > 0
