@@ -240,7 +240,9 @@ def _offline_agent(state_dir: Path, backend_name: str | None = None) -> Iterator
         yield Agent(backend, state_dir, backend.node, time.time)
 
 
-def _run(state_dir: Path, request: dict[str, Any], backend: str | None = None) -> Any:
+def _run(
+    state_dir: Path, request: dict[str, Any], backend: str | None = None, timeout_s: float = 10.0
+) -> Any:
     """Through the socket when a server runs, else directly on the persisted state."""
     from node_agent import control, state
     from node_agent.backends.base import BackendError
@@ -250,7 +252,7 @@ def _run(state_dir: Path, request: dict[str, Any], backend: str | None = None) -
         if request.get("spec") is not None:
             parse_fault(request["spec"])  # reject a bad spec before touching anything
         if state.server_running(state_dir):
-            return control.call(state_dir, request)
+            return control.call(state_dir, request, timeout_s)
         with _offline_agent(state_dir, backend) as agent:
             req = control.ControlRequest.model_validate(request)
             result = control.dispatch(agent, req)
@@ -397,7 +399,11 @@ def check(state_dir: Path, gpu: int | None, dcgm_diag_level: int, backend: str |
       2  usage, input or backend error
       3  no compute path: libcuda.so.1 missing or cuInit failing (nothing was checked)
     """
-    report = _run(state_dir, {"op": "check", "gpu": gpu, "diag_level": dcgm_diag_level}, backend)
+    from node_agent.cuda_check import DIAG_TIMEOUT_S
+
+    # a kernel per GPU takes well under a second, plus context creation; dcgmi diag up to its own timeout
+    wait_s = 60.0 + (DIAG_TIMEOUT_S[dcgm_diag_level] if dcgm_diag_level else 0)
+    report = _run(state_dir, {"op": "check", "gpu": gpu, "diag_level": dcgm_diag_level}, backend, wait_s)
     if as_json:
         _print(report)
     else:

@@ -305,3 +305,24 @@ def test_the_ptx_assembles_for_a100_and_h100(tmp_path: Any, arch: str) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "check.cubin").stat().st_size > 0
+
+
+def test_check_waits_for_the_running_agent_as_long_as_dcgmi_may_take(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Through the control socket the CLI used to wait 10 s: dcgmi diag -r 2 alone may take minutes."""
+    from node_agent import cli
+
+    seen: list[tuple[dict, float]] = []
+
+    def run(state_dir: Any, request: dict, backend: Any = None, timeout_s: float = 10.0) -> dict:
+        seen.append((request, timeout_s))
+        return {"ok": True, "results": [], "unavailable": None, "diag": None}
+
+    monkeypatch.setattr(cli, "_run", run)
+    for level in ("0", "2"):
+        res = CliRunner().invoke(
+            cli.main, ["check", "--state-dir", str(tmp_path), "--dcgm-diag-level", level]
+        )
+        assert res.exit_code == 0, res.output
+    assert [(r["diag_level"], t) for r, t in seen] == [(0, 60.0), (2, 60.0 + cc.DIAG_TIMEOUT_S[2])]
