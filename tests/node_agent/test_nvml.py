@@ -358,3 +358,26 @@ def test_clocks_event_reasons_and_fb_reserved_names() -> None:
     assert v is not None
     assert v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == 0x48 and "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" not in v
     assert (v["DCGM_FI_DEV_FB_RESERVED"], v["DCGM_FI_DEV_FB_USED"], v["DCGM_FI_DEV_FB_TOTAL"]) == (1, 3, 6)
+
+
+def test_sample_carries_gpm_fields_from_the_second_scrape_on() -> None:
+    """Through NvmlBackend: probed at start, absent on the first scrape (no interval yet), then present."""
+    import ctypes
+
+    import pynvml
+
+    nv = _full_fake([0])
+    gpm = _gpm_fake(True, {pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 99.0})
+    for k, v in vars(gpm).items():
+        setattr(nv, k, v)
+    nv.nvmlGpmSampleAlloc = lambda: ctypes.cast(ctypes.c_void_p(1), pynvml.c_nvmlGpmSample_t)
+    b = NvmlBackend("n1", nvml=nv, slow_interval_s=0)
+    b.start()
+    try:
+        first = b.sample(1.0)[0].values
+        second = b.sample(2.0)[0].values
+    finally:
+        b.stop()
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in first
+    assert second["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0.99
+    assert len(gpm.freed) == 2  # the held sample is freed at stop
