@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total,vb
 python3 -c "import sys, pynvml, pydantic, cryptography; print(sys.version.split()[0], 'pynvml', pynvml.__file__, 'pydantic', pydantic.VERSION, 'cryptography', cryptography.__version__)"
 
 step "tests that need a GPU (and the nvml unit tests)"
-python3 -m pytest -q -p no:cacheprovider -rs tests/node_agent/test_nvml_gpu.py tests/node_agent/test_nvml.py tests/attest/test_cuda_scrub.py
+python3 -m pytest -q -p no:cacheprovider -rs tests/node_agent/test_nvml_gpu.py tests/node_agent/test_nvml.py tests/node_agent/test_cuda_check.py tests/attest/test_cuda_scrub.py
 
 step "probe: fields, sample() cost, exposition -> controller tick, idle vs load"
 python3 -c "from node_agent.cli import main; main()" metrics --backend nvml --state-dir "$(mktemp -d)" > "$OUTDIR/agent_metrics.txt"; echo "agent metrics rc $?"
@@ -66,6 +66,22 @@ agent = SimpleNamespace(backend=b, state_dir=Path("/tmp"), node="gpu-node", cloc
 t0 = time.perf_counter(); done = Attestor(agent, AttestConfig(scrub_command=cmd)).scrub(None)
 print("hand-over scrub", done, f"{time.perf_counter() - t0:.2f} s"); b.stop()
 EOF
+step "active check on real GPUs: the PTX known-answer kernel per GPU (+ dcgmi diag -r 1 where installed)"
+CK=$(mktemp -d)
+agent check --backend nvml --state-dir "$CK" --json > "$OUTDIR/check.json"; echo "check rc $? (0 pass, 1 fail, 3 no compute path)"
+cat "$OUTDIR/check.json"
+agent check --backend nvml --state-dir "$CK"; echo "check (text) rc $?"
+python3 - <<'EOF'
+import time
+from node_agent.cuda_check import run_cuda_check
+from node_agent.backends.nvml import NvmlBackend
+b = NvmlBackend("gpu-node"); b.start()
+for _ in range(3):
+    t0 = time.perf_counter(); r = run_cuda_check("gpu-node", b.infos(), time.time())
+    print("cuda check", r.ok, [x.detail for x in r.results], f"{(time.perf_counter() - t0) * 1000:.0f} ms end to end")
+b.stop()
+EOF
+
 step "NVML call cost inside one sample(), the field-value API for the slow counters, RSS by stage"
 python3 bench/bench_nvml_calls.py --reps 100
 

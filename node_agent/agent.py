@@ -242,11 +242,16 @@ class Agent:
                 "events": [e.model_dump(mode="json") for e in events],
             }
 
-    def check(self, gpu: int | None = None) -> CheckReport:
+    def check(self, gpu: int | None = None, diag_level: int = 0) -> CheckReport:
+        """The active check: the fake's simulated compute, or on real GPUs ``node_agent.cuda_check`` (run
+        outside the agent lock: a kernel per GPU and dcgmi diag take seconds to minutes, scrapes go on)."""
+        if isinstance(self.backend, FakeBackend):
+            with self.lock:
+                report = run_fake_check(self.backend, self.clock(), gpu)
+        else:
+            report = self._real_check(gpu, diag_level)
+        now = report.time
         with self.lock:
-            now = self.clock()
-            fake = self._fake()
-            report = run_fake_check(fake, now, gpu)
             events = []
             for r in report.results:
                 if r.status == "pass":
@@ -267,6 +272,44 @@ class Agent:
                             message=f"active check {r.status}: {r.detail}",
                         )
                     )
+            if report.diag is not None and not report.diag.ok:
+                events.append(
+                    AgentEvent(
+                        event_id=str(uuidlib.uuid4()),
+                        time=now,
+                        node=self.node,
+                        gpu=None,
+                        uuid=None,
+                        kind="check_failed",
+                        xid=None,
+                        fatal=True,
+                        message=f"active check: {report.diag.detail}",
+                    )
+                )
             if events:
                 self.handle_events(events, reset_fixes=False)
             return report
+
+    def _real_check(self, gpu: int | None, diag_level: int) -> CheckReport:
+        from node_agent.cuda_check import run_cuda_check
+
+        infos = self.backend.infos()
+        started_here = False
+        if not infos:  # the CLI without a running server: enumerate the GPUs with NVML for this check
+            try:
+                self.backend.start()
+            except BackendError as exc:
+                return CheckReport(
+                    node=self.node,
+                    ok=False,
+                    time=self.clock(),
+                    results=[],
+                    unavailable=f"no compute path: {exc}",
+                )
+            started_here = True
+            infos = self.backend.infos()
+        try:
+            return run_cuda_check(self.node, infos, self.clock(), gpu, seed=self.seed, diag_level=diag_level)
+        finally:
+            if started_here:
+                self.backend.stop()

@@ -2,8 +2,10 @@
 
 Input: a started backend (fake: the persisted state) and optional GPU index. Output: a
 ``CheckReport`` (pydantic) with one result per GPU: ``pass``, ``fail`` (wrong answer: quiet
-corruption) or ``missing`` (GPU not visible). Exit codes used by the CLI: 0 all pass,
-1 any fail/missing, 2 error (e.g. the nvml backend, which has no compute path here).
+corruption) or ``missing`` (GPU not visible). Exit codes used by the CLI: 0 all pass, 1 any
+fail/missing (or dcgmi diag failed), 2 usage or backend error, 3 no compute path (nvml backend without
+libcuda, or cuInit failing). The nvml backend's check is ``node_agent.cuda_check`` (a PTX kernel per GPU
+through the CUDA driver API, and ``dcgmi diag`` when DCGM is installed).
 
 On the fake backend the "GPU" computes a 24x24 integer matrix product of seeded inputs and
 hashes it; a GPU with a ``corrupt`` fault flips one bit of one product element, so its hash
@@ -30,11 +32,23 @@ class GpuCheck(BaseModel):
     detail: str
 
 
+class DiagResult(BaseModel):
+    """``dcgmi diag -r LEVEL`` (nvml backend, where DCGM is installed): a node-level verdict."""
+
+    level: int
+    ok: bool
+    rc: int | None
+    detail: str
+
+
 class CheckReport(BaseModel):
     node: str
     ok: bool
     time: float
     results: list[GpuCheck]
+    unavailable: str | None = None
+    """Set when no check could run at all (nvml: no libcuda / cuInit failed): exit 3, not a GPU verdict."""
+    diag: DiagResult | None = None
 
 
 def _matrices(seed: int, gpu: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -6,7 +6,7 @@ dir; when no server runs, the action edits the persisted state directly under th
 lock so the next start sees it. Bad flags or specs print a clear error and change nothing.
 ``--json`` on every verb that prints (fault, check, reset, metrics, attest ...) prints JSON, and an error as
 ``{"error": ...}`` on stderr (node_agent.clikit). Exit codes: 0 ok; 1 check failed; 2 usage/input error or
-backend error.
+backend error; 3 (check only) no compute path on real GPUs (no libcuda.so.1).
 """
 
 from __future__ import annotations
@@ -240,7 +240,9 @@ def _offline_agent(state_dir: Path, backend_name: str | None = None) -> Iterator
         yield Agent(backend, state_dir, backend.node, time.time)
 
 
-def _run(state_dir: Path, request: dict[str, Any], backend: str | None = None) -> Any:
+def _run(
+    state_dir: Path, request: dict[str, Any], backend: str | None = None, timeout_s: float = 10.0
+) -> Any:
     """Through the socket when a server runs, else directly on the persisted state."""
     from node_agent import control, state
     from node_agent.backends.base import BackendError
@@ -250,7 +252,7 @@ def _run(state_dir: Path, request: dict[str, Any], backend: str | None = None) -
         if request.get("spec") is not None:
             parse_fault(request["spec"])  # reject a bad spec before touching anything
         if state.server_running(state_dir):
-            return control.call(state_dir, request)
+            return control.call(state_dir, request, timeout_s)
         with _offline_agent(state_dir, backend) as agent:
             req = control.ControlRequest.model_validate(request)
             result = control.dispatch(agent, req)
@@ -363,18 +365,56 @@ def fault_list(state_dir: Path, gpu: int | None, as_json: bool) -> None:
 
 
 # ---------------------------------------------------------------- check / reset
+CHECK_NO_COMPUTE_PATH = 3
+
+
 @main.command()
 @STATE_DIR
 @click.option("--gpu", type=int, default=None)
+@click.option(
+    "--dcgm-diag-level",
+    type=click.IntRange(0, 4),
+    default=1,
+    show_default=True,
+    help="Real GPUs: also run `dcgmi diag -r N` when dcgmi is on PATH (0: skip it).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["fake", "nvml"]),
+    default=None,
+    help="Only needed when no server runs (default: fake if fake state exists, else nvml).",
+)
 @json_option("Print the JSON report (errors as JSON on stderr).")
-def check(state_dir: Path, gpu: int | None, as_json: bool) -> None:
-    """Active known-answer check per GPU. Exit 0 pass, 1 fail, 2 error."""
-    report = _run(state_dir, {"op": "check", "gpu": gpu})
+def check(state_dir: Path, gpu: int | None, dcgm_diag_level: int, backend: str | None, as_json: bool) -> None:
+    """Active known-answer check per GPU (what a Slurm canary runs).
+
+    Fake backend: a simulated compute that a `corrupt` fault falsifies. nvml backend: a small PTX kernel per
+    GPU through the CUDA driver (libcuda.so.1, no toolkit), its 4096 words compared with the answer computed
+    on the host, then `dcgmi diag -r N` where DCGM is installed.
+
+    \b
+    Exit codes:
+      0  every GPU passed (and dcgmi diag, when it ran)
+      1  a GPU failed: wrong answer, a CUDA error, not visible; or dcgmi diag failed
+      2  usage, input or backend error
+      3  no compute path: libcuda.so.1 missing or cuInit failing (nothing was checked)
+    """
+    from node_agent.cuda_check import DIAG_TIMEOUT_S
+
+    # a kernel per GPU takes well under a second, plus context creation; dcgmi diag up to its own timeout
+    wait_s = 60.0 + (DIAG_TIMEOUT_S[dcgm_diag_level] if dcgm_diag_level else 0)
+    report = _run(state_dir, {"op": "check", "gpu": gpu, "diag_level": dcgm_diag_level}, backend, wait_s)
     if as_json:
         _print(report)
     else:
         for r in report["results"]:
             click.echo(f"gpu {r['gpu']} {r['uuid']}: {r['status']} ({r['detail']})")
+        if report.get("diag"):
+            click.echo(f"dcgmi: {'pass' if report['diag']['ok'] else 'fail'} ({report['diag']['detail']})")
+        if report.get("unavailable"):
+            click.echo(report["unavailable"], err=True)
+    if report.get("unavailable"):
+        sys.exit(CHECK_NO_COMPUTE_PATH)
     sys.exit(0 if report["ok"] else 1)
 
 

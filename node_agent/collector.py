@@ -3,7 +3,8 @@
 Input: a ``Backend`` (read at scrape time), the node name, a clock and options (lowercase
 ``hostname`` label, HPC job-mapping dir, XID count window). Output: fresh metric families
 on every ``collect()``: the DCGM_FI_* fields (HELP/TYPE text from dcgm-exporter's
-etc/default-counters.csv, units as DCGM reports them), ``DCGM_EXP_XID_ERRORS_COUNT``,
+etc/default-counters.csv as of 4.4+: violation times in ns, the clocks-event-reasons name, the five default
+profiling fields; units as DCGM reports them), ``DCGM_EXP_XID_ERRORS_COUNT`` (a gauge, as that CSV types it),
 ``fleetyield_gpu_xid_errors_total`` and the ``fleetyield_agent_*`` gauges.
 
 Label order (dcgm-exporter's GPU template): ``gpu, UUID, pci_bus_id, device, modelName,
@@ -40,11 +41,16 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
     ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
-    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in us)."),
-    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in us)."),
-    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons (bitmask)."),
+    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in ns)."),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in ns)."),
+    (
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "gauge",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*)",
+    ),
     ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
     ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."),
     ("DCGM_FI_DEV_FB_TOTAL", "gauge", "Framebuffer memory total (in MiB)."),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
@@ -64,7 +70,7 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     (
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "counter",
-        "Total number of NVLink bandwidth counters for all lanes",
+        "Total number of NVLink bandwidth counters for all lanes.",
     ),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status"),
     (
@@ -75,6 +81,26 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending"),
+    # Datacenter profiling (DCP) fields of the default list; a GPU without them (no GPM) omits them
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data "
+        "payloads - in bytes per second.",
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data "
+        "payloads - in bytes per second.",
+    ),
 )
 XID_COUNT_NAME = "DCGM_EXP_XID_ERRORS_COUNT"
 XID_COUNT_HELP = "Count of XID Errors within user-specified time window (see xid-count-window-size param)."

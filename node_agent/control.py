@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.agent import Agent
 from node_agent.backends.base import BackendError
@@ -43,6 +43,7 @@ class ControlRequest(BaseModel):
     nonce: str | None = None  # quote: the controller's nonce
     gpus: list[int] | None = None  # scrub: GPU indices (empty or unset: every GPU)
     job_id: str | None = None  # handover: the job that just ended (logged by the controller)
+    diag_level: int = Field(default=0, ge=0, le=4)  # check: dcgmi diag -r N on real GPUs (0: none)
 
 
 ATTEST_OPS = frozenset({"quote", "scrub", "handover", "pubkey"})
@@ -67,7 +68,7 @@ def dispatch(agent: Agent, req: ControlRequest) -> Any:
         if req.gpu is None:
             raise BackendError("reset needs --gpu")
         return agent.reset(req.gpu)
-    return agent.check(req.gpu).model_dump(mode="json")
+    return agent.check(req.gpu, req.diag_level).model_dump(mode="json")
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -3,7 +3,8 @@
 Input: an ``AgentConfig``, a clock, the ``[attest]`` settings (``node_agent.attest.config``). Output: a
 running server (``Server.start()`` / ``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from
 a non-global ``CollectorRegistry`` (503 while a GPU backend call is stuck: ``node_agent.supervise``),
-``GET /healthz`` (503 naming what is wrong: a stuck backend call, a failing or dead supervised thread)
+``GET /healthz`` and ``GET /health`` (dcgm-exporter's path; both 503 naming what is wrong: a stuck backend
+call, a failing or dead supervised thread)
 and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
 for a controller that pulls; ``node_agent.attest.service.http_quote``). With ``attest.controller_url`` and
 a push secret, a ``HandoverLoop`` re-attests at start and every 15 minutes. ``run_forever`` installs
@@ -104,7 +105,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(503, f"GPU data unavailable: {exc}\n".encode(), "text/plain")
                 return
             self._send(200, body, CONTENT_TYPE)
-        elif path in ("/", "/healthz"):
+        elif path in ("/", "/healthz", "/health"):  # /health: dcgm-exporter's liveness path
             problems = self.server.agent.health()
             if problems:
                 self._send(503, ("unhealthy: " + "; ".join(problems) + "\n").encode(), "text/plain")

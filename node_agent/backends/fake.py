@@ -27,6 +27,8 @@ XID_LOG_MAX = 1000
 THROTTLE_THERMAL_BITS = 0x8 | 0x20 | 0x40  # HW slowdown | SW thermal | HW thermal
 THROTTLE_ONSET_C = 5.0
 GSP_XIDS = frozenset({119, 120})
+FB_RESERVED_FRACTION = 0.0067  # H100 80GB: nvidia-smi shows ~551 MiB reserved of 81559
+PCIE_BYTES_PER_S = 50e9  # PCIe Gen5 x16, one direction
 
 Spec = XidFault | DegradeFault | CorruptFault
 
@@ -325,6 +327,25 @@ class FakeBackend(Backend):
             out["thermal_violation_us"] = int((dt - onset) * 1e6)
         return out
 
+    def _duty(self, index: int) -> float:
+        """The GPU's own load level (25-35): its utilisation runs from here to 65 points above, so GPUs of
+        one node differ in mean power and energy, as real ones under different jobs do."""
+        return 25 + 10 * self._u(index, "duty", 0)
+
+    def _profiling(self, index: int, bucket: int, util: int, m: GpuModel) -> dict[str, float]:
+        """The five default DCP fields, tied to ``util``: the graphics engine is active a little less than
+        NVML's utilisation says (that counts any kernel running), tensor pipes and DRAM a share of that, PCIe
+        traffic a share of the link's ~50 GB/s (Gen5 x16) per direction."""
+        busy = util / 100
+        gr = busy * (0.85 + 0.15 * self._u(index, "gr", bucket))
+        return {
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(gr, 6),
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": round(gr * (0.2 + 0.5 * self._u(index, "tensor", bucket)), 6),
+            "DCGM_FI_PROF_DRAM_ACTIVE": round(gr * (0.3 + 0.5 * self._u(index, "dram", bucket)), 6),
+            "DCGM_FI_PROF_PCIE_TX_BYTES": int(PCIE_BYTES_PER_S * busy * 0.2 * self._u(index, "tx", bucket)),
+            "DCGM_FI_PROF_PCIE_RX_BYTES": int(PCIE_BYTES_PER_S * busy * 0.4 * self._u(index, "rx", bucket)),
+        }
+
     def sample(self, now: float) -> list[GpuSample]:
         self._hang()
         s = self._st()
@@ -350,40 +371,45 @@ class FakeBackend(Backend):
                         else:
                             c[key] = c.get(key, 0) + value
             gsp_dead = any(isinstance(f.spec, XidFault) and f.spec.xid in GSP_XIDS for f in g.faults)
-            util = 0 if gsp_dead else int(30 + 65 * self._u(g.index, "util", bucket))
+            duty = self._duty(g.index)
+            util = 0 if gsp_dead else int(duty + 65 * self._u(g.index, "util", bucket))
             sm_clock = int(m.sm_clock_max_mhz * (0.85 + 0.15 * self._u(g.index, "sm", bucket)))
             if throttle:
                 sm_clock = int(sm_clock * 0.7)
             temp = int(32 + util * 0.35 + 3 * self._u(g.index, "temp", bucket) + temp_delta)
             power = round(m.power_idle_w + (m.power_max_w - m.power_idle_w) * util / 100, 3)
             fb_total = m.fb_total_mib - int(c.get("fb_lost_mib", 0))
-            fb_used = int(fb_total * (0.05 + 0.85 * self._u(g.index, "fb", bucket)))
+            fb_reserved = int(m.fb_total_mib * FB_RESERVED_FRACTION)  # driver/firmware carve-out
+            fb_used = int((fb_total - fb_reserved) * (0.05 + 0.85 * self._u(g.index, "fb", bucket)))
+            # mean power over the GPU's life: idle plus its duty's share of the dynamic range (the mean of
+            # ``util`` is duty + 32.5), so the energy counter grows at this GPU's own average draw
+            mean_power = m.power_idle_w + (m.power_max_w - m.power_idle_w) * (duty + 32.5) / 100
             v: dict[str, float] = {
                 "DCGM_FI_DEV_SM_CLOCK": sm_clock,
                 "DCGM_FI_DEV_MEM_CLOCK": m.mem_clock_mhz,
                 "DCGM_FI_DEV_GPU_TEMP": temp,
                 "DCGM_FI_DEV_POWER_USAGE": power,
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(
-                    (m.power_idle_w + m.power_max_w) / 2 * elapsed * 1000
-                ),
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(mean_power * elapsed * 1000),
                 "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": int(c.get("pcie_replay", 0)),
                 "DCGM_FI_DEV_GPU_UTIL": util,
                 "DCGM_FI_DEV_MEM_COPY_UTIL": int(util * 0.4),
                 "DCGM_FI_DEV_ENC_UTIL": 0,
                 "DCGM_FI_DEV_DEC_UTIL": 0,
                 "DCGM_FI_DEV_XID_ERRORS": g.last_xid,
-                "DCGM_FI_DEV_FB_FREE": fb_total - fb_used,
+                "DCGM_FI_DEV_FB_FREE": fb_total - fb_reserved - fb_used,
                 "DCGM_FI_DEV_FB_USED": fb_used,
+                "DCGM_FI_DEV_FB_RESERVED": fb_reserved,
                 "DCGM_FI_DEV_FB_TOTAL": fb_total,
                 "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": int(c.get("ecc_sbe_vol", 0)),
                 "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": int(c.get("ecc_dbe_vol", 0)),
                 "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": int(c.get("ecc_sbe_agg", 0)),
                 "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": int(c.get("ecc_dbe_agg", 0)),
-                "DCGM_FI_DEV_POWER_VIOLATION": int(c.get("power_violation_us", 0)),
-                "DCGM_FI_DEV_THERMAL_VIOLATION": int(c.get("thermal_violation_us", 0)),
-                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": THROTTLE_THERMAL_BITS if throttle else 0,
+                "DCGM_FI_DEV_POWER_VIOLATION": int(c.get("power_violation_us", 0)) * 1000,  # ns
+                "DCGM_FI_DEV_THERMAL_VIOLATION": int(c.get("thermal_violation_us", 0)) * 1000,
+                "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": THROTTLE_THERMAL_BITS if throttle else 0,
                 "DCGM_FI_DEV_VGPU_LICENSE_STATUS": 0,
             }
+            v.update(self._profiling(g.index, bucket, util, m))
             if m.has_memory_temp:
                 v["DCGM_FI_DEV_MEMORY_TEMP"] = temp + 6
             if m.row_remapping:

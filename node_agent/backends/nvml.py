@@ -4,7 +4,9 @@ Input: the NVIDIA driver's libnvidia-ml (loaded at ``start()``, not at import). 
 ``GpuSample``s per scrape: temperature (C), power (W), energy (mJ), clocks (MHz),
 utilisation (%), framebuffer (MiB), ECC SBE/DBE volatile+aggregate, retired pages,
 row-remap counters, NVLink CRC flit/data, replay and recovery totals, PCIe replays,
-clock-throttle reasons and power/thermal violation time (us). A field NVML reports as
+clock event reasons (``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``), power/thermal violation time (ns, as NVML and
+DCGM report it), reserved framebuffer (NVML's v2 memory info), and the five default profiling fields from
+the GPM API where the GPU has it (``node_agent.backends.gpm``; absent otherwise). A field NVML reports as
 NotSupported (or any per-field NVML error) is omitted for that GPU, as dcgm-exporter
 omits blank values. XIDs arrive through an NVML event set (``nvmlEventTypeXidCriticalError``)
 waited on in a supervised thread (``node_agent.supervise``: restarted with backoff after any exception, the
@@ -39,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from node_agent.backends.base import Backend, BackendError, GpuInfo, GpuSample
+from node_agent.backends.gpm import Gpm
 from node_agent.protocol import AgentEvent
 from node_agent.supervise import Supervised
 from node_agent.xid_catalog import fatal_xids, xid_text
@@ -82,6 +85,7 @@ class NvmlBackend(Backend):
         self._xid: Supervised | None = None
         self._undelivered: list[AgentEvent] = []  # events the callback failed on: delivered first on restart
         self._event_set: Any = None
+        self._gpm: Gpm | None = None
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -118,6 +122,9 @@ class NvmlBackend(Backend):
                     )
                 )
                 self.static[i] = self._static(h)
+            self._gpm = Gpm(nv)
+            for i, h in enumerate(self._handles):
+                self._gpm.probe(i, h)
         except nv.NVMLError as exc:
             raise BackendError(f"NVML failed while enumerating GPUs: {exc}") from None
         self._start_xid_thread()
@@ -241,6 +248,8 @@ class NvmlBackend(Backend):
         if self._slow_thread is not None:
             self._slow_thread.join(2)
         nv = self._nvml
+        if self._gpm is not None:
+            self._gpm.close()
         if nv is not None and self._handles:
             try:
                 if self._event_set is not None:
@@ -270,6 +279,8 @@ class NvmlBackend(Backend):
                     values.update(self._slow.get(info.index, {}))
             else:
                 self._read_slow(h, values)
+            if self._gpm is not None:
+                values.update(self._gpm.read(info.index, h))
             with self._xid_lock:
                 values["DCGM_FI_DEV_XID_ERRORS"] = self._last_xid.get(info.index, 0)
                 out.append(
@@ -311,10 +322,12 @@ class NvmlBackend(Backend):
         put("DCGM_FI_DEV_ENC_UTIL", lambda: nv.nvmlDeviceGetEncoderUtilization(h)[0])
         put("DCGM_FI_DEV_DEC_UTIL", lambda: nv.nvmlDeviceGetDecoderUtilization(h)[0])
         try:
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            mem = self._memory_info(h)
             v["DCGM_FI_DEV_FB_FREE"] = mem.free // (1024 * 1024)
             v["DCGM_FI_DEV_FB_USED"] = mem.used // (1024 * 1024)
             v["DCGM_FI_DEV_FB_TOTAL"] = mem.total // (1024 * 1024)
+            if hasattr(mem, "reserved"):
+                v["DCGM_FI_DEV_FB_RESERVED"] = mem.reserved // (1024 * 1024)
         except nv.NVMLError:
             pass
         for name, err, counter in (
@@ -343,9 +356,20 @@ class NvmlBackend(Backend):
             v["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = int(bool(failure))
         except nv.NVMLError:
             pass
-        put("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if reasons is None:  # pynvml before the rename (driver 535): the same bitmask
+            reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        put("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", lambda: reasons(h))
         self._field_values(h, v)
         return v
+
+    def _memory_info(self, h: Any) -> Any:
+        """NVML's v2 memory info (it has ``reserved``) where pynvml and the driver have it, else v1."""
+        nv = self._nvml
+        if hasattr(nv, "nvmlMemory_v2"):
+            with contextlib.suppress(nv.NVMLError):
+                return nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+        return nv.nvmlDeviceGetMemoryInfo(h)
 
     def _read_slow(self, h: Any, v: dict[str, float]) -> None:
         """The four counters that cost milliseconds per read (module docstring), added to ``v``."""
@@ -353,13 +377,13 @@ class NvmlBackend(Backend):
         for name, fn in (
             ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),  # mJ
             ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)),
-            (  # ns -> us
+            (  # ns, as NVML and DCGM report it (dcgm-exporter's HELP says "in ns" since 4.4)
                 "DCGM_FI_DEV_POWER_VIOLATION",
-                lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_POWER).violationTime // 1000,
+                lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_POWER).violationTime,
             ),
             (
                 "DCGM_FI_DEV_THERMAL_VIOLATION",
-                lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_THERMAL).violationTime // 1000,
+                lambda: nv.nvmlDeviceGetViolationStatus(h, nv.NVML_PERF_POLICY_THERMAL).violationTime,
             ),
         ):
             with contextlib.suppress(nv.NVMLError):

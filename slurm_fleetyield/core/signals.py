@@ -28,8 +28,8 @@ NVLINK_CRC_DATA = "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"
 NVLINK_REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
 NVLINK_RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
 PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
-THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"  # cumulative microseconds throttled
-POWER_VIOLATION = "DCGM_FI_DEV_POWER_VIOLATION"  # cumulative microseconds throttled
+THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"  # cumulative nanoseconds throttled
+POWER_VIOLATION = "DCGM_FI_DEV_POWER_VIOLATION"  # cumulative nanoseconds throttled
 THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # bitmask (newer DCGM: CLOCKS_EVENT_REASONS)
 CLOCKS_EVENT_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
@@ -50,7 +50,9 @@ COUNTER_CHANNELS: tuple[str, ...] = (
 )
 """Cumulative counters tracked per GPU (after these come one ``xid:N`` channel per XID of interest)."""
 
-US_PER_HOUR = 3.6e9
+NS_PER_HOUR = 3.6e12
+"""The violation counters are in ns: NVML's violationTime and DCGM's field carry ns (dcgm-exporter's HELP
+said "in us" until 4.4, the values never were), so a rate in ns/h over this is the fraction of time."""
 
 # Throttle-reason bits that mean the hardware itself pulled the clocks down (nvml.h clocksEventReasons):
 # HW_SLOWDOWN 0x8, HW_THERMAL_SLOWDOWN 0x40, HW_POWER_BRAKE_SLOWDOWN 0x80. SW power capping (0x4) is routine
@@ -199,7 +201,7 @@ SIGNALS: tuple[SignalSpec, ...] = (
         "Time clocked down for thermal reasons: failing cooling (fan, cold plate, TIM) ages the board; "
         "Llama 3 lists thermal interruptions separately (6 of 419).",
         "DCGM_FI_DEV_THERMAL_VIOLATION; Llama 3 (arXiv 2407.21783) Table 5",
-        scale=1.0 / US_PER_HOUR,
+        scale=1.0 / NS_PER_HOUR,
     ),
     SignalSpec(
         "power_violation",
@@ -209,7 +211,7 @@ SIGNALS: tuple[SignalSpec, ...] = (
         "fraction of time",
         "Power capping is routine under load, so only throttling most of the time counts, and weakly.",
         "DCGM_FI_DEV_POWER_VIOLATION",
-        scale=1.0 / US_PER_HOUR,
+        scale=1.0 / NS_PER_HOUR,
     ),
     SignalSpec(
         "hw_throttle",

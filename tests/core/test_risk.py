@@ -372,3 +372,11 @@ def test_carried_risk_survives_a_fatal_event_on_a_node_slurm_does_not_know() -> 
         index = run.state.memo["fatal_history_index"]
         assert index[0] is run.state.nodes and set(index[1]) <= set(run.state.nodes), index[1]
     assert "gpu000" in index[1]
+
+
+def test_violation_counters_are_read_as_nanoseconds() -> None:
+    """DCGM and NVML count violation time in ns (dcgm-exporter's HELP says so since 4.4): an hour at 30 %
+    throttled grows the counter by 0.3 * 3.6e12 and reads as the fraction 0.3, not 1000 times that."""
+    specs = {spec.name: spec for spec in s.SIGNALS}
+    for name in ("thermal_violation", "power_violation"):
+        assert 0.3 * 3.6e12 * specs[name].scale == pytest.approx(0.3), name

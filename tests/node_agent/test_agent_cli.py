@@ -6,6 +6,7 @@ import signal
 import stat
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -253,3 +254,14 @@ def test_agent_http_405_and_no_broken_pipe_traceback(server, capsys) -> None:  #
     with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/healthz", timeout=5) as resp:
         assert resp.status == 200
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_health_and_healthz_both_answer(server) -> None:  # type: ignore[no-untyped-def]
+    """dcgm-exporter's liveness path is /health; ours was /healthz only: probes written for either work."""
+    srv, _ = server
+    for path in ("/health", "/healthz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}{path}", timeout=5) as resp:
+            assert (resp.status, resp.read()) == (200, b"ok\n"), path
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/healthx", timeout=5)
+    assert err.value.code == 404

@@ -24,11 +24,37 @@ EXPECTED_HELP = {
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", "Total number of double-bit volatile ECC errors."),
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": (
         "counter",
-        "Total number of NVLink bandwidth counters for all lanes",
+        "Total number of NVLink bandwidth counters for all lanes.",
     ),
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": ("gauge", "vGPU License status"),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", "Whether remapping of rows has failed"),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": ("counter", "Throttling duration due to thermal constraints (in us)."),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": ("counter", "Throttling duration due to thermal constraints (in ns)."),
+    "DCGM_FI_DEV_POWER_VIOLATION": ("counter", "Throttling duration due to power constraints (in ns)."),
+    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Framebuffer memory reserved (in MiB)."),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": (
+        "gauge",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*)",
+    ),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "Ratio of time the graphics engine is active."),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    "DCGM_FI_PROF_DRAM_ACTIVE": (
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": (
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads "
+        "- in bytes per second.",
+    ),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": (
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads "
+        "- in bytes per second.",
+    ),
+    "DCGM_EXP_XID_ERRORS_COUNT": (  # a gauge in dcgm-exporter's counters CSV (old and 4.x alike)
+        "gauge",
+        "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+    ),
 }
 
 
@@ -98,3 +124,63 @@ def test_l40s_omits_unsupported_fields(tmp_path: Path) -> None:
     assert "DCGM_FI_DEV_ROW_REMAP_FAILURE" not in fams
     assert fams["DCGM_FI_DEV_RETIRED_DBE"].samples[0].value == 0
     assert fams["DCGM_FI_DEV_FB_TOTAL"].samples[0].value == 46068
+
+
+PROF_FIELDS = (
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+
+
+def test_fake_profiling_fields_follow_utilisation(rig: Rig) -> None:
+    """The five default DCP fields on every fake GPU, in DCGM's units, and never busier than NVML says."""
+    fams = rig.families()
+    for name in PROF_FIELDS:
+        assert len(fams[name].samples) == 4, name
+    for t in range(0, 600, 5):  # many 5 s buckets: many utilisation draws
+        for s in rig.backend.sample(1_700_000_000.0 + t):
+            v = s.values
+            util = v["DCGM_FI_DEV_GPU_UTIL"]
+            gr, tensor, dram, tx, rx = (v[f] for f in PROF_FIELDS)
+            assert 0 < gr <= util / 100 and 0 < tensor < gr and 0 < dram < gr
+            assert 0 <= tx <= 50e9 * util / 100 and 0 <= rx <= 50e9 * util / 100
+
+
+def test_gsp_dead_gpu_is_idle_in_profiling_too(rig: Rig) -> None:
+    from node_agent.faults import parse_fault
+
+    rig.agent.inject(parse_fault({"kind": "xid", "gpu": 1, "xid": 119}))
+    assert rig.value("DCGM_FI_DEV_GPU_UTIL", 1) == 0
+    assert all(rig.value(f, 1) == 0 for f in PROF_FIELDS)
+
+
+def test_fb_reserved_and_the_nvml_v2_sum(rig: Rig) -> None:
+    """NVML v2 memory: total = free + used + reserved (dcgm-exporter's FB_RESERVED is the carve-out)."""
+    for gpu in range(4):
+        total, free, used, reserved = (
+            rig.value(f"DCGM_FI_DEV_FB_{k}", gpu) for k in ("TOTAL", "FREE", "USED", "RESERVED")
+        )
+        assert reserved is not None and 0 < reserved < 1024
+        assert free is not None and used is not None and total == free + used + reserved
+
+
+def test_energy_grows_at_each_gpus_own_mean_power(rig: Rig) -> None:
+    """Energy used to be one formula for every GPU whatever its power; now each GPU's counter grows at its
+    own average draw: GPUs differ, and over a long window energy / time matches the mean power sampled."""
+    t0 = rig.clock.now
+    start = [rig.value("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", g) for g in range(4)]
+    powers: list[list[float]] = [[] for _ in range(4)]
+    hours = 6
+    for step in range(hours * 720):  # every 5 s bucket of six hours
+        rig.clock.now = t0 + 5 * step
+        for g, s in enumerate(rig.backend.sample(rig.clock.now)):
+            powers[g].append(s.values["DCGM_FI_DEV_POWER_USAGE"])
+    rig.clock.now = t0 + hours * 3600
+    end = [rig.value("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", g) for g in range(4)]
+    watts = [(e - s) / 1000 / (hours * 3600) for s, e in zip(start, end, strict=True)]  # type: ignore[operator]
+    assert len({round(w, 3) for w in watts}) == 4  # no two GPUs alike
+    for w, p in zip(watts, powers, strict=True):
+        assert abs(w - sum(p) / len(p)) / w < 0.02, (w, sum(p) / len(p))

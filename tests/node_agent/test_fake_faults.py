@@ -123,12 +123,12 @@ def test_thermal_degradation_throttles(tmp_path: Path) -> None:
     healthy = make_rig(tmp_path / "b", clock=rig.clock)  # same seed: the baseline at the same times
     _inject(rig, kind="degrade", mode="thermal", rate=1.0, max_delta_c=15, gpu=2)
     rig.clock.advance(2)
-    assert rig.value("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 2) == 0
+    assert rig.value("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 2) == 0
     rig.clock.advance(20)
     assert rig.value("DCGM_FI_DEV_GPU_TEMP", 2) == healthy.value("DCGM_FI_DEV_GPU_TEMP", 2) + 15  # type: ignore[operator]
     assert rig.value("DCGM_FI_DEV_SM_CLOCK", 2) < healthy.value("DCGM_FI_DEV_SM_CLOCK", 2)  # type: ignore[operator]
-    assert rig.value("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 2) == 0x68
-    assert rig.value("DCGM_FI_DEV_THERMAL_VIOLATION", 2) == 17_000_000
+    assert rig.value("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 2) == 0x68
+    assert rig.value("DCGM_FI_DEV_THERMAL_VIOLATION", 2) == 17_000_000_000  # ns
 
 
 def test_corruption_changes_no_metric_but_fails_check(rig: Rig) -> None:

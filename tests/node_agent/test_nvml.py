@@ -122,7 +122,7 @@ def test_not_supported_fields_are_omitted() -> None:
     b._read_slow(object(), v)
     assert v["DCGM_FI_DEV_POWER_USAGE"] == 123.456
     assert v["DCGM_FI_DEV_FB_USED"] == 3
-    assert v["DCGM_FI_DEV_POWER_VIOLATION"] == 5
+    assert v["DCGM_FI_DEV_POWER_VIOLATION"] == 5000  # ns, as NVML reports it
     assert v["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] == 1
     for missing in (
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
@@ -214,8 +214,8 @@ def test_slow_counters_are_served_from_the_refresher() -> None:
             (s,) = b.sample(1.0)
             assert s.values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == 1000
         assert len(energy) == 2  # scrapes did not read the slow counters again
-        assert s.values["DCGM_FI_DEV_POWER_VIOLATION"] == 2000  # ns -> us
-        assert s.values["DCGM_FI_DEV_THERMAL_VIOLATION"] == 4000
+        assert s.values["DCGM_FI_DEV_POWER_VIOLATION"] == 2_000_000  # ns, unchanged
+        assert s.values["DCGM_FI_DEV_THERMAL_VIOLATION"] == 4_000_000
         assert s.values["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == 7 and s.values["DCGM_FI_DEV_GPU_UTIL"] == 100
         b.refresh_slow()  # what the thread does every interval
         assert b.sample(2.0)[0].values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == 2000
@@ -232,3 +232,152 @@ def test_interval_zero_reads_every_counter_on_every_sample() -> None:
     values = [b.sample(float(t))[0].values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] for t in range(3)]
     assert values == [1000, 2000, 3000] and b._slow_thread is None
     b.stop()
+
+
+def _gpm_fake(
+    supported: bool, values: dict[int, float], fail: frozenset[int] = frozenset()
+) -> SimpleNamespace:
+    """pynvml's GPM calls over its real structures (c_nvmlGpmMetricsGet_t); samples are counters."""
+    import pynvml
+
+    taken: list[int] = []
+    freed: list[int] = []
+
+    def metrics_get(req: object) -> object:
+        assert req.version == pynvml.NVML_GPM_METRICS_GET_VERSION  # type: ignore[attr-defined]
+        for i in range(req.numMetrics):  # type: ignore[attr-defined]
+            m = req.metrics[i]  # type: ignore[attr-defined]
+            m.nvmlReturn = 3 if m.metricId in fail else 0
+            m.value = values.get(m.metricId, 0.0)
+        return req
+
+    def sample_get(h: object, sample: int) -> int:
+        taken.append(sample)
+        return sample
+
+    return SimpleNamespace(
+        NVMLError=_NVMLError,
+        NVML_SUCCESS=0,
+        c_nvmlGpmMetricsGet_t=pynvml.c_nvmlGpmMetricsGet_t,
+        NVML_GPM_METRICS_GET_VERSION=pynvml.NVML_GPM_METRICS_GET_VERSION,
+        **{k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith("NVML_GPM_METRIC_")},
+        nvmlGpmQueryDeviceSupport=lambda h: SimpleNamespace(isSupportedDevice=int(supported)),
+        nvmlGpmSampleAlloc=lambda: None,
+        nvmlGpmSampleGet=sample_get,
+        nvmlGpmSampleFree=freed.append,
+        nvmlGpmMetricsGet=metrics_get,
+        taken=taken,
+        freed=freed,
+    )
+
+
+def test_gpm_gives_the_five_profiling_fields_in_dcgm_units() -> None:
+    import ctypes
+
+    import pynvml
+
+    from node_agent.backends.gpm import Gpm
+
+    values = {
+        pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 87.5,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 40.0,
+        pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 25.0,
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 100.0,  # MiB/s
+        pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 2.5,
+    }
+    nv = _gpm_fake(True, values)
+    gpm = Gpm(nv)
+    assert gpm.probe(0, "h0")
+    sample = ctypes.cast(ctypes.c_void_p(1), pynvml.c_nvmlGpmSample_t)
+    nv.nvmlGpmSampleAlloc = lambda: sample
+    assert gpm.read(0, "h0") == {}  # one sample: no interval yet
+    got = gpm.read(0, "h0")
+    assert got == {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.875,
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.4,
+        "DCGM_FI_PROF_DRAM_ACTIVE": 0.25,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": 100 * 1048576,
+        "DCGM_FI_PROF_PCIE_RX_BYTES": int(2.5 * 1048576),
+    }
+    assert len(nv.taken) == 2 and len(nv.freed) == 1  # the older sample is freed, the newer held
+    gpm.close()
+    assert len(nv.freed) == 2
+
+
+def test_gpm_absent_where_unsupported_or_failing() -> None:
+    import ctypes
+
+    import pynvml
+
+    from node_agent.backends.gpm import Gpm
+
+    nv = _gpm_fake(False, {})
+    gpm = Gpm(nv)
+    assert not gpm.probe(0, "h0") and gpm.read(0, "h0") == {} and gpm.read(0, "h0") == {}
+    assert nv.taken == []  # an unsupported GPU is never sampled
+    assert not Gpm(SimpleNamespace(NVMLError=_NVMLError)).probe(0, "h0")  # pynvml without GPM
+    tensor = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    nv = _gpm_fake(True, {pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 50.0}, fail=frozenset({tensor}))
+    nv.nvmlGpmSampleAlloc = lambda: ctypes.cast(ctypes.c_void_p(1), pynvml.c_nvmlGpmSample_t)
+    gpm = Gpm(nv)
+    gpm.probe(0, "h0")
+    gpm.read(0, "h0")
+    got = gpm.read(0, "h0")
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" not in got and got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0.5
+
+
+def test_clocks_event_reasons_and_fb_reserved_names() -> None:
+    """dcgm-exporter main's field name for the bitmask; NVML v2 memory info gives the reserved framebuffer."""
+
+    def unsupported(*_a: object) -> None:
+        raise _NotSupported("Not Supported")
+
+    def memory(h: object, version: int | None = None) -> SimpleNamespace:
+        assert version == 0x02000028
+        return SimpleNamespace(free=2 << 20, used=3 << 20, reserved=1 << 20, total=6 << 20)
+
+    fake = SimpleNamespace(
+        **_CONSTANTS,
+        nvmlMemory_v2=0x02000028,
+        nvmlDeviceGetTemperature=lambda h, t: 61,
+        nvmlDeviceGetClockInfo=unsupported,
+        nvmlDeviceGetPowerUsage=unsupported,
+        nvmlDeviceGetUtilizationRates=unsupported,
+        nvmlDeviceGetEncoderUtilization=unsupported,
+        nvmlDeviceGetDecoderUtilization=unsupported,
+        nvmlDeviceGetMemoryInfo=memory,
+        nvmlDeviceGetTotalEccErrors=unsupported,
+        nvmlDeviceGetRetiredPages=unsupported,
+        nvmlDeviceGetRetiredPagesPendingStatus=unsupported,
+        nvmlDeviceGetRemappedRows=unsupported,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x48,
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0xFFFF,  # the deprecated name: not used
+        nvmlDeviceGetFieldValues=unsupported,
+    )
+    v = NvmlBackend("n1", nvml=fake)._read(object())
+    assert v is not None
+    assert v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == 0x48 and "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" not in v
+    assert (v["DCGM_FI_DEV_FB_RESERVED"], v["DCGM_FI_DEV_FB_USED"], v["DCGM_FI_DEV_FB_TOTAL"]) == (1, 3, 6)
+
+
+def test_sample_carries_gpm_fields_from_the_second_scrape_on() -> None:
+    """Through NvmlBackend: probed at start, absent on the first scrape (no interval yet), then present."""
+    import ctypes
+
+    import pynvml
+
+    nv = _full_fake([0])
+    gpm = _gpm_fake(True, {pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 99.0})
+    for k, v in vars(gpm).items():
+        setattr(nv, k, v)
+    nv.nvmlGpmSampleAlloc = lambda: ctypes.cast(ctypes.c_void_p(1), pynvml.c_nvmlGpmSample_t)
+    b = NvmlBackend("n1", nvml=nv, slow_interval_s=0)
+    b.start()
+    try:
+        first = b.sample(1.0)[0].values
+        second = b.sample(2.0)[0].values
+    finally:
+        b.stop()
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in first
+    assert second["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0.99
+    assert len(gpm.freed) == 2  # the held sample is freed at stop

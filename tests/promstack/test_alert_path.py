@@ -155,3 +155,21 @@ def test_every_grafana_query_is_accepted_by_prometheus(alert_path: AlertPath):
         assert not re.search(r"\$\w+", expr), (title, expr)
         answer = alert_path.prom.query(expr)
         assert answer["status"] == "success", (title, expr, answer)
+
+
+def test_grafana_panels_read_both_host_label_spellings():
+    """dcgm-exporter main labels the host `hostname`, older releases and the agent `Hostname`: a panel that
+    selects or labels by one must do it by the other too, or it is empty on half the fleets."""
+    doc = json.loads(DASHBOARD.read_text())
+    checked = 0
+    for p in doc["panels"]:
+        for t in p.get("targets", []):
+            expr, legend = t["expr"], t.get("legendFormat", "")
+            upper = re.findall(r"\bHostname=~", expr)
+            assert len(upper) == len(re.findall(r"\bhostname=~", expr)), (p["title"], expr)
+            if "{{Hostname}}" in legend:
+                assert "{{hostname}}" in legend, (p["title"], legend)
+            if re.search(r"by \([^)]*\bHostname\b", expr):
+                assert re.search(r"by \([^)]*\bhostname\b", expr), (p["title"], expr)
+            checked += bool(upper)
+    assert checked >= 8
