@@ -219,13 +219,21 @@ class Server:
             from node_agent.webconfig import load_web_config
 
             web = load_web_config(cfg.web_config_file)
+        client = None
+        client_cfg = cfg.push_client()
+        if client_cfg is not None:  # an unreadable password or TLS file stops the start here too
+            from node_agent.httpclient import HttpClient
+
+            client = HttpClient(client_cfg, "push_")
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         if not self.lock.acquire():
             raise BackendError(f"another agent already serves state dir {cfg.state_dir}")
         try:
             backend = make_backend(cfg, self.clock)
             backend.start()
-            self.pusher = Pusher(cfg.state_dir, cfg.node_name(), cfg.push_url, secret, clock=self.clock)
+            self.pusher = Pusher(
+                cfg.state_dir, cfg.node_name(), cfg.push_url, secret, clock=self.clock, client=client
+            )
             self.agent = Agent(
                 backend, cfg.state_dir, cfg.node_name(), self.clock, self.pusher, scenario, cfg.seed
             )
@@ -254,6 +262,7 @@ class Server:
                     secret,
                     self.clock,
                     interval_s=cfg.outcomes_interval_s,
+                    client=client,
                 )
         except BaseException:
             self.lock.release()
