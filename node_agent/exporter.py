@@ -58,11 +58,16 @@ def make_backend(cfg: AgentConfig, clock: Callable[[], float]) -> Backend:
     return cls(cfg.node_name(), slow_interval_s=cfg.nvml_slow_interval_s)  # type: ignore[call-arg]
 
 
-def _attestor_factory(cfg: AttestConfig, secret: bytes | None) -> Callable[[Agent], Any]:
+def _attestor_factory(cfg: AttestConfig, secret: bytes | None, client: Any = None) -> Callable[[Agent], Any]:
+    """``client``: the push listener's basic auth and TLS (``push_basic_auth``, ``push_tls_config``): the
+    hand-over posts to the same listener."""
+
     def make(agent: Agent) -> Any:
         from node_agent.attest.service import Attestor
 
-        return Attestor(agent, cfg, secret)
+        attestor = Attestor(agent, cfg, secret)
+        attestor.client = client
+        return attestor
 
     return make
 
@@ -238,7 +243,7 @@ class Server:
                 backend, cfg.state_dir, cfg.node_name(), self.clock, self.pusher, scenario, cfg.seed
             )
             self.agent.start_scenario(self.clock())
-            self.agent.attest_factory = _attestor_factory(self.attest_cfg, secret)
+            self.agent.attest_factory = _attestor_factory(self.attest_cfg, secret, client)
             if self.attest_cfg.controller_url and secret:  # a bad [attest] table fails the start here
                 from node_agent.attest.service import HandoverLoop
 
