@@ -31,7 +31,7 @@ from node_agent.collector import GpuCollector, ThreadCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
-from node_agent.httpd import BoundedHTTPServer, Limits
+from node_agent.httpd import BoundedHTTPServer, Limits, ListenerCollector
 from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
 from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
@@ -254,6 +254,7 @@ class Server:
             limits = dataclasses.replace(AGENT_LIMITS, max_connections=cfg.max_connections)
             registry = make_registry(self.agent, cfg)
             self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, registry, limits, web)
+            registry.register(ListenerCollector("fleetyield_agent", self._listeners))
             if secret:
                 self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
             outcomes_url = cfg.outcomes_url
@@ -291,6 +292,9 @@ class Server:
         log.info(
             "fleetyield-agent serving %s backend on %s://%s:%d", cfg.backend, scheme, cfg.listen, self.port
         )
+
+    def _listeners(self) -> list[tuple[str, Any]]:
+        return [("metrics", self.http), ("control", self.control)]
 
     def _tick_loop(self) -> None:
         assert self.agent is not None

@@ -557,3 +557,44 @@ class BoundedHTTPServer:
         self._watch(conn, selectors.EVENT_READ)
         if conn.inbuf:
             self._frame(conn)
+
+
+_COUNTERS = {
+    "accepted": "Connections accepted.",
+    "evicted": "Connections closed at the cap to make room (the longest-waiting first).",
+    "timed_out": "Connections closed at a read, idle or write deadline.",
+    "refused": "Connections refused at the cap while every held one was being served.",
+    "requests": "Complete requests handed to a worker.",
+    "web_config_reloads": "Web-config files reloaded after a change.",
+    "web_config_errors": "Changed web-config files that did not load (the previous config stayed in force).",
+}
+
+
+class ListenerCollector:
+    """Prometheus collector over listeners' ``stats()`` (this module's servers and the agent's control
+    socket), read at scrape time: ``<prefix>_listener_<count>_total{listener}`` and
+    ``<prefix>_listener_connections{listener}``. ``listeners()`` returns (name, server) pairs."""
+
+    def __init__(self, prefix: str, listeners: Callable[[], list[tuple[str, Any]]]) -> None:
+        self._prefix = prefix
+        self._listeners = listeners
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = [(name, server.stats()) for name, server in self._listeners() if server is not None]
+        for key, doc in _COUNTERS.items():
+            family = CounterMetricFamily(f"{self._prefix}_listener_{key}", doc, labels=["listener"])
+            for name, s in stats:
+                if key in s:
+                    family.add_metric([name], s[key])
+            yield family
+        gauge = GaugeMetricFamily(
+            f"{self._prefix}_listener_connections", "Connections held now.", labels=["listener"]
+        )
+        for name, s in stats:
+            gauge.add_metric([name], s["connections"])
+        yield gauge

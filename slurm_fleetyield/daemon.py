@@ -542,6 +542,7 @@ def build(
     sense: SensePort | None = None,
 ) -> Runtime:
     """Wire the real adapters from ``config`` (ports may be injected, e.g. a recording Slurm runner)."""
+    from node_agent.httpd import ListenerCollector
     from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
     from slurm_fleetyield.adapters.ingest import IngestServer
 
@@ -630,12 +631,15 @@ def build(
             web=push_web,
         )
         servers.append(ingest)
+    named: list[tuple[str, Any]] = [("push", servers[0])] if servers else []
+    registry = make_registry(stats)
+    registry.register(ListenerCollector("fleetyield", lambda: [(name, s.httpd) for name, s in named]))
     if config.api.enabled:
         api = ApiServer(
             config.api.host,
             config.api.port,
             StoreReadModel(store, daemon.live, gate_dir=config.gate_dir, explain=daemon.explain),
-            make_registry(stats),
+            registry,
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
             attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,
             max_connections=config.api.max_connections,
@@ -643,6 +647,7 @@ def build(
             on_unauthenticated=stats.unauthenticated,
         )
         servers.append(api)
+        named.append(("api", api))
     return Runtime(daemon, store, servers, closers)
 
 

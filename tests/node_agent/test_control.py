@@ -5,10 +5,12 @@ its deadline. On the ThreadingUnixStreamServer this replaced, each held connecti
 
 from __future__ import annotations
 
+import re
 import resource
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +72,10 @@ def test_held_connections_leave_threads_bounded_and_a_request_answered(agent: Se
         assert control.stats()["connections"] <= MAX_CONNECTIONS, control.stats()
         assert call(state, {"op": "ping"}, timeout_s=5)["node"] == agent.agent.node  # type: ignore[union-attr]
         assert call(state, {"op": "list"}, timeout_s=5) == []
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        evicted = re.search(r'fleetyield_agent_listener_evicted_total\{listener="control"\} (\S+)', metrics)
+        assert evicted and float(evicted.group(1)) >= N - MAX_CONNECTIONS - 10, metrics[-2000:]
         assert me.num_threads() <= threads0 + THREAD_SLACK, (threads0, me.num_threads())
         assert me.num_fds() <= fds0 + MAX_CONNECTIONS + 8, (fds0, me.num_fds())
     finally:

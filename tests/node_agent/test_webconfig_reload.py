@@ -38,6 +38,17 @@ def _status(port: int, ca: Path, user: str = "alice") -> int | str:
         conn.close()
 
 
+def _metrics(port: int, ca: Path) -> str:
+    conn = http.client.HTTPSConnection("localhost", port, context=ssl.create_default_context(cafile=str(ca)))
+    try:
+        conn.request(
+            "GET", "/metrics", headers={"Authorization": "Basic " + b64encode(b"bob:s3cret").decode()}
+        )
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
 def test_rotated_certificates_and_users_load_and_a_bad_file_keeps_the_old_config(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -86,6 +97,9 @@ def test_rotated_certificates_and_users_load_and_a_bad_file_keeps_the_old_config
         key.unlink()  # a certificate's key gone: refused, counted, the old context kept
         wait_for(lambda: srv.http.stats()["web_config_errors"] == 2, what="the missing key noticed")
         assert _status(srv.port, new_ca, "bob") == 200
+        metrics = _metrics(srv.port, new_ca)
+        assert 'fleetyield_agent_listener_web_config_errors_total{listener="metrics"} 2\n' in metrics
+        assert 'fleetyield_agent_listener_web_config_reloads_total{listener="metrics"} 2\n' in metrics
         assert any("tls_server_config.key_file: no such file (got 'server.key')" in r.getMessage()
                    for r in caplog.records)  # fmt: skip
     finally:
