@@ -65,6 +65,9 @@ class AgentConfig(BaseModel):
             raise ValueError(f"--push-url must be an http(s) URL, got {self.push_url!r}")
         if self.outcomes_url and not self.outcomes_url.startswith(("http://", "https://")):
             raise ValueError(f"--outcomes-url must be an http(s) URL, got {self.outcomes_url!r}")
+        for url in (self.push_url, self.outcomes_url):
+            if self.push_tls_config is not None and url and not url.startswith("https://"):
+                raise ValueError(f"push_tls_config is set but {url!r} is not an https:// URL")
         if self.outcomes_url and not self.push_secret_file:
             raise ValueError("--outcomes-url needs --push-secret-file")
         return self

@@ -119,6 +119,8 @@ class SenseConfig(BaseModel):
             raise ValueError(f"url_template must contain '{{node}}', got {self.url_template!r}")
         if not self.url_template.startswith(("http://", "https://")):
             raise ValueError(f"url_template must be an http(s) URL, got {self.url_template!r}")
+        if self.tls_config is not None and not self.url_template.startswith("https://"):
+            raise ValueError(f"tls_config is set but url_template is not https://, got {self.url_template!r}")
         return self
 
 

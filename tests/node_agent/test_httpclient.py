@@ -161,7 +161,13 @@ def test_the_agent_config_carries_the_push_client_and_a_bad_password_file_stops_
     ):
         Server(cfg).start()
     assert not (tmp_path / "st").exists()  # nothing started
-    toml.write_text(toml.read_text() + "insecure = true\n")
+    plain = toml.read_text().replace("https://localhost:1", "http://localhost:1")
+    toml.write_text(plain)
+    with pytest.raises(
+        ValueError, match=r"push_tls_config is set but 'http://localhost:1/v1/agent/events' is not"
+    ):
+        build_config(toml, {})
+    toml.write_text(plain.replace("http://localhost:1", "https://localhost:1") + "insecure = true\n")
     with pytest.raises(ValueError, match=r"push_tls_config.insecure.*(Extra inputs|extra)"):
         build_config(toml, {})
 
@@ -210,6 +216,8 @@ def test_the_scraper_reads_an_agent_served_with_tls_client_certs_and_basic_auth(
     no_cert = scrape({"basic_auth": auth, "tls_config": {"ca_file": str(pki["ca"])}})
     # refused in the TLS layer (TLS 1.3: the alert comes at the handshake or at the first read)
     assert no_cert is not None and not no_cert.startswith("HTTP"), no_cert
+    with pytest.raises(ConfigError, match=r"sense: .*tls_config is set but url_template is not https://"):
+        from_mapping({"sense": {"url_template": "http://{node}:9400/metrics", "tls_config": tls}})
     bad = tmp_path / "not-a-ca.pem"
     bad.write_text("not PEM\n")
     with pytest.raises(ConfigError) as err:
