@@ -1,6 +1,7 @@
 """Hold N idle or slow connections open against one port (issue 27 item 1's attack), in its own process.
 
-Input: host, port, N and a mode: ``idle`` (connect, send nothing), ``half`` (send half a request head),
+Input: host and port (or ``--unix PATH``: the agent's control socket), N and a mode: ``idle`` (connect,
+send nothing), ``half`` (send half a request head),
 ``trickle`` (half a head, then one more header line per connection every ``--every`` seconds, reconnecting
 any the server closed), ``body`` (a whole POST head promising 4 KiB, then 10 bytes of it). Output: one line
 ``ready <open> <failed>`` on stdout once every connection was attempted, then ``stats <open> <reconnects>``
@@ -38,11 +39,35 @@ def raise_nofile(want: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _open(host: str, port: int, head: bytes) -> socket.socket | None:
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+UNIX_HEADS = {"idle": b"", "half": b'{"op": "pi'}
+"""``--unix``: the agent's control socket speaks JSON lines; half a line never ends."""
+
+
+def _connect_unix(s: socket.socket, path: str, timeout_s: float = 5.0) -> None:
+    """A unix socket with a timeout is non-blocking inside: its connect fails with EAGAIN at once while the
+    server's backlog is full, where TCP's waits. Retry until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            s.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.001)  # the backlog drains as the server accepts
+
+
+def _open(host: str, port: int, head: bytes, unix: str | None = None) -> socket.socket | None:
+    if unix:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     s.settimeout(5)
     try:
-        s.connect((host, port))
+        if unix:
+            _connect_unix(s, unix)
+        else:
+            s.connect((host, port))
         if head:
             s.sendall(head)
     except OSError:
@@ -54,17 +79,22 @@ def _open(host: str, port: int, head: bytes) -> socket.socket | None:
 
 @click.command()
 @click.option("--host", default="127.0.0.1")
-@click.option("--port", type=int, required=True)
+@click.option("--port", type=int, default=0, help="TCP port (or --unix).")
+@click.option("--unix", default=None, help="A unix socket path instead (modes idle and half only).")
 @click.option("-n", "count", type=int, default=1000, help="Connections to hold.")
 @click.option("--mode", type=click.Choice(sorted(HEADS)), default="half")
 @click.option("--every", type=float, default=1.0, help="trickle: seconds between header lines.")
-def main(host: str, port: int, count: int, mode: str, every: float) -> None:
+def main(host: str, port: int, unix: str | None, count: int, mode: str, every: float) -> None:
     raise_nofile(count + 64)
-    head = HEADS[mode]
+    if unix and mode not in UNIX_HEADS:
+        raise click.BadParameter(f"--unix takes {sorted(UNIX_HEADS)}, got {mode!r}", param_hint="--mode")
+    if not unix and not port:
+        raise click.BadParameter("give --port or --unix", param_hint="--port")
+    head = UNIX_HEADS[mode] if unix else HEADS[mode]
     socks: list[socket.socket | None] = []
     failed = 0
     for _ in range(count):
-        s = _open(host, port, head)
+        s = _open(host, port, head, unix)
         failed += s is None
         socks.append(s)
     print(f"ready {sum(s is not None for s in socks)} {failed}", flush=True)
@@ -87,7 +117,7 @@ def main(host: str, port: int, count: int, mode: str, every: float) -> None:
                 s.close()
                 socks[i] = None
                 if mode == "trickle":
-                    socks[i] = _open(host, port, head)
+                    socks[i] = _open(host, port, head, unix)
                     reconnects += 1
         if time.monotonic() >= next_stats:
             print(f"stats {sum(s is not None for s in socks)} {reconnects}", flush=True)

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from node_agent.gpu_models import MODELS
+from node_agent.httpclient import BasicAuthConfig, HttpClientConfig, TlsClientConfig
 
 MIN_SECRET_BYTES = 16
 """Shortest push secret accepted (the controller's slurm_fleetyield/config.py applies the same rule)."""
@@ -49,6 +50,10 @@ class AgentConfig(BaseModel):
     outcomes_interval_s: float = Field(default=5.0, gt=0, le=3600)
     web_config_file: _PathLike | None = None  # exporter-toolkit web config: TLS, basic auth (webconfig.py)
     max_connections: int = Field(default=256, ge=16, le=65536)
+    # How the push and outcome senders authenticate to a controller listener served with a web-config
+    # file: Prometheus' basic_auth and tls_config (node_agent/httpclient.py), TOML tables
+    push_basic_auth: BasicAuthConfig | None = None
+    push_tls_config: TlsClientConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
@@ -60,9 +65,17 @@ class AgentConfig(BaseModel):
             raise ValueError(f"--push-url must be an http(s) URL, got {self.push_url!r}")
         if self.outcomes_url and not self.outcomes_url.startswith(("http://", "https://")):
             raise ValueError(f"--outcomes-url must be an http(s) URL, got {self.outcomes_url!r}")
+        for url in (self.push_url, self.outcomes_url):
+            if self.push_tls_config is not None and url and not url.startswith("https://"):
+                raise ValueError(f"push_tls_config is set but {url!r} is not an https:// URL")
         if self.outcomes_url and not self.push_secret_file:
             raise ValueError("--outcomes-url needs --push-secret-file")
         return self
+
+    def push_client(self) -> HttpClientConfig | None:
+        if self.push_basic_auth is None and self.push_tls_config is None:
+            return None
+        return HttpClientConfig(basic_auth=self.push_basic_auth, tls_config=self.push_tls_config)
 
     def node_name(self) -> str:
         return self.hostname or socket.gethostname()

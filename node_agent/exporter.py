@@ -32,7 +32,7 @@ from node_agent.collector import GpuCollector, ThreadCollector
 from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
-from node_agent.httpd import BoundedHTTPServer, Limits
+from node_agent.httpd import BoundedHTTPServer, Limits, ListenerCollector
 from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
 from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
@@ -59,11 +59,16 @@ def make_backend(cfg: AgentConfig, clock: Callable[[], float]) -> Backend:
     return cls(cfg.node_name(), slow_interval_s=cfg.nvml_slow_interval_s)  # type: ignore[call-arg]
 
 
-def _attestor_factory(cfg: AttestConfig, secret: bytes | None) -> Callable[[Agent], Any]:
+def _attestor_factory(cfg: AttestConfig, secret: bytes | None, client: Any = None) -> Callable[[Agent], Any]:
+    """``client``: the push listener's basic auth and TLS (``push_basic_auth``, ``push_tls_config``): the
+    hand-over posts to the same listener."""
+
     def make(agent: Agent) -> Any:
         from node_agent.attest.service import Attestor
 
-        return Attestor(agent, cfg, secret)
+        attestor = Attestor(agent, cfg, secret)
+        attestor.client = client
+        return attestor
 
     return make
 
@@ -220,18 +225,26 @@ class Server:
             from node_agent.webconfig import load_web_config
 
             web = load_web_config(cfg.web_config_file)
+        client = None
+        client_cfg = cfg.push_client()
+        if client_cfg is not None:  # an unreadable password or TLS file stops the start here too
+            from node_agent.httpclient import HttpClient
+
+            client = HttpClient(client_cfg, "push_")
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         if not self.lock.acquire():
             raise BackendError(f"another agent already serves state dir {cfg.state_dir}")
         try:
             backend = make_backend(cfg, self.clock)
             backend.start()
-            self.pusher = Pusher(cfg.state_dir, cfg.node_name(), cfg.push_url, secret, clock=self.clock)
+            self.pusher = Pusher(
+                cfg.state_dir, cfg.node_name(), cfg.push_url, secret, clock=self.clock, client=client
+            )
             self.agent = Agent(
                 backend, cfg.state_dir, cfg.node_name(), self.clock, self.pusher, scenario, cfg.seed
             )
             self.agent.start_scenario(self.clock())
-            self.agent.attest_factory = _attestor_factory(self.attest_cfg, secret)
+            self.agent.attest_factory = _attestor_factory(self.attest_cfg, secret, client)
             if self.attest_cfg.controller_url and secret:  # a bad [attest] table fails the start here
                 from node_agent.attest.service import HandoverLoop
 
@@ -242,6 +255,7 @@ class Server:
             limits = dataclasses.replace(AGENT_LIMITS, max_connections=cfg.max_connections)
             registry = make_registry(self.agent, cfg)
             self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, registry, limits, web)
+            registry.register(ListenerCollector("fleetyield_agent", self._listeners))
             if secret:
                 self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
             outcomes_url = cfg.outcomes_url
@@ -255,6 +269,7 @@ class Server:
                     secret,
                     self.clock,
                     interval_s=cfg.outcomes_interval_s,
+                    client=client,
                 )
         except BaseException:
             self.lock.release()
@@ -278,6 +293,9 @@ class Server:
         log.info(
             "fleetyield-agent serving %s backend on %s://%s:%d", cfg.backend, scheme, cfg.listen, self.port
         )
+
+    def _listeners(self) -> list[tuple[str, Any]]:
+        return [("metrics", self.http), ("control", self.control)]
 
     def _tick_loop(self) -> None:
         assert self.agent is not None

@@ -28,6 +28,9 @@ runs the handler on the buffered bytes and hands the reply back to the loop to w
 - memory: a head of at most ``max_head_bytes`` (else 431), a body of at most ``max_body_bytes`` (larger,
   chunked or unparsable: the handler answers from the head alone, e.g. 413, and the connection closes),
   and bodies beyond 64 KiB per connection draw on one ``max_buffered_bytes`` budget (past it: 503).
+
+The web-config file is re-read when it or a certificate it names changes (``webconfig.WebConfigWatcher``,
+checked by the loop every ``RELOAD_CHECK_S``): new connections get the new TLS context and users.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from node_agent.webconfig import WebConfig
+    from node_agent.webconfig import WebConfig, WebConfigWatcher
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ FREE_BUFFER = 64 << 10
 """Bytes each connection may buffer outside the shared ``max_buffered_bytes`` budget."""
 _RECV = 64 << 10
 _SWEEP_S = 0.2
+RELOAD_CHECK_S = 1.0
+"""Seconds between checks of the web-config file and its certificates for changes."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,12 @@ class BoundedHTTPServer:
         self._handler = type(f"Buffered{handler.__name__}", (_Buffered, handler), {})
         self._nodelay = bool(getattr(handler, "disable_nagle_algorithm", False))
         self._tls = web.tls_context() if web is not None else None
+        self.watcher: WebConfigWatcher | None = None
+        if web is not None:
+            from node_agent.webconfig import WebConfigWatcher
+
+            self.watcher = WebConfigWatcher(web)
+        self._next_reload_check = clock() + RELOAD_CHECK_S
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
@@ -217,7 +228,12 @@ class BoundedHTTPServer:
 
     # ------------------------------------------------------------------ public surface
     def stats(self) -> dict[str, int]:
-        return {**self.counts, "connections": len(self._conns), "busy": self._busy()}
+        reloads = (
+            {"web_config_reloads": self.watcher.reloads, "web_config_errors": self.watcher.errors}
+            if self.watcher is not None
+            else {}
+        )
+        return {**self.counts, **reloads, "connections": len(self._conns), "busy": self._busy()}
 
     def _busy(self) -> int:
         return sum(1 for c in list(self._conns.values()) if c.state in ("busy", "write"))
@@ -366,6 +382,12 @@ class BoundedHTTPServer:
                 self._fail(conn, 408, "Request Timeout")
             else:
                 self._close(conn)
+        if self.watcher is not None and now >= self._next_reload_check:
+            self._next_reload_check = now + RELOAD_CHECK_S
+            web = self.watcher.check()
+            if web is not None:  # new connections use it; open ones keep their TLS session
+                self.web = web
+                self._tls = web.tls_context()
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._accept()
@@ -535,3 +557,44 @@ class BoundedHTTPServer:
         self._watch(conn, selectors.EVENT_READ)
         if conn.inbuf:
             self._frame(conn)
+
+
+_COUNTERS = {
+    "accepted": "Connections accepted.",
+    "evicted": "Connections closed at the cap to make room (the longest-waiting first).",
+    "timed_out": "Connections closed at a read, idle or write deadline.",
+    "refused": "Connections refused at the cap while every held one was being served.",
+    "requests": "Complete requests handed to a worker.",
+    "web_config_reloads": "Web-config files reloaded after a change.",
+    "web_config_errors": "Changed web-config files that did not load (the previous config stayed in force).",
+}
+
+
+class ListenerCollector:
+    """Prometheus collector over listeners' ``stats()`` (this module's servers and the agent's control
+    socket), read at scrape time: ``<prefix>_listener_<count>_total{listener}`` and
+    ``<prefix>_listener_connections{listener}``. ``listeners()`` returns (name, server) pairs."""
+
+    def __init__(self, prefix: str, listeners: Callable[[], list[tuple[str, Any]]]) -> None:
+        self._prefix = prefix
+        self._listeners = listeners
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = [(name, server.stats()) for name, server in self._listeners() if server is not None]
+        for key, doc in _COUNTERS.items():
+            family = CounterMetricFamily(f"{self._prefix}_listener_{key}", doc, labels=["listener"])
+            for name, s in stats:
+                if key in s:
+                    family.add_metric([name], s[key])
+            yield family
+        gauge = GaugeMetricFamily(
+            f"{self._prefix}_listener_connections", "Connections held now.", labels=["listener"]
+        )
+        for name, s in stats:
+            gauge.add_metric([name], s["connections"])
+        yield gauge

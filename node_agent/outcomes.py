@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node_agent.httpclient import HttpClient
 from node_agent.protocol import MAX_OUTCOMES_PER_BATCH, OutcomeBatch
 from node_agent.spool import SpoolSender
 
@@ -82,6 +83,7 @@ class OutcomeForwarder(SpoolSender):
         timeout_s: float = 5.0,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
+        client: HttpClient | None = None,
     ) -> None:
         super().__init__(
             node,
@@ -94,6 +96,7 @@ class OutcomeForwarder(SpoolSender):
             timeout_s=timeout_s,
             backoff_initial_s=backoff_initial_s,
             backoff_max_s=backoff_max_s,
+            client=client,
             interval_s=interval_s,
         )
         self.directory = Path(directory)

@@ -106,6 +106,21 @@ OUTCOMES_PATH = "/v1/agent/outcomes"
 CONTROL_RESET_PATH = "/v1/control/reset"
 """Agent path the controller asks for a GPU reset on (signed; see ``ResetRequest``)."""
 
+RESET_RESEND_WINDOW_S = 600.0
+"""The controller sends an unfinished reset intent again (same ``request_id``, so the agent can answer 409
+to a repeat) only while the intent is younger than this (slurm_fleetyield/executor.py)."""
+RESET_ID_MARGIN_S = 60.0
+"""What the agent keeps an id beyond that window: the request's travel and the two clocks' rates."""
+
+
+def reset_id_memory_s(max_skew_s: float) -> float:
+    """How long the agent keeps an executed reset ``request_id`` (node_agent/remote.py): as long as a
+    signature it would still accept could replay it (2 x ``max_skew_s``), and past the controller's resend
+    window, so a resend of a reset that was done is refused rather than done again. Derived here, in the
+    one module both sides import, so neither can be changed without the other."""
+    return max(2 * max_skew_s, RESET_RESEND_WINDOW_S + RESET_ID_MARGIN_S)
+
+
 MAX_OUTCOMES_PER_BATCH = 100
 
 

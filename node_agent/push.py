@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node_agent.httpclient import HttpClient
 from node_agent.protocol import AgentEvent, AgentEventBatch
 from node_agent.spool import SpoolSender
 from node_agent.state import write_atomic
@@ -66,6 +67,7 @@ class Pusher(SpoolSender):
         timeout_s: float = 5.0,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 60.0,
+        client: HttpClient | None = None,
     ) -> None:
         if url and not secret:
             raise ValueError("a push URL needs a secret (--push-secret-file)")
@@ -80,6 +82,7 @@ class Pusher(SpoolSender):
             timeout_s=timeout_s,
             backoff_initial_s=backoff_initial_s,
             backoff_max_s=backoff_max_s,
+            client=client,
         )
         self.state_dir = state_dir
 

@@ -9,7 +9,8 @@ configured, 500 the backend failed.
 Why a nonce on top of the timestamp: a reset is not idempotent (it kills whatever runs on the GPU), and a
 captured request would otherwise be replayable for the whole skew window. Used ids are kept (in memory and
 in ``STATE_DIR/control_nonces.json``, so an agent restart does not reopen the window) until their signature
-could no longer pass the timestamp check. Fault injection stays local-only (unix socket, ``control``).
+could no longer pass the timestamp check and the controller would no longer send them again
+(``protocol.reset_id_memory_s``). Fault injection stays local-only (unix socket, ``control``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 
 from node_agent.agent import Agent
 from node_agent.backends.base import BackendError
-from node_agent.protocol import ResetRequest, SignatureError, verify_signed
+from node_agent.protocol import ResetRequest, SignatureError, reset_id_memory_s, verify_signed
 from node_agent.state import write_atomic
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class ResetEndpoint:
     def _remember(self, request_id: str, now: float) -> bool:
         """Consume ``request_id``; False when it was already used (a replay)."""
         with self._lock:
-            horizon = now - 2 * self.max_skew_s
+            horizon = now - reset_id_memory_s(self.max_skew_s)
             self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
             if request_id in self._seen:
                 return False

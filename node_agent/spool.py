@@ -22,15 +22,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from node_agent.httpclient import HttpClient, urlopen
 from node_agent.protocol import signed_headers
 
 
-def post_signed(url: str, secret: bytes, node: str, body: bytes, now: float, timeout_s: float) -> None:
-    """POST ``body`` signed with the push scheme (``protocol.signed_headers``); raises on any failure
+def post_signed(
+    url: str,
+    secret: bytes,
+    node: str,
+    body: bytes,
+    now: float,
+    timeout_s: float,
+    client: HttpClient | None = None,
+) -> None:
+    """POST ``body`` signed with the push scheme (``protocol.signed_headers``), with ``client``'s basic
+    auth and TLS when the listener asks for them (``node_agent/httpclient.py``); raises on any failure
     (``urllib.error.URLError``, ``OSError``, ``ValueError``), so the caller keeps its spool files."""
     headers = signed_headers(secret, node, int(now), body)
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    with urlopen(req, timeout_s, client) as resp:
         resp.read()
 
 
@@ -51,8 +61,10 @@ class SpoolSender:
         backoff_initial_s: float,
         backoff_max_s: float,
         interval_s: float | None = None,
+        client: HttpClient | None = None,
     ) -> None:
         self.node = node
+        self.client = client
         self.url = url
         self.secret = secret
         self.clock = clock
@@ -77,7 +89,7 @@ class SpoolSender:
         On failure count it, log ``failed % (url, len(chunk), error)`` and keep the files: False."""
         assert self.url is not None and self.secret is not None
         try:
-            post_signed(self.url, self.secret, self.node, body, self.clock(), self.timeout_s)
+            post_signed(self.url, self.secret, self.node, body, self.clock(), self.timeout_s, self.client)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             self.failures += 1
             self._log.warning(failed, self.url, len(chunk), exc)

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from node_agent.httpclient import BasicAuthConfig, HttpClientConfig, TlsClientConfig
 from node_agent.xid_catalog import CatalogError, Handling
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.redfish_config import RedfishConfig
@@ -95,6 +96,22 @@ class SenseConfig(BaseModel):
         description="Reject a scrape whose host label names another host (catches DNS/port mix-ups). Leave "
         "off for exporters in containers, whose label is the container id.",
     )
+    basic_auth: BasicAuthConfig | None = Field(
+        None,
+        description="Prometheus' scrape basic_auth (username, password_file) for agents served with "
+        "basic_auth_users in their web-config file; also sent with control (reset) requests, which go to the "
+        "same listener.",
+    )
+    tls_config: TlsClientConfig | None = Field(
+        None,
+        description="Prometheus' scrape tls_config (ca_file, cert_file, key_file, insecure_skip_verify = "
+        "false) for agents served over TLS (an https url_template); also used by control requests.",
+    )
+
+    def client(self) -> HttpClientConfig | None:
+        if self.basic_auth is None and self.tls_config is None:
+            return None
+        return HttpClientConfig(basic_auth=self.basic_auth, tls_config=self.tls_config)
 
     @model_validator(mode="after")
     def _template(self) -> SenseConfig:
@@ -102,6 +119,8 @@ class SenseConfig(BaseModel):
             raise ValueError(f"url_template must contain '{{node}}', got {self.url_template!r}")
         if not self.url_template.startswith(("http://", "https://")):
             raise ValueError(f"url_template must be an http(s) URL, got {self.url_template!r}")
+        if self.tls_config is not None and not self.url_template.startswith("https://"):
+            raise ValueError(f"tls_config is set but url_template is not https://, got {self.url_template!r}")
         return self
 
 

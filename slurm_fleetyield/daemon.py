@@ -542,6 +542,7 @@ def build(
     sense: SensePort | None = None,
 ) -> Runtime:
     """Wire the real adapters from ``config`` (ports may be injected, e.g. a recording Slurm runner)."""
+    from node_agent.httpd import ListenerCollector
     from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
     from slurm_fleetyield.adapters.ingest import IngestServer
 
@@ -549,6 +550,7 @@ def build(
     # a web-config file that cannot be used stops the start before anything opens (ConfigError)
     push_web = load_listener_web_config("push", config.push.web_config_file)
     api_web = load_listener_web_config("api", config.api.web_config_file)
+    agent_client = build_agent_client(config)
     store = Store(config.store.path, events_keep=config.store.events_keep)
     closers: list[Callable[[], None]] = []
     if slurm is None:
@@ -565,7 +567,7 @@ def build(
     if dry and not isinstance(slurm, DryRunSlurm):
         slurm = DryRunSlurm(slurm)  # type: ignore[arg-type]
     if sense is None:
-        sense, close_sense = build_sense(config)
+        sense, close_sense = build_sense(config, agent_client)
         closers.append(close_sense)
     stats = ControllerStats()
     control = None
@@ -576,6 +578,7 @@ def build(
             config.control.url_template,
             read_secret(control_secret, field),
             timeout_s=config.control.timeout_s,
+            client=agent_client,
         )
     gate = GateAccess(config.gate_dir)
     closers.append(gate.close)
@@ -628,12 +631,15 @@ def build(
             web=push_web,
         )
         servers.append(ingest)
+    named: list[tuple[str, Any]] = [("push", servers[0])] if servers else []
+    registry = make_registry(stats)
+    registry.register(ListenerCollector("fleetyield", lambda: [(name, s.httpd) for name, s in named]))
     if config.api.enabled:
         api = ApiServer(
             config.api.host,
             config.api.port,
             StoreReadModel(store, daemon.live, gate_dir=config.gate_dir, explain=daemon.explain),
-            make_registry(stats),
+            registry,
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
             attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,
             max_connections=config.api.max_connections,
@@ -641,7 +647,23 @@ def build(
             on_unauthenticated=stats.unauthenticated,
         )
         servers.append(api)
+        named.append(("api", api))
     return Runtime(daemon, store, servers, closers)
+
+
+def build_agent_client(config: Config) -> Any:
+    """How the scraper and the reset client authenticate to agents (``sense.basic_auth``,
+    ``sense.tls_config``; ``node_agent.httpclient``), or None; an unusable file is a ``ConfigError``."""
+    client_cfg = config.sense.client()
+    if client_cfg is None:
+        return None
+    from node_agent.httpclient import ClientConfigError, HttpClient
+    from slurm_fleetyield.config import ConfigError
+
+    try:
+        return HttpClient(client_cfg, "sense.")
+    except ClientConfigError as exc:
+        raise ConfigError(exc.file, [exc.problem]) from None
 
 
 def load_listener_web_config(section: str, path: str | None) -> Any:
@@ -756,7 +778,7 @@ def build_redfish(
     return RedfishExecutor(power, dry_run=dry_run)
 
 
-def build_sense(config: Config) -> tuple[SensePort, Callable[[], None]]:
+def build_sense(config: Config, client: Any = None) -> tuple[SensePort, Callable[[], None]]:
     """The sense adapter ``sense.mode`` names, and how to close it."""
     if config.sense.mode == "prometheus":
         from slurm_fleetyield.adapters.prometheus import PrometheusSense
@@ -785,6 +807,7 @@ def build_sense(config: Config) -> tuple[SensePort, Callable[[], None]]:
         config.sense.timeout_s,
         config.sense.concurrency,
         check_hostname=config.sense.check_hostname,
+        client=client,
     )
     return scraper, scraper.close
 

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node_agent.protocol import RESET_RESEND_WINDOW_S
 from slurm_fleetyield.adapters.agent_control import AgentControl, AgentControlError
 from slurm_fleetyield.adapters.slurm import SlurmCommandError
 from slurm_fleetyield.adapters.store import Intent, Store
@@ -76,9 +77,10 @@ ONCE = (ResetGpu, RebootNode, PowerCycle)
 """Not idempotent: acted on once per ``intent`` (see the module's docstring)."""
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
 CONFLICT = 409  # the agent's answer to a request_id it has already executed
-AGENT_REMEMBERS_S = 600.0
-"""The agent keeps executed request ids for 2 x its max_skew_s (default 300 s, node_agent/remote.py): an
-unfinished reset intent older than that is not sent again (the agent could no longer refuse a repeat)."""
+AGENT_REMEMBERS_S = RESET_RESEND_WINDOW_S
+"""An unfinished reset intent older than this is not sent again. The agent keeps executed request ids
+longer than this window (``node_agent.protocol.reset_id_memory_s``, derived from it), so every resend of a
+reset that was done is refused with 409, never done twice."""
 
 
 def reset_request_id(intent: str) -> str:

@@ -183,8 +183,10 @@ def test_controller_listener_flood_leaves_ticks_scrapes_and_pushes(
         assert flood.held >= N - 10
         tick0 = rt.daemon.tick_no
         wait_for(lambda: rt.daemon.tick_no >= tick0 + 2, what="ticks during the flood")
-        status, _, took = get(f"{api_url}/metrics")
+        status, metrics, took = get(f"{api_url}/metrics")
         assert status == 200, took
+        label = "push" if listener == "ingest" else "api"
+        assert f'fleetyield_listener_connections{{listener="{label}"}}'.encode() in metrics
         assert get(f"{api_url}/healthz")[0] == 200
         t0 = time.monotonic()
         assert _push_fatal(ingest.port) == (202, {"accepted": 1, "duplicates": 0, "ignored_nonfatal": 0})
@@ -255,6 +257,7 @@ def _fuzz(port: int, n: int, seed: int) -> dict[int, int]:
 def test_fuzzed_requests_on_every_port_get_no_5xx_and_write_nothing(controller, agent: Server) -> None:
     rt, _ = controller
     ingest, api = rt.servers
+
     def pushed() -> tuple[list[str], dict]:  # rows a request could have written (ticks write their own)
         kinds = [e.get("kind", "") for e in rt.store.events(limit=10_000)]
         return [k for k in kinds if k.startswith(("agent_", "approval", "alert"))], rt.store.inbox_counts()

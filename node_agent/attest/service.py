@@ -44,6 +44,7 @@ from node_agent.attest.gpu import gpu_reports
 from node_agent.attest.measure import FAKE_MODULES_FILE, MeasureSpec, measure
 from node_agent.attest.quote import NONCE_PATH, QUOTE_PATH, build_quote, check_nonce
 from node_agent.attest.tpm import Tpm
+from node_agent.httpclient import urlopen
 
 SCRUB_LOG = "scrub.jsonl"
 SCRUB_TIMEOUT_S = 60
@@ -58,6 +59,7 @@ class Attestor:
         self.agent = agent
         self.cfg = cfg or AttestConfig()
         self.secret = secret  # the agent's push secret: signs the nonce request
+        self.client: Any = None  # node_agent.httpclient.HttpClient: the listener's basic auth and TLS
         self.state_dir = Path(agent.state_dir)
         self._lock = threading.Lock()
         self._key = None
@@ -172,7 +174,7 @@ class Attestor:
     def _post(self, url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
         req = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
+            with urlopen(req, self.cfg.timeout_s, self.client) as resp:
                 doc = json.loads(resp.read(1 << 22))
         except urllib.error.HTTPError as err:
             raise AttestError(f"{url}: HTTP {err.code}: {err.read(2000).decode(errors='replace')}") from None

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from node_agent.httpclient import HttpClient, urlopen
 from node_agent.protocol import CONTROL_RESET_PATH, ResetRequest, signed_headers
 
 
@@ -40,13 +41,16 @@ class AgentControl:
         *,
         timeout_s: float = 120.0,
         clock: Callable[[], float] = time.time,
+        client: HttpClient | None = None,
     ) -> None:
+        """``client``: basic auth and TLS for agents served with a web-config file (``sense``'s)."""
         if "{node}" not in url_template:
             raise ValueError(f"control URL template must contain '{{node}}', got {url_template!r}")
         self.url_template = url_template.rstrip("/")
         self.secret = secret
         self.timeout_s = timeout_s
         self.clock = clock
+        self.client = client
 
     def url(self, node: str) -> str:
         """The template with ``{node}`` filled in and the reset path appended to its path (a query, as in
@@ -64,7 +68,7 @@ class AgentControl:
         headers = signed_headers(self.secret, node, int(self.clock()), body)
         req = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urlopen(req, self.timeout_s, self.client) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as err:
             detail = err.read().decode(errors="replace")[:500]

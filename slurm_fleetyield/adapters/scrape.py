@@ -15,9 +15,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from node_agent.httpclient import HttpClient, urlopen
 from slurm_fleetyield.adapters.dcgm import (
     AGENT_GPUS_EXPECTED,
     AGENT_XID_COUNTER,
@@ -40,9 +42,10 @@ class ScrapeError(Exception):
     """An exposition that cannot be read as GPU telemetry; the message names what is wrong."""
 
 
-def fetch_url(url: str, timeout_s: float) -> bytes:
+def fetch_url(url: str, timeout_s: float, client: HttpClient | None = None) -> bytes:
+    """GET ``url``, with ``client``'s basic auth and TLS (``sense.basic_auth``, ``sense.tls_config``)."""
     request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+    with urlopen(request, timeout_s, client) as response:
         body = response.read(MAX_BODY_BYTES + 1)
     if len(body) > MAX_BODY_BYTES:
         raise ScrapeError(f"exposition larger than {MAX_BODY_BYTES} bytes")
@@ -141,12 +144,15 @@ class AgentScraper:
         timeout_s: float = 5.0,
         concurrency: int = 64,
         check_hostname: bool = False,
-        fetch: Fetch = fetch_url,
+        fetch: Fetch | None = None,
+        client: HttpClient | None = None,
     ) -> None:
+        """``client``: how to authenticate to agents served with a web-config file; ``fetch`` replaces
+        the network altogether (tests)."""
         self._url_template = url_template
         self._timeout_s = timeout_s
         self._check_hostname = check_hostname
-        self._fetch = fetch
+        self._fetch: Fetch = fetch or partial(fetch_url, client=client)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fy-scrape")
 
     def url_for(self, node: str) -> str:

@@ -1,0 +1,147 @@
+"""Issue 27 item 1 at full size: 10,000 idle or slow connections on each listening port, and what still works.
+
+One process runs a fake-backend agent and a controller (real ``build``: push listener, API, daemon loop at
+``--interval`` s; Slurm is ``tests/rig.py``'s recording ``FakeCommands``, 3 nodes scraped from the agent).
+For each port in turn (agent /metrics, controller push, controller API), ``bench/flood.py`` in another
+process holds ``-n`` connections in ``--mode``; while they are held this measures: ticks completed in
+``--hold`` seconds, the agent's /metrics and the API's /metrics latency (median and max of ``--scrapes``
+GETs), a validly signed fatal push -> the DRAIN command (a fresh node each port), and the serving
+process's threads and FDs (before -> during). Output: a table on stdout, one line per port.
+
+    ulimit -n 65536; nice -n 10 .venv/bin/python bench/bench_listeners.py -n 10000
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import click
+import psutil
+
+sys.path[:0] = [str(Path(__file__).parents[1] / "tests"), str(Path(__file__).parent)]
+from flood import raise_nofile  # noqa: E402
+from rig import FakeCommands, node_line, wait_for, write_secret  # noqa: E402
+
+from node_agent.config import build_config  # noqa: E402
+from node_agent.exporter import Server  # noqa: E402
+from node_agent.protocol import EVENTS_PATH, signed_headers  # noqa: E402
+from slurm_fleetyield.adapters.scrape import AgentScraper  # noqa: E402
+from slurm_fleetyield.adapters.slurm import SlurmCli  # noqa: E402
+from slurm_fleetyield.config import from_mapping  # noqa: E402
+from slurm_fleetyield.daemon import build  # noqa: E402
+
+FLOOD = Path(__file__).parent / "flood.py"
+SECRET = b"bench-listeners-secret-0123"
+NODES = ["gpu-01", "gpu-02", "gpu-03"]
+
+
+def _get(url: str) -> float:
+    t0 = time.monotonic()
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        resp.read()
+        assert resp.status == 200, resp.status
+    return time.monotonic() - t0
+
+
+def _push_fatal(port: int, node: str) -> int:
+    event = {"event_id": str(uuid.uuid4()), "time": time.time(), "node": node, "gpu": 2, "uuid": "GPU-x",
+             "kind": "xid", "xid": 79, "fatal": True, "message": "XID 79"}  # fmt: skip
+    body = json.dumps({"node": node, "events": [event]}).encode()
+    headers = signed_headers(SECRET, node, int(time.time()), body)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{EVENTS_PATH}", data=body, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.status
+
+
+@click.command()
+@click.option("-n", "count", type=int, default=10_000, show_default=True, help="Connections per port.")
+@click.option(
+    "--mode", type=click.Choice(["idle", "half", "trickle", "body"]), default="half", show_default=True
+)
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Controller tick interval (s).")
+@click.option("--hold", type=float, default=5.0, show_default=True, help="Seconds to count ticks under load.")
+@click.option("--scrapes", type=int, default=20, show_default=True)
+def main(count: int, mode: str, interval: float, hold: float, scrapes: int) -> None:
+    raise_nofile(count + 4096)
+    with TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        agent = Server(build_config(None, {"backend": "fake", "listen": "127.0.0.1", "port": 0,
+                                           "state_dir": tmp / "agent", "gpus": 8}))  # fmt: skip
+        agent.start()
+        cmds = FakeCommands()
+        for node in NODES:
+            cmds.nodes[node] = node_line(node)
+        cfg = from_mapping({
+            "store": {"path": str(tmp / "fy.db")},
+            "sense": {"url_template": f"http://127.0.0.1:{agent.port}/metrics?node={{node}}", "timeout_s": 5},
+            "loop": {"interval_s": interval, "seed": 1},
+            "push": {"secret_file": str(write_secret(tmp / "secret", SECRET)), "port": 0},
+            "api": {"port": 0},
+        })  # fmt: skip
+        rt = build(cfg, slurm=SlurmCli(runner=cmds), sense=AgentScraper(cfg.sense.url_template, 5.0, 4))
+        for server in rt.servers:
+            server.start()
+        runner = threading.Thread(target=rt.daemon.run, daemon=True)
+        runner.start()
+        ingest, api = rt.servers
+        agent_url, api_url = f"http://127.0.0.1:{agent.port}/metrics", f"http://127.0.0.1:{api.port}/metrics"
+        me = psutil.Process()
+        try:
+            wait_for(lambda: rt.daemon.tick_no >= 1, 60, "first tick")
+            _get(agent_url), _get(api_url), _push_fatal(ingest.port, "gpu-warm")  # start every worker
+            targets = [
+                ("agent /metrics", agent.port),
+                ("controller push", ingest.port),
+                ("controller API", api.port),
+            ]
+            print(f"| port | held / failed | ticks in {hold:.0f} s | agent /metrics p50 / max | API /metrics "
+                  "p50 / max | fatal push -> DRAIN | threads | FDs |")  # fmt: skip
+            for (name, port), node in zip(targets, NODES, strict=True):
+                threads0, fds0 = me.num_threads(), me.num_fds()
+                args = [sys.executable, str(FLOOD), "--port", str(port), "-n", str(count), "--mode", mode]
+                proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                assert proc.stdout is not None and proc.stdin is not None
+                ready = proc.stdout.readline().split()
+                try:
+                    tick0 = rt.daemon.tick_no
+                    t_end = time.monotonic() + hold
+                    a_times, p_times = [], []
+                    while len(a_times) < scrapes:
+                        a_times.append(_get(agent_url))
+                        p_times.append(_get(api_url))
+                    t0 = time.monotonic()
+                    status = _push_fatal(ingest.port, node)
+                    wait_for(
+                        lambda n=node: [c for c in cmds.drains() if f"NodeName={n}" in c],
+                        30,
+                        "drain",
+                    )
+                    drain = time.monotonic() - t0
+                    threads, fds = me.num_threads(), me.num_fds()
+                    time.sleep(max(0.0, t_end - time.monotonic()))  # the tick-counting window
+                    ticks = rt.daemon.tick_no - tick0
+                finally:
+                    proc.stdin.close()
+                    proc.wait(60)
+                a_ms = f"{statistics.median(a_times) * 1e3:.1f} / {max(a_times) * 1e3:.1f} ms"
+                p_ms = f"{statistics.median(p_times) * 1e3:.1f} / {max(p_times) * 1e3:.1f} ms"
+                row = f"| {name} | {ready[1]} / {ready[2]} | {ticks} | {a_ms} | {p_ms} | {status}, "
+                print(f"{row}{drain * 1e3:.0f} ms | {threads0} -> {threads} | {fds0} -> {fds} |", flush=True)
+        finally:
+            rt.daemon.stop()
+            runner.join(15)
+            rt.close()
+            agent.stop()
+
+
+if __name__ == "__main__":
+    main()
