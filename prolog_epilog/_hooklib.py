@@ -27,6 +27,10 @@ Keys (defaults)::
     attest_areas    = /tmp/fy-job-{job_id}         # per-job areas the Epilog wipes, comma-separated
     attest_max_age_s = 3600                        # the Prolog denies on an older verdict
     attest_controller_pubkey =                     # controller's key line; empty: the agent checked it
+    attest_root     = /                            # prefix of the re-checked paths (tests: a fixture)
+    attest_recheck  = kernel/modules,kernel/tainted,kernel/knobs,/etc/ld.so.preload
+                                                   # records the Prolog recomputes against the verdict
+    attest_uid_min  = 1000                         # uids from here up are tenants (the Epilog's wipe)
 
 With ``attest`` on, the Epilog invalidates the node's verdict (``<agent_state_dir>/attest-verdict.json``),
 wipes the job's areas, asks the agent to scrub its GPUs and then for a fresh hand-over; the Prolog
@@ -81,6 +85,9 @@ class HookConfig:
         "attest_areas": "/tmp/fy-job-{job_id}",
         "attest_max_age_s": 3600,
         "attest_controller_pubkey": "",
+        "attest_root": "/",
+        "attest_recheck": "kernel/modules,kernel/tainted,kernel/knobs,/etc/ld.so.preload",
+        "attest_uid_min": 1000,
     }
 
     agent_state_dir: str
@@ -96,6 +103,9 @@ class HookConfig:
     attest_areas: str
     attest_max_age_s: int
     attest_controller_pubkey: str
+    attest_root: str
+    attest_recheck: str
+    attest_uid_min: int
 
     def __init__(self, **values: str | int | bool) -> None:
         for key, default in self.DEFAULTS.items():

@@ -9,6 +9,11 @@ Input / output, per function:
 * ``request_handover(agent_state_dir, job_id, timeout_s)`` (Epilog, last step): the agent's nonce ->
   quote -> verdict exchange with the controller, over the agent's unix socket.
 * ``check_verdict(path, node, now, max_age_s, controller_pubkey_path)`` (Prolog): ``(allow, reason)``.
+* ``recheck(path, root, names, agent_state_dir)`` (Prolog, after ``check_verdict`` allowed): recompute the
+  cheap records (loaded modules, kernel taint and knobs, ld.so.preload: what can change between quotes
+  without a reboot) and deny when one differs from the digest the signed verdict passed -- a module loaded
+  after the hand-over fails the next Prolog. Imports ``node_agent.attest.measure`` (stdlib only) lazily.
+* ``wipe_tenant(uid, user, root, ...)`` (Epilog): what the job's uid left in the shared writable places.
 
 Area templates name one per-job directory each, e.g. ``/tmp/fy-job-{job_id}`` or
 ``/scratch/{user}/{job_id}``; placeholders are ``{job_id}`` (digits only) and ``{user}`` (a POSIX user
@@ -299,6 +304,38 @@ def failure_reason(verdict: dict[str, Any]) -> str:
     if not detail:
         detail = "; ".join(str(r) for r in (verdict.get("reasons") or [])[:2]) or "no reason given"
     return f"fleetyield: attestation failed ({detail})"
+
+
+def recheck(path: str, root: str, names: Iterable[str], agent_state_dir: str | None) -> tuple[bool, str]:
+    """The Prolog's re-check of what can change between quotes: ``(allow, reason)``, fail-closed.
+
+    Run after ``check_verdict`` allowed (so the file is a fresh, signed pass for this node). The fake
+    backend's implant file (``<agent_state_dir>/fake-modules``) is counted when it exists, as the agent does.
+    """
+    from pathlib import Path
+
+    from node_agent.attest.measure import FAKE_MODULES_FILE, MeasureSpec, quick_records
+
+    wanted = [n for n in names if n]
+    if not wanted:
+        return True, "no re-check configured"
+    try:
+        verdict = _read_verdict(path)
+    except (OSError, ValueError) as exc:
+        return False, f"fleetyield: attestation verdict unusable ({path}: {exc})"
+    passed = verdict.get("digests")
+    if not isinstance(passed, dict):
+        return False, "fleetyield: attestation verdict carries no digests to re-check (controller too old?)"
+    extra = Path(agent_state_dir) / FAKE_MODULES_FILE if agent_state_dir else None
+    spec = MeasureSpec(root=Path(root), extra_modules_file=extra if extra and extra.exists() else None)
+    try:
+        now = quick_records(spec, wanted)
+    except ValueError as exc:
+        return False, f"fleetyield: attest_recheck: {exc}"
+    changed = [n for n in wanted if passed.get(n) != now[n]]
+    if changed:
+        return False, f"fleetyield: attestation failed ({', '.join(changed)} changed since the hand-over)"
+    return True, f"re-checked {len(wanted)} record(s)"
 
 
 def check_verdict(
