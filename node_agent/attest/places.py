@@ -199,7 +199,6 @@ TENANT_DIRS: tuple[str, ...] = (
     "/dev/mqueue",
     "/run/lock",
     "/var/crash",
-    "/var/mail",
 )
 """Shared places any uid can write. After the wipe nothing a tenant owns may be left there."""
 
