@@ -21,6 +21,7 @@ module names: the fake backend's implant file) and per-GPU reports (``gpu.gpu_re
     agent/config            agent        the agent's config file
     gpu/<index>...          gpu          model, VBIOS, ECC / MIG / persistence mode, driver
     gpu/identity            identity     the GPU UUIDs (node-specific: a class policy wildcards it)
+    identity/...            identity     /etc/hosts, SSH host keys (places.NODE_SPECIFIC, wildcarded too)
     meta/time               volatile     the quote time (always wildcarded)
 
 A persistence point is a file or a directory; its value is a manifest, one line per entry, sorted by
@@ -45,6 +46,7 @@ cheap enough for every Prolog to recompute (``recheck_records``) against the dig
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import os
 import stat
@@ -206,6 +208,27 @@ def _extra_modules(spec: MeasureSpec) -> list[str]:
     return [line.strip() for line in extra.splitlines() if line.strip()]
 
 
+def _without_node_specific(point: str, value: str) -> str:
+    patterns = [pat for _name, directory, pat in places.NODE_SPECIFIC if directory == point]
+    if not patterns:
+        return value
+    keep = [
+        ln
+        for ln in value.splitlines()
+        if not any(fnmatch.fnmatchcase(ln.split(" ", 1)[0], p) for p in patterns)
+    ]
+    return "\n".join(keep)
+
+
+def _node_specific(spec: MeasureSpec, directory: str, pattern: str) -> str:
+    base = spec.under_root(directory)
+    try:
+        names = sorted(n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern))
+    except OSError:
+        return ABSENT
+    return "\n".join(f"{n} {manifest(base / n)}" for n in names)
+
+
 def quick_records(spec: MeasureSpec, names: Iterable[str] = RECHECK) -> dict[str, str]:
     """name -> digest of the cheap records (``RECHECK``): what the Prolog recomputes every job."""
     out: dict[str, str] = {}
@@ -238,7 +261,7 @@ def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[
     _rec(records, "kernel", "kernel/tainted", _read_text(spec.under_root("/proc/sys/kernel/tainted")))
     _rec(records, "kernel", "kernel/knobs", probes.kernel_knobs(root, places.KERNEL_KNOBS, manifest))
     for point in spec.persistence:
-        _rec(records, "persistence", point, manifest(spec.under_root(point)))
+        _rec(records, "persistence", point, _without_node_specific(point, manifest(spec.under_root(point))))
     homes = probes.passwd_homes(root) if spec.homes is None else [(h, h) for h in spec.homes]
     for user, home in homes:
         _rec(records, "home", f"home/{user}", home_manifest(root, home))
@@ -257,6 +280,8 @@ def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[
         _rec(records, "gpu", f"gpu/{report['index']}", canonical(static).decode())
         uuids.append(f"{report['index']} {report.get('uuid', '')}")
     _rec(records, "identity", "gpu/identity", "\n".join(uuids))
+    for name, directory, pattern in places.NODE_SPECIFIC:
+        _rec(records, "identity", name, _node_specific(spec, directory, pattern))
     _rec(records, "volatile", "meta/time", str(int(now)))
     return records
 

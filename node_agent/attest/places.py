@@ -23,7 +23,7 @@ as a content manifest, so a NEW file in a directory changes the record as surely
 * device rules: ``/etc/udev/rules.d``, ``/usr/lib/udev/rules.d``, ``/lib/udev/rules.d`` (RUN+= is root code);
 * privilege and authentication: ``/etc/sudoers(.d)``, ``/etc/pam.d``, ``/etc/security``, ``/etc/polkit-1``,
   ``/etc/nsswitch.conf``, ``/etc/passwd``, ``/etc/shadow``, ``/etc/group``, ``/etc/gshadow``, ``/etc/ssh``
-  (``sshd_config(.d)``, host keys: a digest only), ``/etc/hosts``;
+  (``sshd_config(.d)``; the host keys are per node, see ``NODE_SPECIFIC``);
 * root-run hooks of other daemons: ``/etc/apt/apt.conf.d`` (Pre/Post-Invoke), ``/etc/logrotate.d``
   (postrotate), ``/etc/network/if-*.d``, ``/etc/NetworkManager/dispatcher.d``, ``/etc/dhcp``,
   ``/etc/sysctl.d`` and ``/etc/sysctl.conf`` (``kernel.core_pattern = |/tmp/x`` runs as root on a crash);
@@ -137,7 +137,6 @@ PERSISTENCE: tuple[str, ...] = (
     "/etc/group",
     "/etc/gshadow",
     "/etc/ssh",
-    "/etc/hosts",
     # root-run hooks of other daemons
     "/etc/apt/apt.conf.d",
     "/etc/logrotate.conf",
@@ -181,6 +180,15 @@ HOME_FILES: tuple[str, ...] = (
     ".xsession",
 )
 """Per home directory: start-up files, keys and user units (a directory is measured whole)."""
+
+NODE_SPECIFIC: tuple[tuple[str, str, str], ...] = (
+    ("identity/hosts", "/etc", "hosts"),
+    ("identity/ssh-host-keys", "/etc/ssh", "ssh_host_*"),
+)
+"""(record, directory, name pattern): files that differ from node to node by design (docker writes each
+container's /etc/hosts; every node has its own SSH host keys). They are recorded (kind ``identity``) and left
+out of their directory's manifest, so a class policy learnt from one golden node wildcards them like the GPU
+UUIDs instead of failing every other node; a site pins them per node in the policy's ``nodes`` table."""
 
 KERNEL_KNOBS: tuple[str, ...] = (
     "/proc/sys/kernel/core_pattern",

@@ -206,3 +206,21 @@ def test_benign_churn_still_passes(ctl: Controller, attestor: Attestor, clock: C
                 "tmp/systemd-private-abc-chrony.service-x/tmp/f", "run/slurm/slurmd.pid"):  # fmt: skip
         _write(root, rel, "churn\n")
     assert ctl.handover(attestor, clock.now + 60)["status"] == "pass"
+
+
+def test_node_specific_files_are_identity_records(
+    tmp_path: Path, ctl: Controller, attestor: Attestor, clock: Clock
+) -> None:
+    """Another node of the class has its own /etc/hosts and SSH host keys: it passes the class policy."""
+    root = attestor.spec.root
+    _write(root, "etc/hosts", "10.0.0.7 gpu-h100-1\n")
+    _write(root, "etc/ssh/ssh_host_ed25519_key", "node one's key\n", 0o600)
+    ctl.learn_from(attestor, clock.now)
+    _write(root, "etc/hosts", "10.0.0.8 gpu-h100-2\n")
+    _write(root, "etc/ssh/ssh_host_ed25519_key", "node two's key\n", 0o600)
+    v = ctl.handover(attestor, clock.now)
+    assert v["status"] == "pass", v["differences"]
+    quote = attestor.quote("ab" * 32, clock.now)
+    values = {r["name"]: r.get("value", "") for r in quote["records"]}
+    assert "ssh_host_ed25519_key" in values["identity/ssh-host-keys"]
+    assert "ssh_host" not in values["/etc/ssh"]
