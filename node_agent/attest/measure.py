@@ -59,12 +59,22 @@ from node_agent.attest.chain import ABSENT, Record, canonical, sha256_hex
 
 DEFAULT_PERSISTENCE = places.PERSISTENCE
 MAX_ENTRIES = 20000
+MAX_PYTHON_ENTRIES = 200_000
+"""The Python environment is walked whole (a venv + stdlib is ~5-10k files; a dev box's 50k)."""
 MAX_VALUE_CHARS = 64 * 1024
 FAKE_MODULES_FILE = "fake-modules"
 """``STATE_DIR/fake-modules``: extra kernel-module names (one a line) the fake backend's measurement adds to
 ``/proc/modules`` -- the "implant" fault of the demos (``fleetyield-agent attest implant --module X``)."""
 RECHECK = ("kernel/modules", "kernel/tainted", "kernel/knobs", "/etc/ld.so.preload")
 """What can change between quotes without a reboot and is cheap (< 10 ms): the Prolog's re-check."""
+MAX_CACHED = 200_000
+_DIGESTS: dict[tuple[str, int, int, int, int, int], str] = {}
+"""Content digests of this process's earlier walks, keyed by path, device, inode, size, mtime and ctime.
+Why a cache: the Python environment and /boot are ~100-300 MB on a node, seconds of sha256 per quote; a
+long-running agent re-hashes only what changed. Any write to a file moves its ctime, which no unprivileged
+call can set back (only root, by resetting the clock, could hide a rewrite from it; a fresh agent, e.g.
+after the reboot a failed verdict leads to, hashes everything). The Prolog's short-lived re-check does not
+benefit and does not need it (its records are small)."""
 _HOOKS_DIR = Path(__file__).resolve().parent.parent.parent / "prolog_epilog"
 
 
@@ -102,7 +112,7 @@ def module_names(spec: MeasureSpec) -> list[str]:
     return [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
-def _file_line(rel: str, path: Path, st: os.stat_result) -> str:
+def _file_line(rel: str, path: Path | str, st: os.stat_result) -> str:
     mode = f"{stat.S_IMODE(st.st_mode):04o} {st.st_uid}:{st.st_gid}"
     if stat.S_ISLNK(st.st_mode):
         try:
@@ -113,21 +123,28 @@ def _file_line(rel: str, path: Path, st: os.stat_result) -> str:
         return f"{rel} dir {mode}"
     if not stat.S_ISREG(st.st_mode):
         return f"{rel} type:{stat.S_IFMT(st.st_mode):o} {mode}"
-    h = hashlib.sha256()
-    try:
-        # O_NOFOLLOW|O_NONBLOCK: a file swapped for a link or a FIFO after the lstat: not followed/blocked.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        h = hashlib.sha256()
         try:
-            while chunk := os.read(fd, 1 << 16):
-                h.update(chunk)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        return f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
-    return f"{rel} {h.hexdigest()} {mode}"
+            # O_NOFOLLOW|O_NONBLOCK: a file swapped for a link or a FIFO after the lstat: not followed
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                while chunk := os.read(fd, 1 << 20):
+                    h.update(chunk)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
+        digest = h.hexdigest()
+        if len(_DIGESTS) >= MAX_CACHED:
+            _DIGESTS.clear()
+        _DIGESTS[key] = digest
+    return f"{rel} {digest} {mode}"
 
 
-def manifest(path: Path) -> str:
+def manifest(path: Path | str, limit: int = MAX_ENTRIES) -> str:
     """The manifest of one persistence point (see the module docstring); ``absent`` when missing."""
     try:
         top = os.lstat(path)
@@ -138,7 +155,7 @@ def manifest(path: Path) -> str:
     if not stat.S_ISDIR(top.st_mode):
         return _file_line(".", path, top)
     lines: list[str] = []
-    stack = [(path, "")]
+    stack = [(str(path), "")]
     while stack:
         directory, prefix = stack.pop()
         try:
@@ -147,8 +164,8 @@ def manifest(path: Path) -> str:
             lines.append(f"{prefix or '.'} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
             continue
         for entry in entries:
-            if len(lines) >= MAX_ENTRIES:
-                lines.append(f"... truncated after {MAX_ENTRIES} entries")
+            if len(lines) >= limit:
+                lines.append(f"... truncated after {limit} entries")
                 stack.clear()
                 break
             rel = f"{prefix}{entry.name}"
@@ -157,9 +174,9 @@ def manifest(path: Path) -> str:
             except OSError as exc:
                 lines.append(f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
                 continue
-            lines.append(_file_line(rel, Path(entry.path), st))
+            lines.append(_file_line(rel, entry.path, st))  # str paths: pathlib costs 2x the walk
             if stat.S_ISDIR(st.st_mode):
-                stack.append((Path(entry.path), rel + "/"))
+                stack.append((entry.path, rel + "/"))
     return "\n".join(sorted(lines))
 
 
@@ -186,11 +203,11 @@ def _rec(records: list[Record], kind: str, name: str, value: str) -> None:
     records.append(Record(len(records), kind, name, sha256_hex(value), value))
 
 
-def tree_manifest(root: Path, paths: Iterable[str]) -> str:
+def tree_manifest(root: Path, paths: Iterable[str], limit: int = MAX_ENTRIES) -> str:
     """One manifest over several absolute paths (each under ``root``), prefixed by the path."""
     parts = []
     for p in paths:
-        body = manifest(root / p.lstrip("/"))
+        body = manifest(root / p.lstrip("/"), limit)
         parts.append("\n".join(f"{p} {line}" for line in body.splitlines()) if body else f"{p} (empty)")
     return "\n".join(parts)
 
@@ -260,7 +277,15 @@ def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[
     _rec(records, "modules", "kernel/module-files", probes.module_files(root, release))
     _rec(records, "kernel", "kernel/tainted", _read_text(spec.under_root("/proc/sys/kernel/tainted")))
     _rec(records, "kernel", "kernel/knobs", probes.kernel_knobs(root, places.KERNEL_KNOBS, manifest))
+    seen: dict[str, str] = {}
     for point in spec.persistence:
+        # merged /usr: /lib/systemd is /usr/lib/systemd; measured once, the alias recorded as such (a link
+        # replaced by a real directory changes the alias record)
+        real = os.path.realpath(spec.under_root(point))
+        if real in seen and real != str(spec.under_root(point)):
+            _rec(records, "persistence", point, f"alias of {seen[real]}")
+            continue
+        seen.setdefault(real, point)
         _rec(records, "persistence", point, _without_node_specific(point, manifest(spec.under_root(point))))
     homes = probes.passwd_homes(root) if spec.homes is None else [(h, h) for h in spec.homes]
     for user, home in homes:
@@ -270,7 +295,7 @@ def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[
     _rec(records, "tenant", "tenant/ipc", probes.tenant_ipc(root, spec.tenant_uid_min))
     _rec(records, "tenant", "tenant/processes", probes.tenant_processes(root, spec.tenant_uid_min))
     _rec(records, "hooks", "hooks/code", package_manifest(spec.hooks_package_dir))
-    _rec(records, "hooks", "hooks/python", tree_manifest(root, spec.python_env))
+    _rec(records, "hooks", "hooks/python", tree_manifest(root, spec.python_env, MAX_PYTHON_ENTRIES))
     _rec(records, "agent", "agent/code", package_manifest(spec.agent_package_dir))
     config = ABSENT if spec.agent_config_file is None else manifest(spec.agent_config_file)
     _rec(records, "agent", "agent/config", config)

@@ -221,7 +221,7 @@ def python_env() -> tuple[str, ...]:
     found: list[str] = [os.path.realpath(sys.executable)]
     found += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts") if k in paths]
     out: list[str] = []
-    for p in found:
-        if p and p not in out:
+    for p in sorted(set(filter(None, found))):  # a tree inside another listed one is walked once
+        if not any(p.startswith(q.rstrip("/") + "/") for q in out):
             out.append(p)
     return tuple(out)

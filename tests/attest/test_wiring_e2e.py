@@ -100,6 +100,12 @@ def test_a_change_after_the_quote_fails_the_next_prolog(
 ) -> None:
     """No new hand-over between: the Prolog itself recomputes what can change between quotes."""
     _enrol_and_learn(ctl, agent)
+    # the agent's start-up re-attestation retries until its first verdict; let it land first, so no
+    # background hand-over can replace the verdict while the test changes the node
+    deadline = time.monotonic() + 30
+    while not (agent.state_dir / "attest-verdict.json").exists():
+        assert time.monotonic() < deadline, "the agent never attested after enrolment"
+        time.sleep(0.05)
     conf = hook_conf(tmp_path / "hooks.conf", agent.state_dir, tmp_path, attest_controller_pubkey=ctl.pub,
                      hard_timeout_ms=4000)  # fmt: skip
     rc, err, _ = run_hook("epilog", hook_env(conf, "201"))
@@ -113,10 +119,5 @@ def test_a_change_after_the_quote_fails_the_next_prolog(
     assert (
         rc == 1 and f"DENY: fleetyield: attestation failed ({record} changed since the hand-over)" in err
     ), err
-    path.write_text(
-        path.read_text().replace("rootkit_x 16384 0 - Live 0x0\n", "").replace("|/tmp/.x/m\n", "")
-    )
-    if change == "etc/ld.so.preload":
-        path.unlink()
-    rc, err, _ = run_hook("prolog", hook_env(conf, "204"))
-    assert rc == 0, err  # undone: the same digests again
+    # undoing it passes again: test_attest_gate (here the agent's own re-attestation loop may replace the
+    # verdict at any time, so a second Prolog would test that loop's timing, not the re-check)
