@@ -491,7 +491,9 @@ def recheck(path: str, root: str, names: Iterable[str], agent_state_dir: str | N
     if not isinstance(passed, dict):
         return False, "fleetyield: attestation verdict carries no digests to re-check (controller too old?)"
     extra = Path(agent_state_dir) / FAKE_MODULES_FILE if agent_state_dir else None
-    spec = MeasureSpec(root=Path(root), extra_modules_file=extra if extra and extra.exists() else None)
+    spec = MeasureSpec(
+        root=Path(root), extra_modules_file=extra if extra and extra.exists() else None, python_env=()
+    )
     try:
         now = quick_records(spec, wanted)
     except ValueError as exc:

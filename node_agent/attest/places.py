@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 
 PERSISTENCE: tuple[str, ...] = (
     # dynamic loader first: the one file that changes every process on the node
@@ -217,6 +216,8 @@ e.g. systemd-private-* dirs, is not a leftover)."""
 
 def python_env() -> tuple[str, ...]:
     """The interpreter and library trees this process runs from: what the agent and the hooks import."""
+    import sysconfig  # here, not at import: the Prolog's re-check imports this module and never calls it
+
     paths = sysconfig.get_paths()
     found: list[str] = [os.path.realpath(sys.executable)]
     found += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts") if k in paths]
