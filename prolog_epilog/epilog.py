@@ -320,6 +320,7 @@ def _hard_exit(log: lib.Logger) -> None:
 
 
 def main() -> None:
+    sys.dont_write_bytecode = True  # the measured Python environment (hooks/python) is never written
     if lib.asked_for_cli(sys.argv[1:]):
         from prolog_epilog import _cli
 
