@@ -48,8 +48,13 @@ def _wait_ready(port: int, deadline_s: float = 15.0) -> float:
 @click.option("--scrapes", default=500, show_default=True)
 @click.option("--gpus", default=8, show_default=True)
 @click.option("--model", default="h100", show_default=True)
-@click.option("--backend", type=click.Choice(["fake", "nvml"]), default="fake", show_default=True,
-              help="nvml: this machine's GPUs (needs the NVIDIA driver); --gpus/--model then unused.")
+@click.option(
+    "--backend",
+    type=click.Choice(["fake", "nvml"]),
+    default="fake",
+    show_default=True,
+    help="nvml: this machine's GPUs (needs the NVIDIA driver); --gpus/--model then unused.",
+)
 def main(scrapes: int, gpus: int, model: str, backend: str) -> None:
     """Run the benchmark and print the table."""
     port = _free_port()

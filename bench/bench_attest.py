@@ -103,6 +103,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--job-s", type=float, default=60.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--python-env", nargs="*", default=None,
+        help="trees measured as hooks/python (default: this interpreter's, as on a node)",
+    )  # fmt: skip
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fy-bench-attest-"))
     results: dict[str, dict[str, float]] = {}
@@ -116,7 +120,9 @@ def main() -> None:
         service = AttestService(store, Policy(), ctl_key)
         server = _listener(service)
         cfg = AttestConfig(
-            controller_url=f"http://127.0.0.1:{server.server_address[1]}", controller_pubkey=pub
+            controller_url=f"http://127.0.0.1:{server.server_address[1]}",
+            controller_pubkey=pub,
+            **({"python_env": args.python_env} if args.python_env is not None else {}),
         )
         att = Attestor(_Agent(backend, tmp / "state"), cfg)
         b64, kid = decode_pubkey_line(node_keys.export_public(att.state_dir, NODE))
@@ -124,6 +130,8 @@ def main() -> None:
         golden = att.quote(service.issue_nonce(NODE, time.time())["nonce"])
         service.policy = learn(golden, "h100")
         n_records = len(golden["records"])
+        py = next(r for r in golden["records"] if r["name"] == "hooks/python")
+        print(f"hooks/python: {py.get('value', '')[:90]} (trees {list(att.spec.python_env)})")
         quote_bytes = len(json.dumps(golden))
 
         q_ms, v_ms, h_ms = [], [], []

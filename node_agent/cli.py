@@ -140,6 +140,9 @@ class _AgentGroup(JsonErrorGroup):
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """FleetYield node agent: dcgm-exporter-compatible GPU metrics, fault injection, checks."""
+    # The Python environment is measured (attestation record hooks/python): the agent never writes byte
+    # caches into it, so a lazily imported module cannot change the measurement after the baseline.
+    sys.dont_write_bytecode = True
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

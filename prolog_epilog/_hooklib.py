@@ -29,6 +29,10 @@ Keys (defaults)::
     attest_controller_pubkey =                     # controller's key line; empty: the agent checked it
     healthcheck_grace_s = 120                      # healthcheck.py: controller silent this long: drain here
     scontrol        = scontrol                     # healthcheck.py: scontrol to run (PATH, else /usr/bin)
+    attest_root     = /                            # prefix of the re-checked paths (tests: a fixture)
+    attest_recheck  = kernel/modules,kernel/tainted,kernel/knobs,/etc/ld.so.preload
+                                                   # records the Prolog recomputes against the verdict
+    attest_uid_min  = 1000                         # uids from here up are tenants (the Epilog's wipe)
 
 With ``attest`` on, the Epilog invalidates the node's verdict (``<agent_state_dir>/attest-verdict.json``),
 wipes the job's areas, asks the agent to scrub its GPUs and then for a fresh hand-over; the Prolog
@@ -85,6 +89,9 @@ class HookConfig:
         "attest_controller_pubkey": "",
         "healthcheck_grace_s": 120,
         "scontrol": "scontrol",
+        "attest_root": "/",
+        "attest_recheck": "kernel/modules,kernel/tainted,kernel/knobs,/etc/ld.so.preload",
+        "attest_uid_min": 1000,
     }
 
     agent_state_dir: str
@@ -102,6 +109,9 @@ class HookConfig:
     attest_controller_pubkey: str
     healthcheck_grace_s: int
     scontrol: str
+    attest_root: str
+    attest_recheck: str
+    attest_uid_min: int
 
     def __init__(self, **values: str | int | bool) -> None:
         for key, default in self.DEFAULTS.items():

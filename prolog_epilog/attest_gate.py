@@ -9,6 +9,11 @@ Input / output, per function:
 * ``request_handover(agent_state_dir, job_id, timeout_s)`` (Epilog, last step): the agent's nonce ->
   quote -> verdict exchange with the controller, over the agent's unix socket.
 * ``check_verdict(path, node, now, max_age_s, controller_pubkey_path)`` (Prolog): ``(allow, reason)``.
+* ``recheck(path, root, names, agent_state_dir)`` (Prolog, after ``check_verdict`` allowed): recompute the
+  cheap records (loaded modules, kernel taint and knobs, ld.so.preload: what can change between quotes
+  without a reboot) and deny when one differs from the digest the signed verdict passed -- a module loaded
+  after the hand-over fails the next Prolog. Imports ``node_agent.attest.measure`` (stdlib only) lazily.
+* ``wipe_tenant(uid, user, root, ...)`` (Epilog): what the job's uid left in the shared writable places.
 
 Area templates name one per-job directory each, e.g. ``/tmp/fy-job-{job_id}`` or
 ``/scratch/{user}/{job_id}``; placeholders are ``{job_id}`` (digits only) and ``{user}`` (a POSIX user
@@ -166,6 +171,170 @@ def wipe_area(template: str, job_id: str, user: str | None, deadline: float) -> 
                 os.close(fd)
 
 
+TENANT_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock", "/var/crash")
+"""Shared places any uid can write (node_agent.attest.places.TENANT_DIRS: kept equal by a test)."""
+CRONTABS = ("/var/spool/cron/crontabs", "/var/spool/cron", "/var/spool/cron/tabs")
+AT_SPOOLS = ("/var/spool/cron/atjobs", "/var/spool/at")
+LINGER_DIR = "/var/lib/systemd/linger"
+
+
+def _open_dir(root: str, path: str) -> int:
+    return os.open(os.path.realpath(os.path.join(root, path.lstrip("/"))), os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _sweep_owned(
+    dir_fd: int, uid: int, deadline: float, counts: dict[str, int], removed: list[str], shown: str, depth: int
+) -> None:
+    """Remove every entry of ``dir_fd`` owned by ``uid``; descend into sticky world-writable dirs of other
+    owners (``/tmp/.X11-unix``) one level at a time. fd-relative, links never followed."""
+    with os.scandir(dir_fd) as it:
+        names = [e.name for e in it]
+    for name in names:
+        if time.monotonic() > deadline:
+            raise _Deadline
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == uid:
+            _remove_tree(dir_fd, name, deadline, counts, 0)
+            removed.append(f"{shown}/{name}")
+        elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and depth < 4:
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                _sweep_owned(sub, uid, deadline, counts, removed, f"{shown}/{name}", depth + 1)
+            finally:
+                os.close(sub)
+
+
+def _unlink_named(root: str, directory: str, name: str, removed: list[str]) -> None:
+    try:
+        fd = _open_dir(root, directory)
+    except OSError:
+        return
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=fd)
+            removed.append(f"{directory}/{name}")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def other_jobs_of(spool_dir: str | None, uid: int, job_id: str) -> list[str]:
+    """Ids of the other jobs of ``uid`` the Prolog recorded on this node (``<spool>/jobs/*.json``)."""
+    if not spool_dir:
+        return []
+    out = []
+    try:
+        names = os.listdir(os.path.join(spool_dir, "jobs"))
+    except OSError:
+        return []
+    for name in names:
+        other = name[:-5] if name.endswith(".json") else None
+        if not other or other == job_id:
+            continue
+        try:
+            with open(os.path.join(spool_dir, "jobs", name), encoding="utf-8") as fh:
+                doc = json.loads(fh.read(1 << 16))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and str(doc.get("uid")) == str(uid):
+            out.append(other)
+    return sorted(out)
+
+
+def wipe_tenant(
+    uid: int | None,
+    user: str | None,
+    job_id: str,
+    deadline: float,
+    *,
+    root: str = "/",
+    uid_min: int = 1000,
+    spool_dir: str | None = None,
+) -> dict[str, Any]:
+    """Remove what the job's uid can have left in shared writable places; never raises.
+
+    ``TENANT_DIRS`` entries the uid owns, its crontab (by name: on RHEL root owns it), its ``at`` jobs, its
+    systemd linger flag (user units at boot). Skipped, and said, for a system uid (below ``uid_min``) and
+    while another job of the same uid runs here (its files are in use). SysV IPC objects are removed with
+    ``ipcrm`` on a real root only. ``status``: removed | skipped | incomplete | error.
+    """
+    report: dict[str, Any] = {"uid": uid, "removed": [], "files": 0, "dirs": 0}
+    if uid is None or uid < uid_min or not _valid_user(user):
+        return {**report, "status": "skipped", "reason": f"uid {uid} / user {user!r} is not a tenant's"}
+    busy = other_jobs_of(spool_dir, uid, job_id)
+    if busy:
+        return {**report, "status": "skipped", "reason": f"uid {uid} still runs job(s) {', '.join(busy)}"}
+    counts = {"files": 0, "dirs": 0}
+    removed: list[str] = report["removed"]
+    status = "removed"
+    try:
+        for top in TENANT_DIRS:
+            try:
+                fd = _open_dir(root, top)
+            except OSError:
+                continue
+            try:
+                _sweep_owned(fd, uid, deadline, counts, removed, top, 0)
+            finally:
+                os.close(fd)
+        for directory in CRONTABS:
+            _unlink_named(root, directory, str(user), removed)
+        _unlink_named(root, LINGER_DIR, str(user), removed)
+        for spool in AT_SPOOLS:
+            try:
+                fd = _open_dir(root, spool)
+            except OSError:
+                continue
+            try:
+                for name in os.listdir(fd):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if st.st_uid == uid and stat.S_ISREG(st.st_mode):
+                        os.unlink(name, dir_fd=fd)
+                        removed.append(f"{spool}/{name}")
+            finally:
+                os.close(fd)
+        if os.path.realpath(root) == "/":
+            removed += _remove_ipc(uid)
+    except _Deadline:
+        status = "incomplete"
+    except OSError as exc:
+        return {**report, **counts, "status": "error", "reason": str(exc)}
+    return {**report, **counts, "status": status}
+
+
+def _remove_ipc(uid: int) -> list[str]:
+    """``ipcrm`` every SysV shm / msg / sem object of ``uid`` (they outlive the job's processes)."""
+    import subprocess
+
+    out = []
+    for kind, flag in (("shm", "-m"), ("msg", "-q"), ("sem", "-s")):
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as fh:
+                rows = fh.read().splitlines()
+        except OSError:
+            continue
+        header = rows[0].split() if rows else []
+        if "uid" not in header or len(header) < 2:
+            continue
+        col, id_col = header.index("uid"), 1
+        for row in rows[1:]:
+            cells = row.split()
+            if len(cells) > col and cells[col] == str(uid):
+                cmd = ["ipcrm", flag, cells[id_col]]
+                done = subprocess.run(cmd, capture_output=True, timeout=2, check=False)
+                if done.returncode == 0:
+                    out.append(f"ipc {kind} {cells[id_col]}")
+    return out
+
+
 def agent_call(state_dir: str, request: dict[str, Any], timeout_s: float) -> Any:
     """One JSON request over the agent's control socket; raises ``RuntimeError`` with the agent's message."""
     path = os.path.join(state_dir, AGENT_SOCKET)
@@ -299,6 +468,40 @@ def failure_reason(verdict: dict[str, Any]) -> str:
     if not detail:
         detail = "; ".join(str(r) for r in (verdict.get("reasons") or [])[:2]) or "no reason given"
     return f"fleetyield: attestation failed ({detail})"
+
+
+def recheck(path: str, root: str, names: Iterable[str], agent_state_dir: str | None) -> tuple[bool, str]:
+    """The Prolog's re-check of what can change between quotes: ``(allow, reason)``, fail-closed.
+
+    Run after ``check_verdict`` allowed (so the file is a fresh, signed pass for this node). The fake
+    backend's implant file (``<agent_state_dir>/fake-modules``) is counted when it exists, as the agent does.
+    """
+    from pathlib import Path
+
+    from node_agent.attest.measure import FAKE_MODULES_FILE, MeasureSpec, quick_records
+
+    wanted = [n for n in names if n]
+    if not wanted:
+        return True, "no re-check configured"
+    try:
+        verdict = _read_verdict(path)
+    except (OSError, ValueError) as exc:
+        return False, f"fleetyield: attestation verdict unusable ({path}: {exc})"
+    passed = verdict.get("digests")
+    if not isinstance(passed, dict):
+        return False, "fleetyield: attestation verdict carries no digests to re-check (controller too old?)"
+    extra = Path(agent_state_dir) / FAKE_MODULES_FILE if agent_state_dir else None
+    spec = MeasureSpec(
+        root=Path(root), extra_modules_file=extra if extra and extra.exists() else None, python_env=()
+    )
+    try:
+        now = quick_records(spec, wanted)
+    except ValueError as exc:
+        return False, f"fleetyield: attest_recheck: {exc}"
+    changed = [n for n in wanted if passed.get(n) != now[n]]
+    if changed:
+        return False, f"fleetyield: attestation failed ({', '.join(changed)} changed since the hand-over)"
+    return True, f"re-checked {len(wanted)} record(s)"
 
 
 def check_verdict(

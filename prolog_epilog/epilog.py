@@ -46,7 +46,10 @@ Comment="fy:<class> ckpt=<unix>"``): read when slurmd passes the current comment
 passes none; the Prolog's copy is then from job start). The file wins when both exist.
 
 Attestation (``attest = true`` in the hook config; ``attest_gate.py``): first the node's verdict file is
-invalidated, then the job's areas (``attest_areas``) are wiped and the agent scrubs the job's GPUs (all
+invalidated, then the job's areas (``attest_areas``) are wiped, what the job's uid left in the shared
+writable places (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/dev/mqueue``, ``/run/lock``, ``/var/crash``, its
+crontab, ``at`` jobs, linger flag, SysV IPC; ``attest_gate.wipe_tenant``, skipped while the uid runs another
+job here) is removed, and the agent scrubs the job's GPUs (all
 stopping ``WIPE_MARGIN_S`` before the deadline), and after the outcome record the agent is asked for a
 fresh hand-over, bounded by what is left of the deadline. None of it changes the exit status.
 
@@ -270,9 +273,26 @@ def _attest_wipe(config: lib.HookConfig, job_id: str, record: dict, deadline: fl
         gpus=[g for g in record.get("gpus") or [] if isinstance(g, int)],
         agent_state_dir=config.agent_state_dir,
     )
+    uid = record.get("uid")
+    tenant = attest_gate.wipe_tenant(
+        uid if isinstance(uid, int) else None,
+        user if isinstance(user, str) else None,
+        job_id,
+        deadline - WIPE_MARGIN_S,
+        root=config.attest_root,
+        uid_min=config.attest_uid_min,
+        spool_dir=config.spool_dir,
+    )
+    ok = report["ok"] and tenant["status"] in ("removed", "skipped")
     summary = ", ".join(f"{a.get('path', a['template'])}: {a['status']}" for a in report["areas"]) or "none"
-    level = "INFO" if report["ok"] else "WARNING"
-    log(level, f"wipe {'ok' if report['ok'] else 'INCOMPLETE'}: areas {summary}; scrub {report['scrub']}")
+    left = f"{tenant['status']} {tenant['removed'][:8]}"
+    if "reason" in tenant:
+        left += f" ({tenant['reason']})"
+    scrub = report["scrub"]
+    log(
+        "INFO" if ok else "WARNING",
+        f"wipe {'ok' if ok else 'INCOMPLETE'}: areas {summary}; tenant {left}; scrub {scrub}",
+    )
 
 
 def _attest_handover(config: lib.HookConfig, job_id: str, deadline: float, log: lib.Logger) -> None:
@@ -300,6 +320,7 @@ def _hard_exit(log: lib.Logger) -> None:
 
 
 def main() -> None:
+    sys.dont_write_bytecode = True  # the measured Python environment (hooks/python) is never written
     if lib.asked_for_cli(sys.argv[1:]):
         from prolog_epilog import _cli
 

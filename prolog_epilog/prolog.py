@@ -18,7 +18,9 @@ ONLY when
 * the node agent has a pending fatal event (``<agent_state_dir>/fatal.json``), or
 * ``attest`` is on and the node's attestation verdict (``<agent_state_dir>/attest-verdict.json``) is
   missing, unreadable, stale (``attest_max_age_s``), badly signed or a fail (``attest_gate.check_verdict``:
-  fail-closed on purpose, the one exception to fail-open below), or
+  fail-closed on purpose, the one exception to fail-open below), or what can change between quotes
+  (loaded modules, kernel taint and knobs, ld.so.preload: ``attest_recheck``) no longer matches the
+  digests that verdict passed (``attest_gate.recheck``), or
 * the controller answers ``GET {controller_url}/v1/nodes/{node}/gate`` with HTTP 200
   and ``{"allow": false, ...}`` within ``timeout_ms``.
 
@@ -259,6 +261,19 @@ def run(env: Mapping[str, str], log: lib.Logger) -> int:
             config.attest_max_age_s,
             config.attest_controller_pubkey or None,
         )
+        if allow:  # what can change between quotes (a module loaded since): recomputed now
+            names = [n.strip() for n in config.attest_recheck.split(",")]
+            try:
+                allow, reason = attest_gate.recheck(
+                    config.verdict_file, config.attest_root, names, config.agent_state_dir
+                )
+            except lib.HookTimeout:
+                raise
+            except Exception as exc:  # fail-closed like the verdict check itself
+                allow, reason = (
+                    False,
+                    f"fleetyield: attestation re-check failed ({type(exc).__name__}: {exc})",
+                )
         if not allow:
             log("ERROR", f"DENY: {reason}")
             return EXIT_DENY
@@ -293,6 +308,7 @@ def _hard_exit(log: lib.Logger) -> None:
 
 
 def main() -> None:
+    sys.dont_write_bytecode = True  # the measured Python environment (hooks/python) is never written
     if lib.asked_for_cli(sys.argv[1:]):
         from prolog_epilog import _cli
 

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
+from node_agent.attest import places
 from node_agent.attest.measure import DEFAULT_PERSISTENCE
 
 VERDICT_FILE = "attest-verdict.json"
@@ -30,6 +31,22 @@ class AttestConfig(BaseModel):
     persistence: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PERSISTENCE),
         description="Persistence points measured, in order (absolute paths under root).",
+    )
+    python_env: list[str] = Field(
+        default_factory=lambda: list(places.python_env()),
+        description="The interpreter and library trees the agent and hooks run from (absolute, under root).",
+    )
+    homes: list[str] | None = Field(
+        default=None,
+        description="Home directories measured (start-up files, .ssh, user units); unset: every home of "
+        "the node's local /etc/passwd plus /root.",
+    )
+    areas: list[str] = Field(
+        default_factory=lambda: ["/tmp/fy-job-{job_id}"],
+        description="The hooks' attest_areas templates: any area still present at a quote is a leftover.",
+    )
+    tenant_uid_min: int = Field(
+        default=places.TENANT_UID_MIN, ge=1, description="uids from here up are tenants (login.defs UID_MIN)."
     )
     agent_config_file: _PathLike | None = Field(default=None, description="The agent config file measured.")
     controller_url: str | None = Field(

@@ -1,30 +1,52 @@
 """Ordered measurement records of a node's tenant-relevant state, read under an injectable root.
 
-Input: a ``MeasureSpec`` (root prefix, persistence points, the agent's config file, optional extra module
-names: the fake backend's implant file) and per-GPU reports (``gpu.gpu_reports``). Output: the ordered
+Input: a ``MeasureSpec`` (root prefix, the measured set of ``places``, the agent's config file, optional extra
+module names: the fake backend's implant file) and per-GPU reports (``gpu.gpu_reports``). Output: the ordered
 ``Record`` list a quote carries, in this fixed order (the chain is order-sensitive)::
 
     kernel/osrelease        kernel       /proc/sys/kernel/osrelease
     kernel/cmdline          kernel       /proc/cmdline
-    kernel/modules          modules      /proc/modules names, sorted (+ fake implants)
-    <persistence point>...  persistence  one record per configured path, e.g. /etc/ld.so.preload
+    kernel/modules          modules      per loaded module: name, size, srcversion, taint (+ fake implants)
+    kernel/module-files     modules      per loaded module: sha256 of its .ko file (modules.dep)
+    kernel/tainted          kernel       /proc/sys/kernel/tainted (sticky: an unsigned module stays visible)
+    kernel/knobs            kernel       core_pattern, modprobe, hotplug, binfmt_misc (places.KERNEL_KNOBS)
+    <persistence point>...  persistence  one record per configured path (places.PERSISTENCE)
+    home/<user>...          home         per local passwd home: start-up files, .ssh, user units
+    tenant/leftovers        tenant       entries owned by a tenant uid in places.TENANT_DIRS, job areas
+    tenant/ipc              tenant       SysV shm / msg / sem owned by a tenant uid
+    tenant/processes        tenant       processes running as a tenant uid
+    hooks/code              hooks        the installed prolog_epilog package (the Prolog gate itself)
+    hooks/python            hooks        interpreter + stdlib + site-packages + scripts (places.python_env)
     agent/code              agent        the installed node_agent package files
     agent/config            agent        the agent's config file
     gpu/<index>...          gpu          model, VBIOS, ECC / MIG / persistence mode, driver
     gpu/identity            identity     the GPU UUIDs (node-specific: a class policy wildcards it)
+    identity/...            identity     /etc/hosts, SSH host keys (places.NODE_SPECIFIC, wildcarded too)
     meta/time               volatile     the quote time (always wildcarded)
 
 A persistence point is a file or a directory; its value is a manifest, one line per entry, sorted by
-relative path: ``<relpath> <sha256 of content> <mode octal>``; a symlink is recorded as
-``link:<target>`` and never followed (a unit dir is full of ``.wants`` links; following one could leave
-the root), unreadable entries as ``unreadable:<errno name>``. A missing path gives the distinct value
-``absent`` (an empty directory gives the empty manifest). Walks stop after ``MAX_ENTRIES`` entries, noted
-in the manifest, so one huge directory cannot stall a hand-over.
+relative path: ``<relpath> <sha256 of content> <mode octal> <uid>:<gid>``, so content, mode and owner all
+count and a NEW file changes the record; a symlink is recorded as ``link:<target>`` and never followed (a
+unit dir is full of ``.wants`` links; following one could leave the root), unreadable entries as
+``unreadable:<errno name>``. A missing path gives the distinct value ``absent`` (an empty directory gives the
+empty manifest). Walks stop after ``MAX_ENTRIES`` entries, noted in the manifest, so one huge directory
+cannot stall a hand-over. A manifest over ``MAX_VALUE_CHARS`` travels as its tree digest
+(``tree <sha256 of the manifest> <entries>``): the record still changes with any byte, only the diff shown
+is shorter (the Python environment: thousands of files).
+
+Loaded modules. The kernel exposes no hash of a loaded module's memory, so a module is recorded by what
+does change with its contents: its size in ``/proc/modules``, its ``srcversion`` (a digest of its sources,
+``/sys/module/<m>/srcversion``), its taint flags, and the sha256 of the file ``modules.dep`` names for it
+(what ``modinfo -n`` resolves; read here directly so it works under a fixture root and spawns no process per
+module). A module loaded from elsewhere (``insmod /tmp/x.ko``) under an allowed name differs in size or
+srcversion, and an unsigned or out-of-tree one sets a sticky kernel taint bit. ``RECHECK`` lists the records
+cheap enough for every Prolog to recompute (``recheck_records``) against the digests of the last verdict.
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import os
 import stat
@@ -32,20 +54,28 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node_agent.attest import places, probes
 from node_agent.attest.chain import ABSENT, Record, canonical, sha256_hex
 
-DEFAULT_PERSISTENCE = (
-    "/etc/ld.so.preload",
-    "/etc/systemd/system",
-    "/run/systemd/system",
-    "/etc/cron.d",
-    "/var/spool/cron",
-    "/etc/modules-load.d",
-)
+DEFAULT_PERSISTENCE = places.PERSISTENCE
 MAX_ENTRIES = 20000
+MAX_PYTHON_ENTRIES = 200_000
+"""The Python environment is walked whole (a venv + stdlib is ~5-10k files; a dev box's 50k)."""
+MAX_VALUE_CHARS = 64 * 1024
 FAKE_MODULES_FILE = "fake-modules"
 """``STATE_DIR/fake-modules``: extra kernel-module names (one a line) the fake backend's measurement adds to
 ``/proc/modules`` -- the "implant" fault of the demos (``fleetyield-agent attest implant --module X``)."""
+RECHECK = ("kernel/modules", "kernel/tainted", "kernel/knobs", "/etc/ld.so.preload")
+"""What can change between quotes without a reboot and is cheap (< 10 ms): the Prolog's re-check."""
+MAX_CACHED = 200_000
+_DIGESTS: dict[tuple[str, int, int, int, int, int], str] = {}
+"""Content digests of this process's earlier walks, keyed by path, device, inode, size, mtime and ctime.
+Why a cache: the Python environment and /boot are ~100-300 MB on a node, seconds of sha256 per quote; a
+long-running agent re-hashes only what changed. Any write to a file moves its ctime, which no unprivileged
+call can set back (only root, by resetting the clock, could hide a rewrite from it; a fresh agent, e.g.
+after the reboot a failed verdict leads to, hashes everything). The Prolog's short-lived re-check does not
+benefit and does not need it (its records are small)."""
+_HOOKS_DIR = Path(__file__).resolve().parent.parent.parent / "prolog_epilog"
 
 
 @dataclass(frozen=True)
@@ -55,6 +85,13 @@ class MeasureSpec:
     agent_config_file: Path | None = None
     extra_modules_file: Path | None = None
     agent_package_dir: Path = field(default_factory=lambda: Path(__file__).resolve().parent.parent)
+    hooks_package_dir: Path = _HOOKS_DIR
+    python_env: tuple[str, ...] = field(default_factory=places.python_env)
+    homes: tuple[str, ...] | None = None
+    """Home directories measured; None: every home of ``<root>/etc/passwd`` (and /root)."""
+    areas: tuple[str, ...] = ("/tmp/fy-job-{job_id}",)
+    """The hooks' per-job area templates; any existing match after the wipe is a leftover."""
+    tenant_uid_min: int = places.TENANT_UID_MIN
 
     def under_root(self, path: str) -> Path:
         return self.root / path.lstrip("/")
@@ -70,19 +107,13 @@ def _read_text(path: Path) -> str:
 
 
 def module_names(spec: MeasureSpec) -> list[str]:
-    names: set[str] = set()
-    text = _read_text(spec.under_root("/proc/modules"))
-    if text != ABSENT and not text.startswith("unreadable:"):
-        names.update(line.split()[0] for line in text.splitlines() if line.strip())
-    if spec.extra_modules_file is not None:
-        extra = _read_text(spec.extra_modules_file)
-        if extra != ABSENT and not extra.startswith("unreadable:"):
-            names.update(line.strip() for line in extra.splitlines() if line.strip())
-    return sorted(names)
+    """The loaded module names (+ fake implants), sorted."""
+    text = probes.loaded_modules(spec.root, _extra_modules(spec))
+    return [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
-def _file_line(rel: str, path: Path, st: os.stat_result) -> str:
-    mode = f"{stat.S_IMODE(st.st_mode):04o}"
+def _file_line(rel: str, path: Path | str, st: os.stat_result) -> str:
+    mode = f"{stat.S_IMODE(st.st_mode):04o} {st.st_uid}:{st.st_gid}"
     if stat.S_ISLNK(st.st_mode):
         try:
             return f"{rel} link:{os.readlink(path)} {mode}"
@@ -92,21 +123,28 @@ def _file_line(rel: str, path: Path, st: os.stat_result) -> str:
         return f"{rel} dir {mode}"
     if not stat.S_ISREG(st.st_mode):
         return f"{rel} type:{stat.S_IFMT(st.st_mode):o} {mode}"
-    h = hashlib.sha256()
-    try:
-        # O_NOFOLLOW|O_NONBLOCK: a file swapped for a link or a FIFO after the lstat: not followed/blocked.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        h = hashlib.sha256()
         try:
-            while chunk := os.read(fd, 1 << 16):
-                h.update(chunk)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        return f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
-    return f"{rel} {h.hexdigest()} {mode}"
+            # O_NOFOLLOW|O_NONBLOCK: a file swapped for a link or a FIFO after the lstat: not followed
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                while chunk := os.read(fd, 1 << 20):
+                    h.update(chunk)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
+        digest = h.hexdigest()
+        if len(_DIGESTS) >= MAX_CACHED:
+            _DIGESTS.clear()
+        _DIGESTS[key] = digest
+    return f"{rel} {digest} {mode}"
 
 
-def manifest(path: Path) -> str:
+def manifest(path: Path | str, limit: int = MAX_ENTRIES) -> str:
     """The manifest of one persistence point (see the module docstring); ``absent`` when missing."""
     try:
         top = os.lstat(path)
@@ -117,7 +155,7 @@ def manifest(path: Path) -> str:
     if not stat.S_ISDIR(top.st_mode):
         return _file_line(".", path, top)
     lines: list[str] = []
-    stack = [(path, "")]
+    stack = [(str(path), "")]
     while stack:
         directory, prefix = stack.pop()
         try:
@@ -126,8 +164,8 @@ def manifest(path: Path) -> str:
             lines.append(f"{prefix or '.'} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
             continue
         for entry in entries:
-            if len(lines) >= MAX_ENTRIES:
-                lines.append(f"... truncated after {MAX_ENTRIES} entries")
+            if len(lines) >= limit:
+                lines.append(f"... truncated after {limit} entries")
                 stack.clear()
                 break
             rel = f"{prefix}{entry.name}"
@@ -136,9 +174,9 @@ def manifest(path: Path) -> str:
             except OSError as exc:
                 lines.append(f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
                 continue
-            lines.append(_file_line(rel, Path(entry.path), st))
+            lines.append(_file_line(rel, entry.path, st))  # str paths: pathlib costs 2x the walk
             if stat.S_ISDIR(st.st_mode):
-                stack.append((Path(entry.path), rel + "/"))
+                stack.append((entry.path, rel + "/"))
     return "\n".join(sorted(lines))
 
 
@@ -160,17 +198,104 @@ def package_manifest(package_dir: Path) -> str:
 
 
 def _rec(records: list[Record], kind: str, name: str, value: str) -> None:
+    if len(value) > MAX_VALUE_CHARS:
+        value = f"tree {sha256_hex(value)} {value.count(chr(10)) + 1}"
     records.append(Record(len(records), kind, name, sha256_hex(value), value))
+
+
+def tree_manifest(root: Path, paths: Iterable[str], limit: int = MAX_ENTRIES) -> str:
+    """One manifest over several absolute paths (each under ``root``), prefixed by the path."""
+    parts = []
+    for p in paths:
+        body = manifest(root / p.lstrip("/"), limit)
+        parts.append("\n".join(f"{p} {line}" for line in body.splitlines()) if body else f"{p} (empty)")
+    return "\n".join(parts)
+
+
+def home_manifest(root: Path, home: str) -> str:
+    return tree_manifest(root, [f"{home.rstrip('/')}/{name}" for name in places.HOME_FILES])
+
+
+def _extra_modules(spec: MeasureSpec) -> list[str]:
+    if spec.extra_modules_file is None:
+        return []
+    extra = _read_text(spec.extra_modules_file)
+    if extra == ABSENT or extra.startswith("unreadable:"):
+        return []
+    return [line.strip() for line in extra.splitlines() if line.strip()]
+
+
+def _without_node_specific(point: str, value: str) -> str:
+    patterns = [pat for _name, directory, pat in places.NODE_SPECIFIC if directory == point]
+    if not patterns:
+        return value
+    keep = [
+        ln
+        for ln in value.splitlines()
+        if not any(fnmatch.fnmatchcase(ln.split(" ", 1)[0], p) for p in patterns)
+    ]
+    return "\n".join(keep)
+
+
+def _node_specific(spec: MeasureSpec, directory: str, pattern: str) -> str:
+    base = spec.under_root(directory)
+    try:
+        names = sorted(n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern))
+    except OSError:
+        return ABSENT
+    return "\n".join(f"{n} {manifest(base / n)}" for n in names)
+
+
+def quick_records(spec: MeasureSpec, names: Iterable[str] = RECHECK) -> dict[str, str]:
+    """name -> digest of the cheap records (``RECHECK``): what the Prolog recomputes every job."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name == "kernel/modules":
+            value = probes.loaded_modules(spec.root, _extra_modules(spec))
+        elif name == "kernel/tainted":
+            value = _read_text(spec.under_root("/proc/sys/kernel/tainted"))
+        elif name == "kernel/knobs":
+            value = probes.kernel_knobs(spec.root, places.KERNEL_KNOBS, manifest)
+        elif name.startswith("/"):
+            value = manifest(spec.under_root(name))
+        else:
+            raise ValueError(f"{name!r} is not a record the re-check can recompute (one of {RECHECK})")
+        holder: list[Record] = []
+        _rec(holder, "", name, value)
+        out[name] = holder[0].digest
+    return out
 
 
 def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[Record]:
     """All records, in the documented order, indices 0..n-1."""
     records: list[Record] = []
-    _rec(records, "kernel", "kernel/osrelease", _read_text(spec.under_root("/proc/sys/kernel/osrelease")))
+    root = spec.root
+    release = _read_text(spec.under_root("/proc/sys/kernel/osrelease"))
+    _rec(records, "kernel", "kernel/osrelease", release)
     _rec(records, "kernel", "kernel/cmdline", _read_text(spec.under_root("/proc/cmdline")))
-    _rec(records, "modules", "kernel/modules", "\n".join(module_names(spec)))
+    _rec(records, "modules", "kernel/modules", probes.loaded_modules(root, _extra_modules(spec)))
+    _rec(records, "modules", "kernel/module-files", probes.module_files(root, release))
+    _rec(records, "kernel", "kernel/tainted", _read_text(spec.under_root("/proc/sys/kernel/tainted")))
+    _rec(records, "kernel", "kernel/knobs", probes.kernel_knobs(root, places.KERNEL_KNOBS, manifest))
+    seen: dict[str, str] = {}
     for point in spec.persistence:
-        _rec(records, "persistence", point, manifest(spec.under_root(point)))
+        # merged /usr: /lib/systemd is /usr/lib/systemd; measured once, the alias recorded as such (a link
+        # replaced by a real directory changes the alias record)
+        real = os.path.realpath(spec.under_root(point))
+        if real in seen and real != str(spec.under_root(point)):
+            _rec(records, "persistence", point, f"alias of {seen[real]}")
+            continue
+        seen.setdefault(real, point)
+        _rec(records, "persistence", point, _without_node_specific(point, manifest(spec.under_root(point))))
+    homes = probes.passwd_homes(root) if spec.homes is None else [(h, h) for h in spec.homes]
+    for user, home in homes:
+        _rec(records, "home", f"home/{user}", home_manifest(root, home))
+    leftovers = probes.tenant_leftovers(root, places.TENANT_DIRS, spec.areas, spec.tenant_uid_min, manifest)
+    _rec(records, "tenant", "tenant/leftovers", leftovers)
+    _rec(records, "tenant", "tenant/ipc", probes.tenant_ipc(root, spec.tenant_uid_min))
+    _rec(records, "tenant", "tenant/processes", probes.tenant_processes(root, spec.tenant_uid_min))
+    _rec(records, "hooks", "hooks/code", package_manifest(spec.hooks_package_dir))
+    _rec(records, "hooks", "hooks/python", tree_manifest(root, spec.python_env, MAX_PYTHON_ENTRIES))
     _rec(records, "agent", "agent/code", package_manifest(spec.agent_package_dir))
     config = ABSENT if spec.agent_config_file is None else manifest(spec.agent_config_file)
     _rec(records, "agent", "agent/config", config)
@@ -180,6 +305,8 @@ def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[
         _rec(records, "gpu", f"gpu/{report['index']}", canonical(static).decode())
         uuids.append(f"{report['index']} {report.get('uuid', '')}")
     _rec(records, "identity", "gpu/identity", "\n".join(uuids))
+    for name, directory, pattern in places.NODE_SPECIFIC:
+        _rec(records, "identity", name, _node_specific(spec, directory, pattern))
     _rec(records, "volatile", "meta/time", str(int(now)))
     return records
 

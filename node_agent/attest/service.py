@@ -69,6 +69,10 @@ class Attestor:
             persistence=tuple(self.cfg.persistence),
             agent_config_file=self.cfg.agent_config_file,
             extra_modules_file=self.state_dir / FAKE_MODULES_FILE if fake else None,
+            python_env=tuple(self.cfg.python_env),
+            homes=tuple(self.cfg.homes) if self.cfg.homes is not None else None,
+            areas=tuple(self.cfg.areas),
+            tenant_uid_min=self.cfg.tenant_uid_min,
         )
         self.tpm = (
             Tpm(self.cfg.tpm_tcti, self.state_dir / "tpm", self.cfg.tpm_pcr) if self.cfg.tpm_tcti else None

@@ -4,7 +4,8 @@ Input: the verification outcome and the controller's Ed25519 key. Output: the ve
 
     {"version": 1, "node", "node_class", "status": "pass"|"fail", "authenticated": bool, "nonce",
      "quote_pcr", "quote_time", "time", "tpm": "verified"|"absent", "reasons": [...],
-     "differences": [{name, kind, problem, expected, actual, actual_value}], "key_id", "node_key_id",
+     "differences": [{name, kind, problem, expected, actual, actual_value}],
+     "digests": {record name: digest} (a pass only: what the Prolog re-checks), "key_id", "node_key_id",
      "signature": base64 Ed25519 over canonical(verdict - signature)}
 
 ``authenticated`` is true only when the quote's signature matched the node's enrolled key *and* its nonce

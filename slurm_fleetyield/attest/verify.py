@@ -13,6 +13,10 @@ each failure named in ``reasons``:
    with the nonce) and the quoted PCR equals the replayed chain;
 6. every record is allowed by the policy for the node's class (the differences are listed).
 
+A passing verdict carries ``digests`` (record name -> digest): the Prolog recomputes the cheap records
+(``measure.RECHECK``: loaded modules, taint, kernel knobs, ld.so.preload) before every job and denies when one
+moved since this verdict, so a module loaded after the quote fails the next Prolog.
+
 ``AttestService`` adds nonce issuance and the two HTTP bodies of the exchange (see ``handle_nonce`` /
 ``handle_quote``) and the gate answer, so the lead wires three calls into the listener and the daemon.
 """
@@ -128,6 +132,9 @@ def attest_node(
         "tpm": tpm_state,
         "reasons": reasons,
         "differences": differences,
+        # the digests the Prolog re-checks against before each job (attest_gate.recheck): signed here, so
+        # a re-check compares with what this verdict passed, not with anything the node says later
+        "digests": {r.name: r.digest for r in records} if authenticated and not reasons else {},
         "node_key_id": enrolment.key_id if enrolment else None,
     }
     signed = vd.sign(doc, key)

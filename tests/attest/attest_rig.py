@@ -24,25 +24,62 @@ NODE = "gpu-h100-1"
 T0 = 1_800_000_000.0
 
 
+RELEASE = "6.1.0-28-amd64"
+MODULE_DIR = f"lib/modules/{RELEASE}"
+
+
 def make_root(root: Path) -> Path:
-    """A small but realistic node tree: /proc files, unit dirs with .wants links, cron, no ld.so.preload."""
+    """A small but realistic node tree standing for the node's disk, /proc and /sys: unit dirs with .wants
+    links, cron, passwd homes, loaded modules with their .ko files, kernel knobs; no ld.so.preload."""
     files = {
-        "proc/sys/kernel/osrelease": "6.1.0-28-amd64\n",
-        "proc/cmdline": "BOOT_IMAGE=/vmlinuz-6.1.0-28-amd64 root=/dev/sda1 ro\n",
+        "proc/sys/kernel/osrelease": f"{RELEASE}\n",
+        "proc/sys/kernel/tainted": "4097\n",
+        "proc/sys/kernel/core_pattern": "core\n",
+        "proc/sys/kernel/modprobe": "/sbin/modprobe\n",
+        "proc/sys/fs/binfmt_misc/status": "enabled\n",
+        "proc/cmdline": f"BOOT_IMAGE=/vmlinuz-{RELEASE} root=/dev/sda1 ro\n",
         "proc/modules": "nvidia_uvm 1 0 - Live 0x0\nnvidia 2 1 nvidia_uvm, Live 0x0\nextfoo 3 0 - Live 0x0\n",
+        "proc/sysvipc/shm": "  key  shmid perms  size  cpid  lpid nattch  uid  gid  cuid  cgid\n",
+        "sys/module/nvidia/srcversion": "ABC123\n",
+        "sys/module/nvidia/taint": "PO\n",
+        "sys/module/nvidia_uvm/srcversion": "DEF456\n",
+        "sys/module/extfoo/srcversion": "0F0F0F\n",
+        f"{MODULE_DIR}/modules.dep": "updates/dkms/nvidia.ko.xz:\nupdates/dkms/nvidia-uvm.ko.xz: "
+        "updates/dkms/nvidia.ko.xz\nkernel/fs/extfoo.ko:\n",
+        f"{MODULE_DIR}/updates/dkms/nvidia.ko.xz": "nvidia module bytes",
+        f"{MODULE_DIR}/updates/dkms/nvidia-uvm.ko.xz": "nvidia uvm module bytes",
+        f"{MODULE_DIR}/kernel/fs/extfoo.ko": "extfoo module bytes",
         "etc/systemd/system/fleetyield-agent.service": "[Service]\nExecStart=/usr/bin/fy-agent\n",
         "etc/cron.d/e2scrub_all": "30 3 * * 0 root test -e /run/systemd/system || /sbin/e2scrub_all\n",
         "etc/modules-load.d/modules.conf": "# /etc/modules\n",
+        "etc/passwd": "root:x:0:0:root:/root:/bin/bash\nslurm:x:64030:64030::/var/lib/slurm:/bin/false\n"
+        "daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n",
+        "etc/profile": "# /etc/profile\n",
+        "etc/pam.d/sshd": "@include common-auth\n",
+        "etc/ssh/sshd_config": "PermitRootLogin no\n",
+        "etc/slurm/slurm.conf": "ClusterName=fy\n",
+        "root/.bashrc": "# root\n",
+        "root/.ssh/authorized_keys": "ssh-ed25519 AAAA admin\n",
+        "tmp/.X11-unix/.keep": "",
+        "usr/lib/python3.11/os.py": "# stdlib\n",
+        "usr/lib/python3/dist-packages/site.pth": "",
     }
     for rel, text in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
+    os.chmod(root / "tmp", 0o1777)
+    os.chmod(root / "tmp/.X11-unix", 0o1777)
+    for d in ("var/tmp", "dev/shm", "var/spool/cron/crontabs", "var/lib/slurm", "etc/sudoers.d"):
+        (root / d).mkdir(parents=True, exist_ok=True)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True)
     os.symlink("/etc/systemd/system/fleetyield-agent.service", wants / "fleetyield-agent.service")
-    (root / "var/spool/cron").mkdir(parents=True)
     return root
+
+
+PYTHON_ENV = ("/usr/lib/python3.11", "/usr/lib/python3/dist-packages")
+"""The fixture's stand-in for the interpreter's library trees (the real ones would be hashed otherwise)."""
 
 
 @dataclass
@@ -70,6 +107,7 @@ def make_attestor(tmp: Path, clock: Clock, node: str = NODE, **cfg: Any) -> Atte
     backend = FakeBackend(state, node, gpus=2, model="h100", seed=1, clock=clock)
     backend.start(clock.now)
     agent = FakeAgent(backend, state, node, clock)
+    cfg.setdefault("python_env", list(PYTHON_ENV))
     return Attestor(agent, AttestConfig(root=root, **cfg))
 
 

@@ -249,3 +249,28 @@ def test_gate_module_imports_only_the_stdlib() -> None:
         "print(bad); sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------ recheck
+def test_recheck_follows_what_changed_since_the_verdict(
+    tmp_path: Path, ctl: Controller, attestor: Attestor, clock: Clock
+) -> None:
+    root = attestor.spec.root
+    v = ctl.handover(attestor, clock.now)
+    assert v["status"] == "pass" and set(v["digests"]) >= {"kernel/modules", "/etc/ld.so.preload"}
+    path = _write(tmp_path / "v.json", v)
+    names = ["kernel/modules", "kernel/tainted", "kernel/knobs", "/etc/ld.so.preload"]
+    assert gate.recheck(path, str(root), names, str(attestor.state_dir))[0]
+    modules = (root / "proc/modules").read_text()
+    (root / "proc/modules").write_text(modules + "rootkit_x 16384 0 - Live 0x0\n")
+    allow, reason = gate.recheck(path, str(root), names, str(attestor.state_dir))
+    assert (
+        not allow and reason == "fleetyield: attestation failed (kernel/modules changed since the hand-over)"
+    )
+    (root / "proc/modules").write_text(modules)
+    assert gate.recheck(path, str(root), names, str(attestor.state_dir))[0]  # undone: passes again
+    implant_module(attestor.state_dir, "rootkit_y")  # the fake backend's implant counts, as in the agent
+    assert not gate.recheck(path, str(root), names, str(attestor.state_dir))[0]
+    assert "unknown/record" in gate.recheck(path, str(root), ["unknown/record"], None)[1]
+    old = {k: val for k, val in v.items() if k != "digests"}
+    assert not gate.recheck(_write(tmp_path / "old.json", old), str(root), names, None)[0]  # fail-closed

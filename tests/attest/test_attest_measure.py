@@ -30,7 +30,9 @@ def test_record_order_and_names(tmp_path: Path) -> None:
     assert names[:3] == ["kernel/osrelease", "kernel/cmdline", "kernel/modules"]
     assert "/etc/ld.so.preload" in names and names[-1] == "meta/time"
     assert records[0].value == "6.1.0-28-amd64"
-    assert records[2].value == "extfoo\nnvidia\nnvidia_uvm"
+    modules = [line.split()[0] for line in (records[2].value or "").splitlines()]
+    assert modules == ["extfoo", "nvidia", "nvidia_uvm"]
+    assert "nvidia size=2 srcversion=ABC123 taint=PO" in (records[2].value or "")
 
 
 def test_absent_and_empty_are_distinct(tmp_path: Path) -> None:
@@ -47,7 +49,8 @@ def test_symlinks_are_recorded_not_followed(tmp_path: Path) -> None:
     os.symlink(secret, d / "link.service")
     os.symlink(tmp_path, d / "loop")  # a loop back out of the dir must not be walked
     lines = manifest(d).splitlines()
-    assert lines == [f"link.service link:{secret} 0777", f"loop link:{tmp_path} 0777"]
+    owner = f"{os.getuid()}:{os.getgid()}"
+    assert lines == [f"link.service link:{secret} 0777 {owner}", f"loop link:{tmp_path} 0777 {owner}"]
 
 
 def test_manifest_changes_with_content_and_mode(tmp_path: Path) -> None:
@@ -67,7 +70,7 @@ def test_fake_implant_adds_a_module(attestor: Attestor) -> None:
 
 def test_gpu_records_from_the_fake_backend(attestor: Attestor) -> None:
     quote = attestor.quote("ab" * 32, T0)
-    gpu = {r["name"]: r for r in quote["records"] if r["kind"] in ("gpu", "identity")}
+    gpu = {r["name"]: r for r in quote["records"] if r["name"].startswith("gpu/")}
     assert set(gpu) == {"gpu/0", "gpu/1", "gpu/identity"}
     assert '"mig_mode":"0"' in gpu["gpu/0"]["value"] and "GPU-" in gpu["gpu/identity"]["value"]
 

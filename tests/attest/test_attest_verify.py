@@ -107,7 +107,7 @@ def test_edited_quote_without_resigning_fails_signature(
     ("implant", "record"),
     [
         ("ld_preload", "/etc/ld.so.preload"),
-        ("systemd_unit", "/etc/systemd/system"),
+        ("systemd_unit", "/etc/systemd"),
         ("module", "kernel/modules"),
         ("cron", "/var/spool/cron"),
     ],
@@ -151,7 +151,8 @@ def test_multiple_allowed_values_and_node_overrides(
 ) -> None:
     """A second golden state (e.g. a kernel upgrade) merged into the policy: both pass."""
     (attestor.spec.root / "proc/sys/kernel/osrelease").write_text("6.1.0-29-amd64\n")
-    assert _names(ctl.handover(attestor, clock.now)) == ["kernel/osrelease"]
+    # another release: its modules come from another /lib/modules tree (none here), so both records move
+    assert _names(ctl.handover(attestor, clock.now)) == ["kernel/osrelease", "kernel/module-files"]
     ctl.learn_from(attestor, clock.now)
     assert ctl.handover(attestor, clock.now)["status"] == "pass"
     (attestor.spec.root / "proc/sys/kernel/osrelease").write_text("6.1.0-28-amd64\n")
@@ -159,12 +160,12 @@ def test_multiple_allowed_values_and_node_overrides(
 
 
 def test_new_record_not_in_policy_is_unexpected(tmp_path: Path, ctl: Controller, clock: Clock) -> None:
-    wider = make_attestor(tmp_path, clock, persistence=["/etc/ld.so.preload", "/etc/rc.local"])
+    wider = make_attestor(tmp_path, clock, persistence=["/etc/ld.so.preload", "/opt/site/hooks"])
     v = ctl.handover(wider, clock.now)
     assert v["status"] == "fail"
     problems = {d["name"]: d["problem"] for d in v["differences"]}
-    assert problems["/etc/rc.local"] == "unexpected_record"
-    assert problems["/etc/systemd/system"] == "missing_record"
+    assert problems["/opt/site/hooks"] == "unexpected_record"
+    assert problems["/etc/systemd"] == "missing_record"
 
 
 def test_quarantine_candidates_follow_the_latest_verdict(

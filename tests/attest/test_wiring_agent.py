@@ -111,5 +111,6 @@ def test_serving_without_attestation_never_imports_it(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     before, after = json.loads(out.stdout)
     assert before == ["node_agent.attest", "node_agent.attest.chain", "node_agent.attest.config",
-                      "node_agent.attest.measure"]  # fmt: skip
+                      "node_agent.attest.measure", "node_agent.attest.places",
+                      "node_agent.attest.probes"]  # fmt: skip
     assert after  # the first use builds the Attestor (and loads cryptography)

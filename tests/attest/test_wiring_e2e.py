@@ -85,3 +85,39 @@ def test_handover_then_implant(tmp_path: Path, ctl: Controller, agent: AgentProc
         "State=DRAIN",
         "Reason=fleetyield: attestation failed (kernel/modules)",
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "record"),
+    [
+        ("proc/modules", "kernel/modules"),  # a module loaded after the hand-over
+        ("proc/sys/kernel/core_pattern", "kernel/knobs"),
+        ("etc/ld.so.preload", "/etc/ld.so.preload"),
+    ],
+)
+def test_a_change_after_the_quote_fails_the_next_prolog(
+    tmp_path: Path, ctl: Controller, agent: AgentProc, change: str, record: str
+) -> None:
+    """No new hand-over between: the Prolog itself recomputes what can change between quotes."""
+    _enrol_and_learn(ctl, agent)
+    # the agent's start-up re-attestation retries until its first verdict; let it land first, so no
+    # background hand-over can replace the verdict while the test changes the node
+    deadline = time.monotonic() + 30
+    while not (agent.state_dir / "attest-verdict.json").exists():
+        assert time.monotonic() < deadline, "the agent never attested after enrolment"
+        time.sleep(0.05)
+    conf = hook_conf(tmp_path / "hooks.conf", agent.state_dir, tmp_path, attest_controller_pubkey=ctl.pub,
+                     hard_timeout_ms=4000)  # fmt: skip
+    rc, err, _ = run_hook("epilog", hook_env(conf, "201"))
+    assert rc == 0 and "attestation hand-over: {'status': 'pass'" in err, err
+    rc, err, _ = run_hook("prolog", hook_env(conf, "202"))
+    assert rc == 0 and "allow user=alice" in err, err
+    path = tmp_path / "root" / change
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("rootkit_x 16384 0 - Live 0x0\n" if change == "proc/modules" else "|/tmp/.x/m\n")
+    rc, err, _ = run_hook("prolog", hook_env(conf, "203"))
+    assert (
+        rc == 1 and f"DENY: fleetyield: attestation failed ({record} changed since the hand-over)" in err
+    ), err
+    # undoing it passes again: test_attest_gate (here the agent's own re-attestation loop may replace the
+    # verdict at any time, so a second Prolog would test that loop's timing, not the re-check)

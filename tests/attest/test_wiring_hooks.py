@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from wiring_rig import NODE, hook_conf, hook_env, run_hook
+from wiring_rig import NODE, hook_conf, hook_env, passed_digests, run_hook
 
 from slurm_fleetyield.attest import verdict as vd
 from slurm_fleetyield.gate.keys import format_public_line
@@ -44,7 +44,8 @@ def write_verdict(agent_dir: Path, key: Ed25519PrivateKey, status: str = "pass",
                   differences: tuple[str, ...] = ()) -> Path:  # fmt: skip
     doc = {"node": NODE, "status": status, "time": time.time() - age_s, "quote_pcr": "ab" * 32,
            "nonce": "cd" * 32, "reasons": [] if status == "pass" else ["1 record(s) outside the policy"],
-           "differences": [{"name": d} for d in differences]}  # fmt: skip
+           "differences": [{"name": d} for d in differences],
+           "digests": passed_digests(agent_dir.parent) if status == "pass" else {}}  # fmt: skip
     path = agent_dir / "attest-verdict.json"
     path.write_text(json.dumps(vd.sign(doc, key)))
     path.chmod(0o644)

@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attest_rig import make_root
+from attest_rig import PYTHON_ENV, make_root
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from rig import AGENT, AgentProcess, write_secret
 
 from node_agent import control
+from node_agent.attest.measure import MeasureSpec, quick_records
 from slurm_fleetyield.adapters.ingest import IngestServer
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.attest.baseline import learn
@@ -72,7 +73,7 @@ class AgentProc(AgentProcess):
         root = tmp / "root"
         if not root.exists():
             make_root(root)
-        lines = ["[attest]", f'root = "{root}"']
+        lines = ["[attest]", f'root = "{root}"', f"python_env = {list(PYTHON_ENV)!r}".replace("'", '"')]
         if ctl is not None:
             lines += [f'controller_url = "{ctl.url}"', f'controller_pubkey = "{ctl.pub}"']
         self.config = tmp / f"agent-{node}.toml"
@@ -102,6 +103,19 @@ class AgentProc(AgentProcess):
 
 
 # ---------------------------------------------------------------------------------------------- hooks
+def fixture_root(tmp: Path) -> Path:
+    """The node tree the agent measures and the Prolog re-checks (one per test)."""
+    root = tmp / "root"
+    if not root.exists():
+        make_root(root)
+    return root
+
+
+def passed_digests(tmp: Path) -> dict[str, str]:
+    """The re-checked digests of the fixture root as it is now: what a passing verdict would carry."""
+    return quick_records(MeasureSpec(root=fixture_root(tmp)))
+
+
 def hook_conf(path: Path, agent_state_dir: Path, tmp: Path, **extra: object) -> Path:
     values: dict[str, object] = {
         "agent_state_dir": agent_state_dir,
@@ -110,6 +124,7 @@ def hook_conf(path: Path, agent_state_dir: Path, tmp: Path, **extra: object) -> 
         "log_file": tmp / "hooks.log",
         "attest": "true",
         "attest_areas": f"{tmp / 'scratch'}/fy-job-{{job_id}}",
+        "attest_root": fixture_root(tmp),
     }
     values.update(extra)
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))

@@ -9,7 +9,7 @@ job's Prolog refuses the node unless that verdict is a fresh, signed pass.
 
 1. ``test_implant_quarantines_the_node_and_the_next_tenant_never_starts``: tenant A's job plants a systemd
    unit (outside the wiped area); its Epilog's hand-over fails, the controller drains the node with a reason
-   naming ``/etc/systemd/system`` before the Epilog returns, and tenant B's job (pinned to the node) never
+   naming ``/etc/systemd`` before the Epilog returns, and tenant B's job (pinned to the node) never
    starts (squeue/sacct, and B's output file never appears).
 2. ``test_clean_jobs_back_to_back_are_all_attested``: >= 52 exclusive jobs spread over the 4 nodes: one
    passing hand-over per job (counted in the hooks' logs), every job COMPLETED, zero quarantines.
@@ -45,6 +45,7 @@ PUB = "/etc/fleetyield-secret/fy-attest.pub"
 DB = "/var/lib/fleetyield/attest/attest.db"
 QUOTE_URL = "http://fleetyield:9402/v1/attest/quote"
 UNIT_DIR = "/etc/systemd/system"
+UNIT_RECORD = "/etc/systemd"  # the record measuring it (the whole systemd config tree, #27 item 13)
 IMPLANT = f"{UNIT_DIR}/fy-implant.service"
 OUT_DIR = REPO_ROOT / "bench" / "out"
 
@@ -149,7 +150,7 @@ def test_implant_quarantines_the_node_and_the_next_tenant_never_starts(world: An
             lambda: (s := node_state(world, node)) and "DRAIN" in s[0] and "attestation failed" in s[1] and s,
             timeout=60, interval=0.2, what=f"{node} drained for a failed attestation",
         )  # fmt: skip
-        assert reason.startswith("fleetyield: attestation failed (") and UNIT_DIR in reason, reason
+        assert reason.startswith("fleetyield: attestation failed (") and UNIT_RECORD in reason, reason
         rows = sacct(world, [job_a])
         assert rows[job_a]["state"] == "COMPLETED" and rows[job_a]["nodes"] == node, rows
         assert world.exec("slurmctld", "cat", out_a).stdout.strip() == "planted"
@@ -161,7 +162,7 @@ def test_implant_quarantines_the_node_and_the_next_tenant_never_starts(world: An
         text = world.exec(node, "cat", VERDICT).stdout
         v = json.loads(text)
         assert v["status"] == "fail", v
-        assert [d["name"] for d in v["differences"]] == [UNIT_DIR], v["differences"]
+        assert [d["name"] for d in v["differences"]] == [UNIT_RECORD], v["differences"]
         assert "fy-implant.service" in v["differences"][0]["actual_value"]
         # Offline: the failed verdict is authentic (exit 3 with --require-pass), and names the record.
         # Checked in the controller's container: from now on the quarantine ladder may reboot this node's
@@ -171,7 +172,7 @@ def test_implant_quarantines_the_node_and_the_next_tenant_never_starts(world: An
             "fleetyield", "fleetyield", "attest", "verify", "/tmp/failed-verdict.json", "--key", PUB,
             "--require-pass", check=False,
         )  # fmt: skip
-        assert check.returncode == 3 and UNIT_DIR in check.stdout, check
+        assert check.returncode == 3 and UNIT_RECORD in check.stdout, check
         # Tenant B never starts on the node: watch through the quarantine (reboot, canaries) for 20 s.
         # sacct reads slurmdbd, which now and then answers without B's row while the controller is busy
         # with the drain; then slurmctld itself is asked. Either way B must be PENDING at every look, and the
@@ -302,7 +303,7 @@ def test_rejections(world: Any) -> None:
     assert replay["status"] == "fail" and not replay["authenticated"] and "replayed" in replay["reasons"][0]
     # A tampered record (value edited, digest and signature kept): the signature no longer covers it.
     tampered = _quote(world, node, _nonce(world, node))
-    rec = next(r for r in tampered["records"] if r["name"] == UNIT_DIR)
+    rec = next(r for r in tampered["records"] if r["name"] == UNIT_RECORD)
     rec["value"] = (rec["value"] + "\n" if rec["value"] else "") + "evil.service 00 0644"
     bad = _post_quote(world, node, tampered)
     assert bad["status"] == "fail" and not bad["authenticated"], bad
