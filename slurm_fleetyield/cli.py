@@ -59,7 +59,7 @@ class StoreSource:
         from slurm_fleetyield.adapters.store import Store, StoreError
 
         try:
-            self.store = Store(cfg.store.path, readonly=True)
+            self.store = Store(cfg.store.target, readonly=True)
         except StoreError as exc:
             raise click.ClickException(str(exc)) from None
         self.model = StoreReadModel(self.store)

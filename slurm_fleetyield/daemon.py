@@ -549,7 +549,7 @@ def build(
     # a web-config file that cannot be used stops the start before anything opens (ConfigError)
     push_web = load_listener_web_config("push", config.push.web_config_file)
     api_web = load_listener_web_config("api", config.api.web_config_file)
-    store = Store(config.store.path, events_keep=config.store.events_keep)
+    store = Store(config.store.target, events_keep=config.store.events_keep)
     closers: list[Callable[[], None]] = []
     if slurm is None:
         slurm = SlurmCli(
