@@ -932,6 +932,63 @@ class Store:
                 (now, int(ok), detail[:1000], key),
             )
 
+    # -- the leader lease (PostgreSQL; ``lease.py`` holds the policy) -----------------------------------
+
+    def lease_acquire(self, holder: str, ttl_s: float, now: float) -> int | None:
+        """Take or renew the lease for ``holder`` until ``now + ttl_s``: its fencing token, or None when
+        another holder's lease is still running. The token is kept while the same holder renews in time and
+        incremented on every takeover (another holder, or a lapsed lease): strictly monotonic. One
+        statement: the row lock of ``ON CONFLICT DO UPDATE`` makes two racing controllers take turns, the
+        second seeing the first's row."""
+        with self._write() as conn:
+            row = conn.execute(
+                "INSERT INTO leader_lease (id, holder, token, acquired_at, expires_at) "
+                "VALUES (1, ?, 1, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET "
+                "token = CASE WHEN leader_lease.holder = excluded.holder AND leader_lease.expires_at > ? "
+                "THEN leader_lease.token ELSE leader_lease.token + 1 END, "
+                "acquired_at = CASE WHEN leader_lease.holder = excluded.holder "
+                "AND leader_lease.expires_at > ? "
+                "THEN leader_lease.acquired_at ELSE excluded.acquired_at END, "
+                "holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE leader_lease.holder = excluded.holder OR leader_lease.expires_at <= ? "
+                "RETURNING token",
+                (holder, now, now + ttl_s, now, now, now),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def lease_holds(self, holder: str, token: int, now: float) -> bool:
+        """The fencing check: ``holder`` still holds the lease with ``token`` and it has not expired."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT 1 FROM leader_lease WHERE id = 1 AND holder = ? AND token = ? AND expires_at > ?",
+                (holder, token, now),
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def lease_release(self, holder: str, token: int) -> None:
+        """Give the lease up at a clean stop (the standby takes over at its next try, not after the TTL)."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE leader_lease SET expires_at = 0 WHERE id = 1 AND holder = ? AND token = ?",
+                (holder, token),
+            )
+
+    def lease_row(self) -> dict[str, Any] | None:
+        row = (
+            self._conn()
+            .execute("SELECT holder, token, acquired_at, expires_at FROM leader_lease WHERE id = 1")
+            .fetchone()
+        )
+        return (
+            None
+            if row is None
+            else dict(zip(("holder", "token", "acquired_at", "expires_at"), row, strict=True))
+        )
+
     def append_log(self, rows: Sequence[LogRow]) -> None:
         """Log rows outside a tick (e.g. the push listener's rejections)."""
         with self._write() as conn:

@@ -119,8 +119,8 @@ def schema_version(conn: PgConnection) -> int | None:
 
 def migrate(conn: PgConnection, migrations: Sequence[tuple[int, str]], known: int) -> int:
     """Apply every migration newer than the recorded version, all in one transaction with the version
-    they bring (PostgreSQL's DDL is transactional: a failure changes nothing), under an advisory lock. Returns the version found before. Raises ValueError for
-    a version newer than ``known``."""
+    they bring (PostgreSQL's DDL is transactional: a failure changes nothing), under an advisory lock.
+    Returns the version found before. Raises ValueError for a version newer than ``known``."""
     raw = conn.raw
     with raw.transaction():
         raw.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
