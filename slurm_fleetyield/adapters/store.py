@@ -647,6 +647,7 @@ class Store:
         last_result: Mapping[str, Any] | None = None,
         marks: TickMarks | None = None,
         view: RenderedView | None = None,
+        lease: tuple[str, int] | None = None,
     ) -> None:
         """State + processed marks + log rows (+ the rendered view, + ``marks``) in one transaction.
 
@@ -656,6 +657,10 @@ class Store:
         ``view`` (what the daemon writes): the header and only the changed nodes, by ``executemany``.
         ``last_result`` (a whole view dict as ``views.render_result`` builds it, or any JSON-able dict):
         written as one blob in ``last_result`` as before schema 3, for tools and tests.
+
+        ``lease`` (holder, fencing token; two controllers): the commit is refused (``StoreError``, nothing
+        written) unless the lease row still shows this holder and token, checked under the row's lock in
+        the same transaction: a deposed leader's tick never overwrites the new leader's state.
         """
         result_json = (
             None if last_result is None else json.dumps(last_result, separators=(",", ":"), allow_nan=False)
@@ -664,6 +669,8 @@ class Store:
             try:
                 rows = self._encoder.encode(state, full=self._state_gen is None)
                 with self._write() as conn:
+                    if lease is not None:
+                        self._check_lease(conn, *lease)
                     found = conn.execute("SELECT gen FROM state_head WHERE id = 1").fetchone()
                     gen = found[0] if found else 0
                     if not rows.full and gen != self._state_gen:  # someone else wrote the state meanwhile
@@ -678,6 +685,16 @@ class Store:
                 raise
             self._encoder.accept(rows)
             self._state_gen = gen + 1
+
+    def _check_lease(self, conn: Any, holder: str, token: int) -> None:
+        lock = " FOR UPDATE" if self._pg else ""
+        row = conn.execute(
+            f"SELECT 1 FROM leader_lease WHERE id = 1 AND holder = ? AND token = ?{lock}", (holder, token)
+        ).fetchone()
+        if row is None:
+            raise StoreError(
+                f"{self.path}: fenced: token {token} of {holder} is stale; the tick is not committed"
+            )
 
     def _commit_rest(
         self,
@@ -976,6 +993,22 @@ class Store:
                 "UPDATE leader_lease SET expires_at = 0 WHERE id = 1 AND holder = ? AND token = ?",
                 (holder, token),
             )
+
+    def leader_status(self, now: float) -> dict[str, Any]:
+        """Which controller leads, from the store: ``{"mode": "single"}`` on SQLite (one controller), else
+        the lease's holder (None: lapsed, a takeover is due), token and seconds left."""
+        if not self._pg:
+            return {"mode": "single"}
+        row = self.lease_row()
+        if row is None:
+            return {"mode": "lease", "leader": None, "token": None, "expires_in_s": None}
+        live = row["expires_at"] > now
+        return {
+            "mode": "lease",
+            "leader": row["holder"] if live else None,
+            "token": row["token"],
+            "expires_in_s": round(row["expires_at"] - now, 3),
+        }
 
     def lease_row(self) -> dict[str, Any] | None:
         row = (
