@@ -51,7 +51,7 @@ def _status(port: int) -> dict | None:
 
 def test_the_standby_leads_within_10_s_of_a_kill_9_of_the_leader(tmp_path, pg_url):
     store = Store(pg_url)
-    a, a_port = _controller(tmp_path, "ctl-a", pg_url)
+    a, _ = _controller(tmp_path, "ctl-a", pg_url)
     b = None
     try:
         wait_for(
