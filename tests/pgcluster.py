@@ -67,7 +67,8 @@ class PgCluster:
         self._n = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 30.0) -> None:
+    def start(self, timeout_s: float = 30.0, fsync: bool = False) -> None:
+        """initdb and start; ``fsync`` off for tests (a throwaway cluster), on for benchmarks."""
         subprocess.run(
             [*self.prefix, str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
              "--auth=trust", "--no-sync", "-E", "UTF8"],
@@ -76,7 +77,7 @@ class PgCluster:
         self.log = open(self.root / "server.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [*self.prefix, str(self.bin / "postgres"), "-D", str(self.data), "-k", str(self.sock),
-             "-c", "listen_addresses=", "-c", "fsync=off", "-c", "max_connections=200"],
+             "-c", "listen_addresses=", "-c", f"fsync={'on' if fsync else 'off'}", "-c", "max_connections=200"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s

@@ -546,3 +546,19 @@ def test_an_unreachable_postgresql_is_a_store_error_without_the_password(tmp_pat
     with pytest.raises(StoreError) as err:
         Store(url)
     assert "fy:***@" in str(err.value) and "secret" not in str(err.value)
+
+
+def test_a_commit_with_a_stale_lease_token_is_refused_and_writes_nothing(pg_url):
+    a, b = Store(pg_url), Store(pg_url)
+    token_a = a.lease_acquire("ctl-a", 6.0, 100.0)
+    a.commit_tick(1, 100.0, st(1), (), [LogRow(100.0, "x")], lease=("ctl-a", token_a))
+    token_b = b.lease_acquire("ctl-b", 6.0, 107.0)  # a's lease lapsed at 106: b takes over
+    assert token_b == token_a + 1
+    b.put_events([ev("e1")])
+    with pytest.raises(StoreError, match=f"fenced: token {token_a} of ctl-a is stale"):
+        a.commit_tick(2, 108.0, st(2), ["e1"], [LogRow(108.0, "y")], lease=("ctl-a", token_a))
+    assert b.load_state().tick == 1 and [e.event_id for e in b.pending()] == ["e1"] and len(b.events()) == 1
+    b.commit_tick(2, 108.0, st(2), ["e1"], lease=("ctl-b", token_b))
+    assert a.load_state().tick == 2 and a.pending() == []
+    a.close()
+    b.close()
