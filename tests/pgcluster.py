@@ -77,7 +77,8 @@ class PgCluster:
         self.log = open(self.root / "server.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [*self.prefix, str(self.bin / "postgres"), "-D", str(self.data), "-k", str(self.sock),
-             "-c", "listen_addresses=", "-c", f"fsync={'on' if fsync else 'off'}", "-c", "max_connections=200"],
+             "-c", "listen_addresses=", "-c", f"fsync={'on' if fsync else 'off'}",
+             "-c", "max_connections=200"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s

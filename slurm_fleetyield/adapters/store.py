@@ -454,6 +454,10 @@ class Store:
         """This thread's connection: ``sqlite3.Connection``, or ``store_pg.PgConnection`` taking the same
         SQL."""
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self._pg and conn.raw.closed:  # the server went away: connect again
+            with self._lock:
+                self._all = [c for c in self._all if c is not conn]
+            conn = None
         if conn is None and self._pg:
             try:
                 conn = store_pg.connect(self._url, self._readonly)

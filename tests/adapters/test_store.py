@@ -562,3 +562,19 @@ def test_a_commit_with_a_stale_lease_token_is_refused_and_writes_nothing(pg_url)
     assert a.load_state().tick == 2 and a.pending() == []
     a.close()
     b.close()
+
+
+def test_a_postgresql_connection_cut_is_an_error_then_reconnected(pg_url):
+    import psycopg
+
+    store = Store(pg_url)
+    store.commit_tick(1, 1.0, st(1))
+    pid = store._conn().execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(StoreError):  # the cut is seen once, as a store error naming the database
+        store.load_state()
+    assert store.load_state().tick == 1  # the next call connects again
+    store.commit_tick(2, 2.0, st(2))
+    assert Store(pg_url).load_state().tick == 2
+    store.close()
