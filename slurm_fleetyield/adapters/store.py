@@ -565,7 +565,11 @@ class Store:
         when the stored state cannot be read (unsupported version, missing part, edited or damaged rows)."""
         try:
             return self._load_state()
-        except (*_db_errors(), ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:
+            if self._pg and isinstance(exc, store_pg.connection_errors()):  # the server, not the data
+                raise StoreError(f"{self.path}: the database is unreachable ({exc})") from None
+            if not isinstance(exc, (*_db_errors(), ValueError, KeyError, TypeError)):
+                raise
             raise StoreError(
                 f"{self.path}: the stored controller state cannot be read ({type(exc).__name__}: {exc}); "
                 "restore the store from backup (a fresh start would forget every drain and proposal)"

@@ -30,6 +30,13 @@ MIGRATION_LOCK = 0x46590001
 """``pg_advisory_xact_lock`` key held while migrating: two controllers starting at once migrate in turn."""
 
 
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """psycopg's errors of the connection (server gone, terminated, unreachable), not of the data."""
+    import psycopg
+
+    return (psycopg.OperationalError, psycopg.InterfaceError)
+
+
 def is_url(target: str) -> bool:
     return target.startswith(URL_SCHEMES)
 

@@ -572,7 +572,7 @@ def test_a_postgresql_connection_cut_is_an_error_then_reconnected(pg_url):
     pid = store._conn().execute("SELECT pg_backend_pid()").fetchone()[0]
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    with pytest.raises(StoreError):  # the cut is seen once, as a store error naming the database
+    with pytest.raises(StoreError, match=r"postgresql:.* the database is unreachable"):  # seen once
         store.load_state()
     assert store.load_state().tick == 1  # the next call connects again
     store.commit_tick(2, 2.0, st(2))
