@@ -8,7 +8,8 @@ state on a fresh ``Store``, and the database size. ``--json PATH`` also writes t
 The states come from the real core (``tick``) run ``--ticks`` times at 60 s (61 ticks fill the one-hour
 history ring); core tick time is not counted. Commit times include encoding the state (the daemon's whole
 ``commit_tick`` call). The database is a real SQLite file in WAL mode with ``synchronous=FULL`` (an fsync
-per commit) under ``--dir`` (default: a temporary directory).
+per commit) under ``--dir`` (default: a temporary directory); with ``--url`` a PostgreSQL database instead
+(EMPTIED before each size: its ``public`` schema is dropped).
 
 Before/after: the script also runs against a tree whose store keeps the state as one JSON blob (schema 3):
 ``PYTHONPATH=/path/to/old/tree .venv/bin/python bench/bench_state_commit.py`` (it passes ``to_dict()`` there,
@@ -69,7 +70,20 @@ def _rows_written(store: Store, n: int) -> int | None:
     return store._conn().execute("SELECT COUNT(*) FROM state_nodes WHERE tick = ?", (n,)).fetchone()[0]
 
 
+URL: str | None = None
+"""``--url``: a PostgreSQL database (emptied before each size) instead of the SQLite file."""
+
+
+def _target(path: Path) -> str | Path:
+    return URL or path
+
+
 def _db_mb(path: Path) -> float:
+    if URL:
+        store = Store(URL)
+        (size,) = store._conn().execute("SELECT pg_database_size(current_database())").fetchone()
+        store.close()
+        return size / 1e6
     conn = Store(path)._conn()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
@@ -93,7 +107,13 @@ def run(nodes: int, ticks: int, settled: int, check: bool, workdir: Path) -> dic
     path = workdir / f"state-{nodes}.db"
     for p in workdir.glob(path.name + "*"):
         p.unlink()
-    store = Store(path)
+    if URL:
+        import psycopg
+
+        with psycopg.connect(URL, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+    store = Store(_target(path))
     cold_s, cold_cpu = _commit(store, 1, now, state)
     cold_rows = _rows_written(store, 1)
     times, cpus, written = [], [], []
@@ -111,7 +131,7 @@ def run(nodes: int, ticks: int, settled: int, check: bool, workdir: Path) -> dic
     db_mb = _db_mb(path)
     gc.collect()
     t0 = time.perf_counter()
-    loaded = Store(path).load_state()
+    loaded = Store(_target(path)).load_state()
     load_s = time.perf_counter() - t0
     assert loaded is not None
     back = loaded.state
@@ -124,7 +144,7 @@ def run(nodes: int, ticks: int, settled: int, check: bool, workdir: Path) -> dic
         assert back == state, "the loaded state differs from the committed one"
     blob_mb = len(json.dumps(state.to_dict(), separators=(",", ":"))) / 1e6 if check else float("nan")
     return {
-        "layout": "rows (schema 4)" if ROWS else "blob (schema 3)",
+        "layout": ("postgresql " if URL else "") + ("rows (schema 4+)" if ROWS else "blob (schema 3)"),
         "nodes": nodes,
         "gpus": nodes * 8,
         "ticks": ticks,
@@ -153,7 +173,10 @@ def main() -> int:
     )
     ap.add_argument("--dir", type=Path, default=None, help="where the databases go (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--url", default=None, help="a PostgreSQL database URL (emptied!) instead of SQLite")
     args = ap.parse_args()
+    global URL
+    URL = args.url
     if args.ticks < 1 or args.settled < 1:
         ap.error(f"--ticks and --settled must be >= 1, got {args.ticks} and {args.settled}")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]

@@ -59,7 +59,7 @@ class StoreSource:
         from slurm_fleetyield.adapters.store import Store, StoreError
 
         try:
-            self.store = Store(cfg.store.path, readonly=True)
+            self.store = Store(cfg.store.target, readonly=True)
         except StoreError as exc:
             raise click.ClickException(str(exc)) from None
         self.model = StoreReadModel(self.store)
@@ -328,6 +328,10 @@ def status(config_path: str | None, api: str | None, as_json: bool, calibration:
         f"{summary['nodes']} nodes [{tiers}], {summary['actions']} actions, {summary['holds']} holds, "
         f"{summary['scrape_errors']} scrape errors, inbox pending {doc['inbox']['pending']}"
     )
+    leader = doc.get("leader") or {}
+    if leader.get("mode") == "lease":
+        who = leader["leader"] or "none (lease lapsed: a standby takes over)"
+        click.echo(f"leader: {who} (token {leader['token']}, lease {leader['expires_in_s']}s left)")
     for hold in doc["plan"]["holds"]:
         click.echo(f"HOLD {hold['node']} {hold['action']} ({hold['rule']}): {hold['detail']}")
     for b in (doc.get("stake") or {}).get("breaker", ()):

@@ -271,11 +271,47 @@ class ApiConfig(BaseModel):
 
 
 class StoreConfig(BaseModel):
-    """Durable controller state: SQLite in WAL mode."""
+    """Durable controller state: SQLite in WAL mode (embedded, one controller), or PostgreSQL (``url``: two
+    controllers, one leading by lease)."""
 
     model_config = _STRICT
 
     path: str = Field("/var/lib/fleetyield/fleetyield.db", description="SQLite database file.")
+    url: str | None = Field(
+        None,
+        description="PostgreSQL connection URL (postgresql://user@host/db); when set, replaces ``path``. "
+        "Needs the controller extra (psycopg).",
+    )
+    lease_ttl_s: float = Field(
+        6.0, gt=0.5, le=60, description="Leader lease lifetime with PostgreSQL: a standby takes over this "
+        "long after the leader's last renewal (renewed every ``renew_s``)."
+    )  # fmt: skip
+    renew_s: float = Field(2.0, gt=0, le=30, description="Seconds between lease renewals (PostgreSQL).")
+    controller_id: str | None = Field(
+        None, description="This controller's name in the lease and in ``status`` (default: host name:pid)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"must be a postgresql:// URL, got {value.split('@')[-1]!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _renew_within_ttl(self) -> StoreConfig:
+        if self.renew_s * 2 > self.lease_ttl_s:
+            raise ValueError(
+                f"renew_s ({self.renew_s}) must be at most half of lease_ttl_s ({self.lease_ttl_s}): "
+                "one missed renewal must not lose the lease"
+            )
+        return self
+
+    @property
+    def target(self) -> str:
+        """What ``Store`` opens: the URL when set, else the SQLite file."""
+        return self.url or self.path
+
     events_keep: int = Field(
         100_000, ge=100, description="Rows kept in the append-only event log (older rows are pruned)."
     )

@@ -39,7 +39,7 @@ from slurm_fleetyield import intake as intake_mod
 from slurm_fleetyield.adapters.agent_control import AgentControl
 from slurm_fleetyield.adapters.metrics import ControllerStats, TickSnapshot, make_registry
 from slurm_fleetyield.adapters.slurm import CanarySpec, DryRunSlurm, SlurmCli, SlurmCommandError
-from slurm_fleetyield.adapters.store import LogRow, Store, TickMarks
+from slurm_fleetyield.adapters.store import LogRow, Store, StoredState, StoreError, TickMarks
 from slurm_fleetyield.adapters.views import ViewRenderer, ledger_row
 from slurm_fleetyield.config import Config, read_secret
 from slurm_fleetyield.core.explain import explain_dict, explain_text
@@ -55,6 +55,7 @@ from slurm_fleetyield.core.model import (
 from slurm_fleetyield.core.quarantine import ATTESTATION_FAILED
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.executor import Executor, GateAccess
+from slurm_fleetyield.lease import Leader, Leadership, SoleLeadership
 from slurm_fleetyield.ports import ActionResult, ApplyReport, SensePort, SlurmPort
 
 if TYPE_CHECKING:  # sushy is imported only when [redfish] is enabled, cryptography when [attest] is
@@ -155,9 +156,12 @@ class Daemon:
         gate: GateAccess | None = None,
         redfish: RedfishExecutor | None = None,
         attest: AttestService | None = None,
+        leader: Leader | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
+        # SQLite: one controller, always leading, no fence (nothing checked per action)
+        self.leader: Leader = leader or SoleLeadership(config.store.controller_id)
         self.gate = gate
         self.attest = attest
         self.executor = Executor(
@@ -168,6 +172,7 @@ class Daemon:
             redfish=redfish,
             dry_run=dry_run,
             record_proposals_in_dry_run=config.gate.record_in_dry_run,
+            fence=None if isinstance(self.leader, SoleLeadership) else self.leader.fence,
         )
         self._failed_actions: tuple[FailedAction, ...] = ()
         self._background: tuple[ActionResult, ...] = ()  # off-tick results not yet committed by a tick
@@ -181,9 +186,6 @@ class Daemon:
         self.monotonic = monotonic
         self.rng = rng or random.Random(config.loop.seed)
         self.dry_run = dry_run
-        stored = store.load_state()
-        self.state = stored.state if stored else ControllerState.empty()
-        self.tick_no = stored.tick if stored else 0
         self._last_nodes: Mapping[str, SlurmNode] = {}
         self._last_samples: Mapping[str, NodeSample] = {}
         self._last_sample_time = float("-inf")
@@ -193,9 +195,19 @@ class Daemon:
         self._last_tick_started = float("-inf")  # clock() at the start of the last committed tick
         self.views = ViewRenderer()  # renders only the nodes that changed since the last committed tick
         self._explained: tuple[int, TickResult] | None = None  # the last committed tick, for live explain
-        self.stats.set_ledger(store.ledger_totals())
+        stored = self._resume()
         if stored:
             log.info("resumed", extra={"fy": {"tick": self.tick_no, "saved_at": stored.time}})
+
+    def _resume(self) -> StoredState | None:
+        """The last committed state, from the store: at start, and at a takeover (the old leader's)."""
+        stored = self.store.load_state()
+        self.state = stored.state if stored else ControllerState.empty()
+        self.tick_no = stored.tick if stored else 0
+        self.views.forget()  # another controller may have written the view: the next tick writes all
+        self._failed_actions, self._background = (), ()
+        self.stats.set_ledger(self.store.ledger_totals())
+        return stored
 
     # -- one tick -------------------------------------------------------------------------------------
 
@@ -293,7 +305,14 @@ class Daemon:
             )
         processed = [e.event_id for e in pending] if slurm_ok else []
         try:
-            self.store.commit_tick(self.tick_no, now, result.state, processed, rows, marks=marks, view=view)
+            lease = None
+            if isinstance(self.leader, Leadership):
+                if self.leader.token is None:
+                    raise StoreError("fenced: the leader lease was lost during the tick; nothing committed")
+                lease = (self.leader.holder, self.leader.token)
+            self.store.commit_tick(
+                self.tick_no, now, result.state, processed, rows, marks=marks, view=view, lease=lease
+            )
         except BaseException:
             self.views.forget()  # unknown what the store holds now: the next tick rewrites every node
             raise
@@ -453,7 +472,7 @@ class Daemon:
 
     def live(self) -> dict[str, Any]:
         with self._live_lock:
-            return {**self._live, "dry_run": self.dry_run}
+            return {**self._live, "dry_run": self.dry_run, "lease": self.leader.status()}
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -464,13 +483,46 @@ class Daemon:
         loop = self.config.loop
         backoff = Backoff(loop.backoff_initial_s, loop.backoff_max_s, loop.backoff_factor)
         next_due = self.monotonic()
+        renewals = None
+        if isinstance(self.leader, Leadership):  # two controllers: renew (or try to take) the lease apart
+            self.leader.renew()
+            renewals = threading.Thread(
+                target=self.leader.run, args=(self.stop_event, self.wake), name="lease", daemon=True
+            )
+            renewals.start()
+        try:
+            self._loop(loop, backoff, next_due)
+        finally:
+            self.stop_event.set()
+            if renewals is not None:
+                renewals.join(timeout=10)
+            self.leader.release()
+        log.info("stopped", extra={"fy": {"tick": self.tick_no}})
+
+    def _loop(self, loop: Any, backoff: Backoff, next_due: float) -> None:
         while not self.stop_event.is_set():
             self.wake.wait(timeout=max(0.0, next_due - self.monotonic()))
             if self.stop_event.is_set():
                 break
             push = self.wake.is_set()
             self.wake.clear()
+            if not self.leader.leading:  # standby: the API serves the store; the lease thread wakes us
+                next_due = self.monotonic() + loop.interval_s
+                continue
             try:
+                if isinstance(self.leader, Leadership) and self.leader.gained.is_set():
+                    self.leader.gained.clear()
+                    stored = self._resume()  # the previous leader's last commit
+                    log.info(
+                        "took over",
+                        extra={
+                            "fy": {
+                                "tick": self.tick_no,
+                                "token": self.leader.token,
+                                "saved_at": stored.time if stored else None,
+                            }
+                        },
+                    )
                 self.tick_once(push=push)
             except Exception as exc:
                 delay = backoff.failure()
@@ -489,7 +541,6 @@ class Daemon:
                 self._live.update(consecutive_failures=0, last_error=None)
             if not push:
                 next_due = self.monotonic() + loop.interval_s
-        log.info("stopped", extra={"fy": {"tick": self.tick_no}})
 
 
 def attestation_event(node: str, reason: str, verdict: Mapping[str, Any]) -> FatalEvent:
@@ -551,7 +602,12 @@ def build(
     push_web = load_listener_web_config("push", config.push.web_config_file)
     api_web = load_listener_web_config("api", config.api.web_config_file)
     agent_client = build_agent_client(config)
-    store = Store(config.store.path, events_keep=config.store.events_keep)
+    store = Store(config.store.target, events_keep=config.store.events_keep)
+    leader: Leader | None = None
+    if config.store.url:
+        leader = Leadership(
+            store, config.store.controller_id, ttl_s=config.store.lease_ttl_s, renew_s=config.store.renew_s
+        )
     closers: list[Callable[[], None]] = []
     if slurm is None:
         slurm = SlurmCli(
@@ -607,6 +663,7 @@ def build(
         gate=gate,
         redfish=redfish,
         attest=attest,
+        leader=leader,
     )
     holder.append(daemon)
     servers: list[Any] = []

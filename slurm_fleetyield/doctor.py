@@ -577,9 +577,33 @@ def _authorized_keys(path: Path) -> list[Finding]:
     ]
 
 
+def _check_pg_store(url: str) -> list[Finding]:
+    """A PostgreSQL store: reachable, and its schema (when there is one yet) known to this build."""
+    from slurm_fleetyield.adapters.store import SCHEMA_VERSION, Store, StoreError
+
+    try:
+        store = Store(url, readonly=True)
+    except StoreError as exc:
+        if "no store schema" in str(exc):
+            return [Finding("store", "OK", f"{exc}: the schema is created at first start")]
+        return [Finding("store", "FAIL", str(exc), "check [store] url, the server, and the user's rights")]
+    try:
+        version = store._conn().execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
+        leader = store.leader_status(time.time())
+    finally:
+        store.close()
+    found = None if version is None else version[0]
+    if found != SCHEMA_VERSION:
+        return [Finding("store", "WARN", f"{store.path}: schema {found}, this build writes {SCHEMA_VERSION}",
+                        "the controller migrates it at start")]  # fmt: skip
+    return [Finding("store", "OK", f"{store.path}: schema {found}, leader {leader.get('leader')}")]
+
+
 def check_store(ctx: Context) -> list[Finding]:
     if ctx.config is None:
         return [Finding("store", "WARN", "skipped: no config", "fix the config check first")]
+    if ctx.config.store.url:
+        return _check_pg_store(ctx.config.store.url)
     db = Path(ctx.config.store.path)
     if not db.parent.is_dir():
         return [

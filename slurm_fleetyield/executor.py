@@ -182,8 +182,10 @@ class Executor:
         dry_run: bool = False,
         record_proposals_in_dry_run: bool = True,
         clock: Callable[[], float] | None = None,
+        fence: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
         self.slurm = slurm
+        self.fence = fence
         self.store = store
         self.control = control
         self.gate = gate
@@ -194,7 +196,14 @@ class Executor:
     def apply(self, plan: Plan, now: float) -> ApplyReport:
         """The whole plan goes to the Slurm port (which skips what is not Slurm's, so the simulator's port
         and this one receive the same plans), then resets and gate actions run, in plan order. Results come
-        back in plan order."""
+        back in plan order.
+
+        Fenced: without the leader lease (``lease.py``; checked before anything is recorded or sent, and
+        again before the Slurm and the routed actions go out) every action not yet sent is refused, as
+        ``fenced: ...``; nothing reaches Slurm, an agent, a BMC or the gate."""
+        refusal = self._fenced()
+        if refusal is not None:
+            return ApplyReport(tuple(ActionResult(a, False, (), refusal) for a in plan.actions))
         results: dict[int, ActionResult] = {}
         routed = [(i, a) for i, a in enumerate(plan.actions) if isinstance(a, ROUTED)]
         refused: set[int] = set()
@@ -222,6 +231,11 @@ class Executor:
         if refused:
             slurm_plan = Plan(tuple(a for i, a in enumerate(plan.actions) if i not in refused), plan.holds)
         calls = 0
+        refusal = self._fenced()
+        if refusal is not None:  # lost while the intents were recorded: none of them is acted on
+            for i, a in enumerate(plan.actions):
+                results.setdefault(i, ActionResult(a, False, (), refusal))
+            return ApplyReport(tuple(results[i] for i in sorted(results)))
         if len(routed) + len(refused) < len(plan.actions):
             report = self.slurm.apply(slurm_plan)
             calls = report.calls
@@ -245,6 +259,14 @@ class Executor:
             if res is not None and not (isinstance(res.action, PowerCycle) and res.ok):
                 self._finish(res, now)
         return ApplyReport(tuple(results[i] for i in sorted(results)), calls=calls)
+
+    def _fenced(self) -> str | None:
+        if self.fence is None:
+            return None
+        ok, why = self.fence()
+        if not ok:
+            log.warning("actions refused", extra={"fy": {"reason": why}})
+        return None if ok else why
 
     # -- once per intent ------------------------------------------------------------------------------
 

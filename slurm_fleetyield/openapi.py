@@ -68,6 +68,13 @@ SCHEMAS: dict[str, Any] = {
             },
             "apply": OBJ,
             "live": OBJ,
+            "leader": {
+                "type": "object",
+                "description": "Which controller leads: mode single (SQLite, one controller) or lease "
+                "(PostgreSQL: the lease's holder, null when lapsed, its fencing token, seconds left).",
+                "required": ["mode"],
+                "properties": {"mode": {"type": "string", "enum": ["single", "lease"]}},
+            },
         },
     },
     "NodeRow": {

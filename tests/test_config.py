@@ -50,6 +50,14 @@ def test_values_are_read(tmp_path):
         ('[sense]\nhostname_label = "HOST"\n', "sense.hostname_label"),
         ('[api]\nport = 9402\n[push]\nsecret_file = "s"\n', "push.port and api.port are both 9402"),
         ("[loop\n", "not valid TOML"),
+        (
+            '[store]\nurl = "mysql://u:pw@db/fy"\n',
+            "store.url: Value error, must be a postgresql:// URL, got 'db/fy'",
+        ),
+        (
+            "[store]\nlease_ttl_s = 3\nrenew_s = 2\n",
+            "renew_s (2.0) must be at most half of lease_ttl_s (3.0)",
+        ),
     ],
 )
 def test_errors_name_file_field_and_value(tmp_path, text, expected):
@@ -197,3 +205,9 @@ def test_secret_shorter_than_the_agents_minimum_is_refused(tmp_path):
     assert str(err.value).startswith(f"{secret}: push.secret_file: ") and "16 bytes" in str(err.value)
     secret.write_bytes(b"0123456789abcdef\n")
     assert read_secret(secret) == b"0123456789abcdef"
+
+
+def test_store_target_is_the_url_when_set_else_the_sqlite_path(tmp_path):
+    assert load(write(tmp_path, '[store]\npath = "/x/fy.db"\n')).store.target == "/x/fy.db"
+    cfg = load(write(tmp_path, '[store]\nurl = "postgresql://fy@db/fy"\n'))
+    assert cfg.store.target == "postgresql://fy@db/fy"

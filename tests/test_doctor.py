@@ -8,6 +8,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -419,3 +420,16 @@ def test_gpu_index_vs_device_minor(tmp_path, body, whole_node, status, words):
     finally:
         s.close()
     assert len(got) == 1 and got[0][0] == status and words in got[0][1], got
+
+
+def test_a_postgresql_store_is_checked_by_connecting(tmp_path, agent, pg_url):
+    cfg = write_config(tmp_path, agent.port)
+    cfg.write_text(cfg.read_text().replace("[store]\n", f'[store]\nurl = "{pg_url}"\n'))
+    got = by_check(run(tmp_path, cfg, Slurm(), only=["store"]), "store")
+    assert got[0][0] == "OK" and "created at first start" in got[0][1]
+    Store(pg_url).lease_acquire("ctl-a", 60.0, time.time())
+    got = by_check(run(tmp_path, cfg, Slurm(), only=["store"]), "store")
+    assert got[0][0] == "OK" and "leader ctl-a" in got[0][1], got
+    dead = pg_url.replace("host=", "port=1&host=")
+    cfg.write_text(cfg.read_text().replace(pg_url, dead))
+    assert by_check(run(tmp_path, cfg, Slurm(), only=["store"]), "store")[0][0] == "FAIL"

@@ -140,7 +140,11 @@ class StoreReadModel:
 
     def status(self) -> dict[str, Any]:
         view = self.result()
-        doc: dict[str, Any] = {"inbox": self._store.inbox_counts(), "outcomes": self._store.outcome_counts()}
+        doc: dict[str, Any] = {
+            "inbox": self._store.inbox_counts(),
+            "outcomes": self._store.outcome_counts(),
+            "leader": self._store.leader_status(self._clock()),
+        }
         if view is not None:
             doc.update(
                 {k: view[k] for k in ("tick", "time", "duration_s", "dry_run", "summary", "plan", "apply")}

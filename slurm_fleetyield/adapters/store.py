@@ -54,15 +54,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurm_fleetyield.adapters import store_pg
 from slurm_fleetyield.core.explain import explain_text
 from slurm_fleetyield.core.model import FatalEvent
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.core.state_rows import StateEncoder, StateRows, decode
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # 1 -> 2 only adds tables (CREATE IF NOT EXISTS); 2 -> 3: _MIGRATIONS[3]; 3 -> 4: _MIGRATIONS[4] and
-# ``_state_to_rows`` (the state blob becomes rows)
-KNOWN_SCHEMAS = (0, 1, 2, 3, 4)
+# ``_state_to_rows`` (the state blob becomes rows); 4 -> 5: _MIGRATIONS[5] (the leader lease)
+KNOWN_SCHEMAS = (0, 1, 2, 3, 4, 5)
 ATTEMPT_SLOP_S = 300.0
 """Records of one job whose start times differ by less than this are one attempt (each node's Prolog has
 its own clock; a requeued attempt starts after the previous one ended, minutes later at least)."""
@@ -113,7 +114,7 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE TABLE IF NOT EXISTS ledger (
     job_id INTEGER NOT NULL,
     start REAL NOT NULL,
-    end REAL NOT NULL,
+    "end" REAL NOT NULL,
     workload TEXT,
     nodes TEXT NOT NULL,
     gpus INTEGER NOT NULL,
@@ -128,7 +129,7 @@ CREATE TABLE IF NOT EXISTS ledger (
     recorded_at REAL NOT NULL,
     PRIMARY KEY (job_id, start)
 );
-CREATE INDEX IF NOT EXISTS ledger_by_end ON ledger (end);
+CREATE INDEX IF NOT EXISTS ledger_by_end ON ledger ("end");
 CREATE TABLE IF NOT EXISTS gate_marks (
     proposal_id TEXT NOT NULL,
     mark TEXT NOT NULL,
@@ -206,9 +207,23 @@ CREATE TABLE IF NOT EXISTS state_nodes (
     doc TEXT NOT NULL
 );
 """,
+    # 5: the leader lease (``lease.py``): one row, the holder, its fencing token, its expiry. Used with
+    # PostgreSQL (two controllers); an SQLite store has one controller and leaves it empty.
+    5: """
+CREATE TABLE IF NOT EXISTS leader_lease (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    acquired_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+""",
 }
 """Schema version -> the SQL that brings a database of the version before it up to it (run in order, each
 in the transaction that sets ``user_version``)."""
+MIGRATIONS: tuple[tuple[int, str], ...] = ((2, _SCHEMA), *sorted(_MIGRATIONS.items()))
+"""The versioned list both backends apply at start: SQLite from ``user_version`` (its own path, which also
+converts a pre-4 state blob), PostgreSQL from the ``schema_version`` row (``store_pg.migrate``)."""
 
 LEDGER_COLUMNS = (
     "job_id",
@@ -225,10 +240,21 @@ LEDGER_COLUMNS = (
     "tier_at_start",
     "cause",
 )
+_LEDGER_SQL = ", ".join(f'"{c}"' if c == "end" else c for c in LEDGER_COLUMNS)
 
 
 class StoreError(RuntimeError):
-    """The database cannot be opened, has an unknown schema or damaged contents; ``str()`` names the file."""
+    """The database cannot be opened, has an unknown schema or damaged contents; ``str()`` names the file
+    (or the PostgreSQL URL, password redacted)."""
+
+
+def _db_errors() -> tuple[type[BaseException], ...]:
+    """sqlite3's errors, and psycopg's when it is installed (a PostgreSQL store)."""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, psycopg.Error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +350,8 @@ class Intent:
 
 
 class Store:
-    """SQLite store; safe to share between threads (one connection per thread, WAL for concurrent reads)."""
+    """SQLite (a file path) or PostgreSQL (a ``postgresql://`` URL) store; safe to share between threads
+    (one connection per thread; WAL on SQLite for concurrent reads)."""
 
     def __init__(
         self,
@@ -334,18 +361,23 @@ class Store:
         readonly: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = str(path)
+        self._pg = store_pg.is_url(str(path))
+        self._url = str(path)
+        self.path = store_pg.redact(str(path)) if self._pg else str(path)
         self._events_keep = events_keep
         self._readonly = readonly
         self._clock = clock
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: list[Any] = []
         self._lock = threading.Lock()
         # what this Store last wrote to (or read from) the state tables: the encoder's base and the commit
         # generation it belongs to; any other generation found at commit time means a full rewrite
         self._encoder = StateEncoder()
         self._state_gen: int | None = None
         self._state_lock = threading.Lock()
+        if self._pg:
+            self._open_pg(readonly)
+            return
         if readonly:
             if not Path(self.path).exists():
                 raise StoreError(f"{self.path}: no such database (has the daemon run yet?)")
@@ -367,6 +399,26 @@ class Store:
                 f"{self.path}: not a usable store database ({exc}); restore it from backup, or move it away "
                 "to start fresh (nothing was written to it)"
             ) from None
+
+    def _open_pg(self, readonly: bool) -> None:
+        try:
+            conn = self._conn()
+            if readonly:
+                if store_pg.schema_version(conn) is None:
+                    raise StoreError(
+                        f"{self.path}: no store schema in this database (has the daemon run yet?)"
+                    )
+            else:
+                store_pg.migrate(conn, MIGRATIONS, SCHEMA_VERSION)
+        except StoreError:
+            self.close()
+            raise
+        except ValueError as exc:
+            self.close()
+            raise StoreError(f"{self.path}: {exc}") from None
+        except _db_errors() as exc:
+            self.close()
+            raise StoreError(f"{self.path}: cannot open the PostgreSQL store: {exc}") from None
 
     def _open(self, readonly: bool) -> None:
         """Connect; the writer also checks every page (``quick_check``) and brings the schema up to date."""
@@ -398,8 +450,22 @@ class Store:
 
     # -- connections ----------------------------------------------------------------------------------
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> Any:
+        """This thread's connection: ``sqlite3.Connection``, or ``store_pg.PgConnection`` taking the same
+        SQL."""
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self._pg and conn.raw.closed:  # the server went away: connect again
+            with self._lock:
+                self._all = [c for c in self._all if c is not conn]
+            conn = None
+        if conn is None and self._pg:
+            try:
+                conn = store_pg.connect(self._url, self._readonly)
+            except _db_errors() as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
         if conn is None:
             try:
                 if self._readonly:
@@ -421,7 +487,7 @@ class Store:
         return conn
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> Iterator[Any]:
         """One write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
@@ -435,7 +501,7 @@ class Store:
     def close(self) -> None:
         with self._lock:
             for conn in self._all:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_db_errors()):
                     conn.close()
             self._all.clear()
         self._local = threading.local()
@@ -486,7 +552,7 @@ class Store:
             self._mark_processed(conn, event_ids, self._clock())
 
     @staticmethod
-    def _mark_processed(conn: sqlite3.Connection, event_ids: Sequence[str], now: float) -> None:
+    def _mark_processed(conn: Any, event_ids: Sequence[str], now: float) -> None:
         conn.executemany(
             "UPDATE inbox SET processed_at = ? WHERE id = ? AND processed_at IS NULL",
             [(now, eid) for eid in event_ids],
@@ -499,7 +565,11 @@ class Store:
         when the stored state cannot be read (unsupported version, missing part, edited or damaged rows)."""
         try:
             return self._load_state()
-        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:
+            if self._pg and isinstance(exc, store_pg.connection_errors()):  # the server, not the data
+                raise StoreError(f"{self.path}: the database is unreachable ({exc})") from None
+            if not isinstance(exc, (*_db_errors(), ValueError, KeyError, TypeError)):
+                raise
             raise StoreError(
                 f"{self.path}: the stored controller state cannot be read ({type(exc).__name__}: {exc}); "
                 "restore the store from backup (a fresh start would forget every drain and proposal)"
@@ -534,7 +604,7 @@ class Store:
         return StoredState(tick, saved_at, state)
 
     @staticmethod
-    def _write_state(conn: sqlite3.Connection, rows: StateRows, tick: int, now: float, gen: int) -> None:
+    def _write_state(conn: Any, rows: StateRows, tick: int, now: float, gen: int) -> None:
         if rows.full:
             conn.execute("DELETE FROM state_nodes")
             conn.execute("DELETE FROM state_parts")
@@ -556,7 +626,7 @@ class Store:
             (tick, now, gen, rows.node_count),
         )
 
-    def _state_to_rows(self, conn: sqlite3.Connection) -> None:
+    def _state_to_rows(self, conn: Any) -> None:
         """Migration 4, inside its transaction: the ``state`` blob (if any) becomes rows, ``state`` goes."""
         exists = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state'"
@@ -585,6 +655,7 @@ class Store:
         last_result: Mapping[str, Any] | None = None,
         marks: TickMarks | None = None,
         view: RenderedView | None = None,
+        lease: tuple[str, int] | None = None,
     ) -> None:
         """State + processed marks + log rows (+ the rendered view, + ``marks``) in one transaction.
 
@@ -594,6 +665,10 @@ class Store:
         ``view`` (what the daemon writes): the header and only the changed nodes, by ``executemany``.
         ``last_result`` (a whole view dict as ``views.render_result`` builds it, or any JSON-able dict):
         written as one blob in ``last_result`` as before schema 3, for tools and tests.
+
+        ``lease`` (holder, fencing token; two controllers): the commit is refused (``StoreError``, nothing
+        written) unless the lease row still shows this holder and token, checked under the row's lock in
+        the same transaction: a deposed leader's tick never overwrites the new leader's state.
         """
         result_json = (
             None if last_result is None else json.dumps(last_result, separators=(",", ":"), allow_nan=False)
@@ -602,6 +677,8 @@ class Store:
             try:
                 rows = self._encoder.encode(state, full=self._state_gen is None)
                 with self._write() as conn:
+                    if lease is not None:
+                        self._check_lease(conn, *lease)
                     found = conn.execute("SELECT gen FROM state_head WHERE id = 1").fetchone()
                     gen = found[0] if found else 0
                     if not rows.full and gen != self._state_gen:  # someone else wrote the state meanwhile
@@ -617,9 +694,19 @@ class Store:
             self._encoder.accept(rows)
             self._state_gen = gen + 1
 
+    def _check_lease(self, conn: Any, holder: str, token: int) -> None:
+        lock = " FOR UPDATE" if self._pg else ""
+        row = conn.execute(
+            f"SELECT 1 FROM leader_lease WHERE id = 1 AND holder = ? AND token = ?{lock}", (holder, token)
+        ).fetchone()
+        if row is None:
+            raise StoreError(
+                f"{self.path}: fenced: token {token} of {holder} is stale; the tick is not committed"
+            )
+
     def _commit_rest(
         self,
-        conn: sqlite3.Connection,
+        conn: Any,
         tick: int,
         now: float,
         processed_event_ids: Sequence[str],
@@ -651,7 +738,7 @@ class Store:
         conn.execute("DELETE FROM agent_seen WHERE received_at < ?", (now - INBOX_KEEP_S,))
 
     @staticmethod
-    def _write_view(conn: sqlite3.Connection, view: RenderedView, tick: int, now: float) -> None:
+    def _write_view(conn: Any, view: RenderedView, tick: int, now: float) -> None:
         header = json.dumps(view.header, separators=(",", ":"), allow_nan=False)
         conn.execute("DELETE FROM last_result")  # a pre-3 blob (or a tool's) is superseded
         conn.execute(
@@ -671,7 +758,7 @@ class Store:
         )
 
     @staticmethod
-    def _apply_marks(conn: sqlite3.Connection, marks: TickMarks, tick: int, now: float) -> None:
+    def _apply_marks(conn: Any, marks: TickMarks, tick: int, now: float) -> None:
         conn.executemany(
             "UPDATE outcomes SET processed_at = ? WHERE key = ? AND processed_at IS NULL",
             [(now, k) for k in marks.outcome_keys],
@@ -680,7 +767,7 @@ class Store:
             "INSERT OR IGNORE INTO attempts (job_id, start, delivered_at) VALUES (?, ?, ?)",
             [(j, s, now) for j, s in marks.attempts],
         )
-        cols = ", ".join(LEDGER_COLUMNS)
+        cols = _LEDGER_SQL
         conn.executemany(
             f"INSERT OR IGNORE INTO ledger ({cols}, tick, recorded_at) "
             f"VALUES ({', '.join('?' * len(LEDGER_COLUMNS))}, ?, ?)",
@@ -696,7 +783,7 @@ class Store:
         )
 
     @staticmethod
-    def _append(conn: sqlite3.Connection, rows: Sequence[LogRow], tick: int | None) -> None:
+    def _append(conn: Any, rows: Sequence[LogRow], tick: int | None) -> None:
         conn.executemany(
             "INSERT INTO events (time, tick, node, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
             [
@@ -769,12 +856,12 @@ class Store:
 
     def ledger(self, since: float | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Settled job attempts (newest end first), ended at or after ``since``."""
-        sql = f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger"
+        sql = f"SELECT {_LEDGER_SQL} FROM ledger"
         args: list[Any] = []
         if since is not None:
-            sql += " WHERE end >= ?"
+            sql += ' WHERE "end" >= ?'
             args.append(since)
-        sql += " ORDER BY end DESC, job_id DESC"
+        sql += ' ORDER BY "end" DESC, job_id DESC'
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
@@ -791,7 +878,8 @@ class Store:
             self._conn()
             .execute(
                 "SELECT COUNT(*), COALESCE(SUM(useful_gpu_s), 0), COALESCE(SUM(wasted_gpu_s), 0), "
-                "COALESCE(SUM(premium_misuse_gpu_s), 0), COALESCE(SUM(failure), 0) FROM ledger"
+                "COALESCE(SUM(premium_misuse_gpu_s), 0), CAST(COALESCE(SUM(failure), 0) AS INTEGER) "
+                "FROM ledger"
             )
             .fetchone()
         )
@@ -868,6 +956,79 @@ class Store:
                 "UPDATE intents SET done_at = ?, ok = ?, detail = ? WHERE key = ? AND done_at IS NULL",
                 (now, int(ok), detail[:1000], key),
             )
+
+    # -- the leader lease (PostgreSQL; ``lease.py`` holds the policy) -----------------------------------
+
+    def lease_acquire(self, holder: str, ttl_s: float, now: float) -> int | None:
+        """Take or renew the lease for ``holder`` until ``now + ttl_s``: its fencing token, or None when
+        another holder's lease is still running. The token is kept while the same holder renews in time and
+        incremented on every takeover (another holder, or a lapsed lease): strictly monotonic. One
+        statement: the row lock of ``ON CONFLICT DO UPDATE`` makes two racing controllers take turns, the
+        second seeing the first's row."""
+        with self._write() as conn:
+            row = conn.execute(
+                "INSERT INTO leader_lease (id, holder, token, acquired_at, expires_at) "
+                "VALUES (1, ?, 1, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET "
+                "token = CASE WHEN leader_lease.holder = excluded.holder AND leader_lease.expires_at > ? "
+                "THEN leader_lease.token ELSE leader_lease.token + 1 END, "
+                "acquired_at = CASE WHEN leader_lease.holder = excluded.holder "
+                "AND leader_lease.expires_at > ? "
+                "THEN leader_lease.acquired_at ELSE excluded.acquired_at END, "
+                "holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE leader_lease.holder = excluded.holder OR leader_lease.expires_at <= ? "
+                "RETURNING token",
+                (holder, now, now + ttl_s, now, now, now),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def lease_holds(self, holder: str, token: int, now: float) -> bool:
+        """The fencing check: ``holder`` still holds the lease with ``token`` and it has not expired."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT 1 FROM leader_lease WHERE id = 1 AND holder = ? AND token = ? AND expires_at > ?",
+                (holder, token, now),
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def lease_release(self, holder: str, token: int) -> None:
+        """Give the lease up at a clean stop (the standby takes over at its next try, not after the TTL)."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE leader_lease SET expires_at = 0 WHERE id = 1 AND holder = ? AND token = ?",
+                (holder, token),
+            )
+
+    def leader_status(self, now: float) -> dict[str, Any]:
+        """Which controller leads, from the store: ``{"mode": "single"}`` on SQLite (one controller), else
+        the lease's holder (None: lapsed, a takeover is due), token and seconds left."""
+        if not self._pg:
+            return {"mode": "single"}
+        row = self.lease_row()
+        if row is None:
+            return {"mode": "lease", "leader": None, "token": None, "expires_in_s": None}
+        live = row["expires_at"] > now
+        return {
+            "mode": "lease",
+            "leader": row["holder"] if live else None,
+            "token": row["token"],
+            "expires_in_s": round(row["expires_at"] - now, 3),
+        }
+
+    def lease_row(self) -> dict[str, Any] | None:
+        row = (
+            self._conn()
+            .execute("SELECT holder, token, acquired_at, expires_at FROM leader_lease WHERE id = 1")
+            .fetchone()
+        )
+        return (
+            None
+            if row is None
+            else dict(zip(("holder", "token", "acquired_at", "expires_at"), row, strict=True))
+        )
 
     def append_log(self, rows: Sequence[LogRow]) -> None:
         """Log rows outside a tick (e.g. the push listener's rejections)."""
@@ -948,15 +1109,14 @@ class Store:
                 }
         return {**json.loads(found[1]), "nodes": nodes}
 
-    @staticmethod
     @contextlib.contextmanager
-    def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    def _snapshot(self, conn: Any) -> Iterator[None]:
         """Several SELECTs from one snapshot (header and nodes of the same tick), unless a transaction is
         already open on this connection."""
         if conn.in_transaction:
             yield
             return
-        conn.execute("BEGIN")
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ" if self._pg else "BEGIN")
         try:
             yield
         finally:

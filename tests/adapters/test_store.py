@@ -1,4 +1,5 @@
-"""SQLite store: inbox idempotence, one-transaction commits, and convergence after a crash (real kill -9)."""
+"""The store on SQLite and (``store_url``) PostgreSQL: inbox idempotence, one-transaction commits, and
+convergence after a crash (real kill -9; SQLite)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fleetyield.adapters.store import LogRow, Store, StoreError
+from slurm_fleetyield.adapters.store import SCHEMA_VERSION, LogRow, Store, StoreError
 from slurm_fleetyield.core.model import FatalEvent
 from slurm_fleetyield.core.state import ControllerState
 
@@ -40,8 +41,8 @@ def test_wal_and_full_sync(tmp_path):
     store.close()
 
 
-def test_inbox_is_idempotent_by_event_id(tmp_path):
-    store = Store(tmp_path / "fy.db", clock=lambda: 5.0)
+def test_inbox_is_idempotent_by_event_id(store_url):
+    store = Store(store_url, clock=lambda: 5.0)
     assert store.put_events([ev("a"), ev("b")]) == (2, 0)
     assert store.put_events([ev("b"), ev("c")]) == (1, 1)
     assert [e.event_id for e in store.pending()] == ["a", "b", "c"]
@@ -52,8 +53,8 @@ def test_inbox_is_idempotent_by_event_id(tmp_path):
     assert store.inbox_counts() == {"pending": 2, "processed": 1}
 
 
-def test_commit_tick_is_one_transaction(tmp_path):
-    store = Store(tmp_path / "fy.db")
+def test_commit_tick_is_one_transaction(store_url):
+    store = Store(store_url)
     store.put_events([ev("a")])
     store.commit_tick(
         1,
@@ -74,8 +75,8 @@ def test_commit_tick_is_one_transaction(tmp_path):
     assert len(store.events()) == 1
 
 
-def test_events_newest_first_filtered_and_pruned(tmp_path):
-    store = Store(tmp_path / "fy.db", events_keep=100)
+def test_events_newest_first_filtered_and_pruned(store_url):
+    store = Store(store_url, events_keep=100)
     for t in range(150):
         store.commit_tick(t, float(t), st(t), (), [LogRow(float(t), "tier_change", f"n{t % 2}", f"m{t}")])
     rows = store.events(limit=5)
@@ -84,9 +85,9 @@ def test_events_newest_first_filtered_and_pruned(tmp_path):
     assert len(store.events(limit=1000)) == 100
 
 
-def test_crash_before_commit_converges(tmp_path):
+def test_crash_before_commit_converges(store_url):
     """No commit after taking events = crash between apply and commit: the same events come back."""
-    path = tmp_path / "fy.db"
+    path = store_url
     store = Store(path)
     store.put_events([ev("a")])
     store.commit_tick(1, 1.0, st(1))
@@ -116,7 +117,13 @@ while True:
 """
 
 
-def _kill_9_after(child_code: str, path: Path, ticks: int, timeout: float) -> int:
+def _assert_integrity(store: Store) -> None:
+    """SQLite's page-level check (PostgreSQL's WAL replay at the next start is its own)."""
+    if not store._pg:
+        assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _kill_9_after(child_code: str, path: Path | str, ticks: int, timeout: float) -> int:
     """Run ``child_code`` (it commits to the store at ``path`` and prints each committed tick); SIGKILL it
     once it has printed ``ticks`` (or ``timeout`` s passed). Returns the last tick it printed."""
     child = subprocess.Popen([sys.executable, "-c", child_code, str(path)], stdout=subprocess.PIPE, text=True)
@@ -132,12 +139,12 @@ def _kill_9_after(child_code: str, path: Path, ticks: int, timeout: float) -> in
     return last
 
 
-def test_kill_9_mid_write_leaves_a_consistent_database(tmp_path):
-    path = tmp_path / "fy.db"
+def test_kill_9_mid_write_leaves_a_consistent_database(store_url):
+    path = store_url
     last = _kill_9_after(_CHILD, path, 50, timeout=30)
     assert last >= 50
     store = Store(path)
-    assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    _assert_integrity(store)
     state = store.load_state()
     assert state.tick >= last and state.state.last_tick == state.tick  # committed ticks are never lost
     assert store.last_result() == {"tick": state.tick}
@@ -174,12 +181,12 @@ for i in range(1, 100000):
 """
 
 
-def test_kill_9_never_loses_a_committed_ledger_row_or_mark(tmp_path):
-    path = tmp_path / "fy.db"
+def test_kill_9_never_loses_a_committed_ledger_row_or_mark(store_url):
+    path = store_url
     last = _kill_9_after(_MARKS_CHILD, path, 40, timeout=30)
     assert last >= 40
     store = Store(path)
-    assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    _assert_integrity(store)
     tick = store.load_state().tick
     assert tick >= last
     ledger = store.ledger()
@@ -192,8 +199,8 @@ def test_kill_9_never_loses_a_committed_ledger_row_or_mark(tmp_path):
     )
 
 
-def test_outcomes_idempotent_and_ledger_totals(tmp_path):
-    store = Store(tmp_path / "fy.db")
+def test_outcomes_idempotent_and_ledger_totals(store_url):
+    store = Store(store_url)
     rec = {"job_id": "5", "start_time": 10.0, "end_time": 20.0}
     assert store.put_outcomes("gpu-01", [rec, rec]) == (1, 1)
     assert store.put_outcomes("gpu-02", [rec]) == (1, 0)  # another node's record of the job
@@ -213,8 +220,8 @@ def _node(name, tick, explain=True):
     return (name, json.dumps({"node": name, "tier": "green"}), json.dumps({"proposal": None, "gpus": []}), x)
 
 
-def test_view_upserts_only_the_given_nodes_in_the_tick_transaction(tmp_path):
-    store = Store(tmp_path / "fy.db")
+def test_view_upserts_only_the_given_nodes_in_the_tick_transaction(store_url):
+    store = Store(store_url)
     store.commit_tick(1, 1.0, st(1), view=_View(1, [_node("a", 1), _node("b", 1)], replace=True))
     store.commit_tick(2, 2.0, st(2), view=_View(2, [_node("b", 2, explain=False)]))
     assert store.last_result_tick() == 2
@@ -250,7 +257,7 @@ def test_a_schema_2_database_is_read_then_migrated(tmp_path):
     assert ro.last_result_tick() == 7 and ro.last_view() == legacy and ro.node_explanation("a") is None
     ro.close()
     store = Store(path)
-    assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 4
+    assert store._conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert store.last_view() == legacy and store.load_state().tick == 7 and store.load_state().state == st(7)
     store.commit_tick(8, 8.0, st(8), view=_View(8, [_node("a", 8)], replace=True))
     assert store.last_result_tick() == 8 and store.last_view()["nodes"] == {
@@ -308,8 +315,8 @@ def _written_at(store: Store, tick: int) -> int:
     return store._conn().execute("SELECT COUNT(*) FROM state_nodes WHERE tick = ?", (tick,)).fetchone()[0]
 
 
-def test_a_tick_writes_only_the_nodes_that_changed(tmp_path):
-    store = Store(tmp_path / "fy.db")
+def test_a_tick_writes_only_the_nodes_that_changed(store_url):
+    store = Store(store_url)
     store.commit_tick(1, 1.0, _fleet_state(1))
     assert _written_at(store, 1) == 300  # first commit: everything
     store.commit_tick(2, 2.0, _fleet_state(2))
@@ -317,10 +324,10 @@ def test_a_tick_writes_only_the_nodes_that_changed(tmp_path):
     assert store.load_state().state == _fleet_state(2)
     # a restarted store diffs against what it loaded
     store.close()
-    store = Store(tmp_path / "fy.db")
+    store = Store(store_url)
     assert store.load_state().state == _fleet_state(2)
     store.commit_tick(3, 3.0, _fleet_state(3))
-    assert _written_at(store, 3) == 30 and Store(tmp_path / "fy.db").load_state().state == _fleet_state(3)
+    assert _written_at(store, 3) == 30 and Store(store_url).load_state().state == _fleet_state(3)
     # a node gone is deleted; one back is written
     gone = _fleet_state(4)
     gone = ControllerState(
@@ -331,12 +338,12 @@ def test_a_tick_writes_only_the_nodes_that_changed(tmp_path):
     )
     store.commit_tick(4, 4.0, gone)
     assert store._conn().execute("SELECT COUNT(*) FROM state_nodes").fetchone()[0] == 299
-    assert Store(tmp_path / "fy.db").load_state().state == gone
+    assert Store(store_url).load_state().state == gone
     store.close()
 
 
-def test_another_writer_or_a_failed_commit_means_a_full_rewrite(tmp_path):
-    a, b = Store(tmp_path / "fy.db"), Store(tmp_path / "fy.db")
+def test_another_writer_or_a_failed_commit_means_a_full_rewrite(store_url):
+    a, b = Store(store_url), Store(store_url)
     a.commit_tick(1, 1.0, _fleet_state(1))
     b.commit_tick(2, 2.0, st(2))  # another writer replaced the state
     a.commit_tick(3, 3.0, _fleet_state(3))  # a's memory of tick 1 is stale: it must not diff against it
@@ -360,7 +367,7 @@ def test_a_schema_3_state_blob_is_migrated_to_rows(tmp_path):
     ro.close()
     store = Store(path)
     conn = store._conn()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'state'").fetchone()[0] == 0
     loaded = store.load_state()
     assert (loaded.tick, loaded.time) == (9, 9.5) and loaded.state == state
@@ -400,14 +407,14 @@ while True:
 )
 
 
-def test_kill_9_mid_commit_leaves_the_previous_consistent_state(tmp_path):
+def test_kill_9_mid_commit_leaves_the_previous_consistent_state(store_url):
     """Each tick rewrites a tenth of the node rows and the clocks part: after a kill -9 the stored state is
     exactly the state of one committed tick (never some nodes of the next one)."""
-    path = tmp_path / "fy.db"
+    path = store_url
     last = _kill_9_after(_ROWS_CHILD, path, 25, timeout=60)
     assert last >= 25
     store = Store(path)
-    assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    _assert_integrity(store)
     loaded = store.load_state()
     assert loaded.tick >= last
     assert loaded.state == _fleet_state(loaded.tick)
@@ -417,10 +424,10 @@ def test_kill_9_mid_commit_leaves_the_previous_consistent_state(tmp_path):
     store.close()
 
 
-def test_agent_event_log_is_idempotent_by_event_id_and_its_memory_bounded(tmp_path):
+def test_agent_event_log_is_idempotent_by_event_id_and_its_memory_bounded(store_url):
     from slurm_fleetyield.adapters.store import INBOX_KEEP_S
 
-    store = Store(tmp_path / "fy.db")
+    store = Store(store_url)
     rows = [(f"e{i}", LogRow(10.0, "agent_xid", "gpu-01", f"m{i}")) for i in range(3)]
     assert store.log_agent_events(rows, received_at=10.0) == (3, 0)
     assert store.log_agent_events(rows, received_at=11.0) == (0, 3)  # a replay or a retry
@@ -493,3 +500,87 @@ def test_page_level_damage_is_found_at_open(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match=str(path)):
         Store(path)
+
+
+# --- issue #30: the PostgreSQL backend (a real server, tests/pgcluster.py) ------------------------------
+
+
+def test_ledger_rows_round_trip_on_both_backends(store_url):
+    from slurm_fleetyield.adapters.store import TickMarks
+
+    row = {
+        "job_id": 42, "start": 10.0, "end": 20.5, "workload": None, "nodes": ["gpu-01", "gpu-02"], "gpus": 16,
+        "state": "COMPLETED", "useful_gpu_s": 100.0, "wasted_gpu_s": 1.5, "premium_misuse_gpu_s": 0.0,
+        "failure": True, "tier_at_start": "green", "cause": "xid",
+    }  # fmt: skip
+    store = Store(store_url)
+    store.commit_tick(1, 30.0, st(1), marks=TickMarks(ledger=[row]))
+    store.commit_tick(2, 31.0, st(2), marks=TickMarks(ledger=[row]))  # the same attempt again: one row
+    assert store.ledger() == [row] and store.ledger(since=21.0) == []
+    assert store.ledger_totals() == {
+        "jobs": 1, "useful_gpu_s": 100.0, "wasted_gpu_s": 1.5, "premium_misuse_gpu_s": 0.0, "failures": 1
+    }  # fmt: skip
+    assert type(store.ledger_totals()["failures"]) is int
+    store.close()
+
+
+def test_postgresql_schema_version_is_recorded_and_a_newer_one_refused(pg_url):
+    store = Store(pg_url)
+    conn = store._conn()
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    conn.execute("UPDATE schema_version SET version = 99")
+    store.close()
+    with pytest.raises(StoreError, match=r"postgresql://postgres@/t\d+.*schema version 99, this build knows"):
+        Store(pg_url)
+
+
+def test_postgresql_readonly_open_refuses_writes_and_an_empty_database(pg_cluster, pg_url):
+    with pytest.raises(StoreError, match="no store schema"):
+        Store(pg_cluster.database(), readonly=True)
+    Store(pg_url).commit_tick(3, 3.0, st(3), (), (), {"tick": 3})
+    ro = Store(pg_url, readonly=True)
+    assert ro.last_result() == {"tick": 3} and ro.load_state().tick == 3
+    import psycopg
+
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        ro.append_log([LogRow(1.0, "x")])
+    ro.close()
+
+
+def test_an_unreachable_postgresql_is_a_store_error_without_the_password(tmp_path):
+    url = f"postgresql://fy:secret@/fy?host={tmp_path}&port=1"
+    with pytest.raises(StoreError) as err:
+        Store(url)
+    assert "fy:***@" in str(err.value) and "secret" not in str(err.value)
+
+
+def test_a_commit_with_a_stale_lease_token_is_refused_and_writes_nothing(pg_url):
+    a, b = Store(pg_url), Store(pg_url)
+    token_a = a.lease_acquire("ctl-a", 6.0, 100.0)
+    a.commit_tick(1, 100.0, st(1), (), [LogRow(100.0, "x")], lease=("ctl-a", token_a))
+    token_b = b.lease_acquire("ctl-b", 6.0, 107.0)  # a's lease lapsed at 106: b takes over
+    assert token_b == token_a + 1
+    b.put_events([ev("e1")])
+    with pytest.raises(StoreError, match=f"fenced: token {token_a} of ctl-a is stale"):
+        a.commit_tick(2, 108.0, st(2), ["e1"], [LogRow(108.0, "y")], lease=("ctl-a", token_a))
+    assert b.load_state().tick == 1 and [e.event_id for e in b.pending()] == ["e1"] and len(b.events()) == 1
+    b.commit_tick(2, 108.0, st(2), ["e1"], lease=("ctl-b", token_b))
+    assert a.load_state().tick == 2 and a.pending() == []
+    a.close()
+    b.close()
+
+
+def test_a_postgresql_connection_cut_is_an_error_then_reconnected(pg_url):
+    import psycopg
+
+    store = Store(pg_url)
+    store.commit_tick(1, 1.0, st(1))
+    pid = store._conn().execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(StoreError, match=r"postgresql:.* the database is unreachable"):  # seen once
+        store.load_state()
+    assert store.load_state().tick == 1  # the next call connects again
+    store.commit_tick(2, 2.0, st(2))
+    assert Store(pg_url).load_state().tick == 2
+    store.close()
