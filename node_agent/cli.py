@@ -287,10 +287,26 @@ def _reset_opt(f: Any) -> Any:
 @click.option("--gpu", type=int, required=True)
 @click.option("--xid", type=int, required=True, help="XID number (79 = fell off the bus, 48 = DBE, ...).")
 @_reset_opt
+@click.option(
+    "--recovery-action",
+    type=click.Choice(["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"]),
+    default="none",
+    show_default=True,
+    help="What the driver asks for while the fault lasts (DCGM_FI_DEV_GPU_RECOVERY_ACTION; XID 154 "
+    "announces it on real GPUs).",
+)
 @JSON
-def fault_inject(state_dir: Path, gpu: int, xid: int, reset_fixes: bool | None, as_json: bool) -> None:
+def fault_inject(
+    state_dir: Path, gpu: int, xid: int, reset_fixes: bool | None, recovery_action: str, as_json: bool
+) -> None:
     """Raise an XID on a GPU, with its realistic side effects."""
-    spec = {"kind": "xid", "gpu": gpu, "xid": xid, "reset_fixes": reset_fixes}
+    spec = {
+        "kind": "xid",
+        "gpu": gpu,
+        "xid": xid,
+        "reset_fixes": reset_fixes,
+        "recovery_action": recovery_action,
+    }
     _print(_run(state_dir, {"op": "inject", "spec": spec}))
 
 

@@ -74,6 +74,12 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     ),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status"),
     (
+        "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+        "gauge",
+        "GPU recovery action the driver requests (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
+        "4 drain and reset).",
+    ),
+    (
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "counter",
         "Number of remapped rows for uncorrectable errors",

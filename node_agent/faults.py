@@ -37,9 +37,21 @@ class _Base(BaseModel):
         return True if self.reset_fixes is None else self.reset_fixes
 
 
+RECOVERY_ACTIONS: dict[str, int] = {  # nvmlDeviceGpuRecoveryAction_t (nvml.h; DCGM field 1523 carries it)
+    "none": 0,
+    "gpu_reset": 1,
+    "node_reboot": 2,
+    "drain_p2p": 3,
+    "drain_and_reset": 4,
+}
+
+
 class XidFault(_Base):
     kind: Literal["xid"] = "xid"
     xid: int = Field(ge=1, le=999)
+    # What the driver asks for while the fault lasts (R570+ drivers report it; XID 154 announces a change):
+    # the fake GPU reports it as DCGM_FI_DEV_GPU_RECOVERY_ACTION. Default none: no driver action requested.
+    recovery_action: Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"] = "none"
 
     def fixed_by_reset(self) -> bool:
         if self.reset_fixes is not None:

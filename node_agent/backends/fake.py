@@ -17,7 +17,7 @@ from pathlib import Path
 
 from node_agent import state as st
 from node_agent.backends.base import Backend, BackendError, GpuInfo, GpuSample
-from node_agent.faults import CorruptFault, DegradeFault, XidFault, xid_text
+from node_agent.faults import RECOVERY_ACTIONS, CorruptFault, DegradeFault, XidFault, xid_text
 from node_agent.gpu_models import GpuModel, get_model
 from node_agent.protocol import AgentEvent
 
@@ -371,6 +371,10 @@ class FakeBackend(Backend):
                         else:
                             c[key] = c.get(key, 0) + value
             gsp_dead = any(isinstance(f.spec, XidFault) and f.spec.xid in GSP_XIDS for f in g.faults)
+            recovery = max(
+                (RECOVERY_ACTIONS[f.spec.recovery_action] for f in g.faults if isinstance(f.spec, XidFault)),
+                default=0,
+            )
             duty = self._duty(g.index)
             util = 0 if gsp_dead else int(duty + 65 * self._u(g.index, "util", bucket))
             sm_clock = int(m.sm_clock_max_mhz * (0.85 + 0.15 * self._u(g.index, "sm", bucket)))
@@ -408,6 +412,7 @@ class FakeBackend(Backend):
                 "DCGM_FI_DEV_THERMAL_VIOLATION": int(c.get("thermal_violation_us", 0)) * 1000,
                 "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": THROTTLE_THERMAL_BITS if throttle else 0,
                 "DCGM_FI_DEV_VGPU_LICENSE_STATUS": 0,
+                "DCGM_FI_DEV_GPU_RECOVERY_ACTION": recovery,
             }
             v.update(self._profiling(g.index, bucket, util, m))
             if m.has_memory_temp:

@@ -406,6 +406,8 @@ class NvmlBackend(Backend):
                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
                 "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
             ),
+            # the driver's requested recovery (nvmlDeviceGpuRecoveryAction_t), R570+; NotSupported: omitted
+            ("DCGM_FI_DEV_GPU_RECOVERY_ACTION", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"),
         )
         wanted = [(name, getattr(nv, fid)) for name, fid in fields if hasattr(nv, fid)]
         try:

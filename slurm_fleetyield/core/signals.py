@@ -34,6 +34,7 @@ THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # bitmask (newer DCGM: 
 CLOCKS_EVENT_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
 SLOWDOWN_TEMP = "DCGM_FI_DEV_SLOWDOWN_TEMP"
+RECOVERY_ACTION = "DCGM_FI_DEV_GPU_RECOVERY_ACTION"  # nvmlDeviceGpuRecoveryAction_t: 0 none, 1.. an action
 FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"  # MiB (field 250); only the exported total counts, never free + used
 
 COUNTER_CHANNELS: tuple[str, ...] = (
@@ -105,6 +106,19 @@ SIGNALS: tuple[SignalSpec, ...] = (
         "The row remapper ran out of spare rows: further HBM faults cannot be contained. Alone it pushes "
         "the GPU past red (a drain proposal); XID 64 accompanies it and quarantines.",
         "NVIDIA GPU Memory Error Management (row remapping failure -> RMA); Xid catalog XID 64",
+    ),
+    SignalSpec(
+        "recovery_action",
+        "level",
+        (RECOVERY_ACTION,),
+        ((1.0, 7.0),),
+        "action",
+        "The driver asks for a recovery action (1 GPU reset, 2 node reboot, 3 drain peer-to-peer, 4 drain "
+        "and reset): until it is done the GPU is not fit for work. Alone it pushes the GPU past red (a drain "
+        "proposal, or the canary's failure after a remediation that did not clear it); drivers before R570 "
+        "do not report it (absent: no contribution). XID 154 announces a change of it.",
+        "NVIDIA Xid catalog XID 154 (GPU Recovery Action Changed: follow the recovery action); NVML "
+        "nvmlDeviceGpuRecoveryAction_t; DCGM field DCGM_FI_DEV_GPU_RECOVERY_ACTION",
     ),
     SignalSpec(
         "remap_pending",

@@ -48,6 +48,20 @@ def test_remap_failure_is_red():
     assert res.risks["gpu000"].probability >= Params().risk.red_threshold
 
 
+def test_a_driver_recovery_action_is_red_and_none_or_absent_adds_nothing():
+    # nvmlDeviceGpuRecoveryAction_t: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset
+    for action in (1, 2, 3, 4):
+        f = Fleet(1)
+        f.set("gpu000", 2, s.RECOVERY_ACTION, action)
+        r = Runner(f).tick().risks["gpu000"]
+        assert r.probability >= Params().risk.red_threshold, (action, r.probability)
+        assert [c.signal for c in r.gpus[2].contributions] == ["recovery_action"]
+    f = Fleet(1)
+    f.set("gpu000", 2, s.RECOVERY_ACTION, 0)
+    assert Runner(f).tick().risks["gpu000"].gpus[2].contributions == ()  # 0: none requested
+    assert Runner(Fleet(1)).tick().risks["gpu000"].gpus[2].contributions == ()  # pre-R570: not reported
+
+
 def test_disabled_signal_and_zero_weight_do_not_contribute():
     f = Fleet(1)
     f.set("gpu000", 0, s.REMAP_PENDING, 1)

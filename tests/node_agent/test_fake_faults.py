@@ -65,6 +65,18 @@ def test_xid64_sets_remap_failure_and_survives_reset(rig: Rig) -> None:
     assert len(rig.agent.list_faults(1)) == 1
 
 
+def test_a_recovery_action_shows_while_its_fault_lasts(rig: Rig) -> None:
+    assert rig.value("DCGM_FI_DEV_GPU_RECOVERY_ACTION", 2) == 0  # none requested
+    _inject(rig, kind="xid", xid=154, gpu=2, recovery_action="gpu_reset")
+    assert rig.value("DCGM_FI_DEV_GPU_RECOVERY_ACTION", 2) == 1
+    assert rig.value("DCGM_FI_DEV_GPU_RECOVERY_ACTION", 1) == 0  # that GPU's only
+    rig.agent.reset(2)  # the reset it asked for clears it
+    assert rig.value("DCGM_FI_DEV_GPU_RECOVERY_ACTION", 2) == 0
+    _inject(rig, kind="xid", xid=154, gpu=2, recovery_action="node_reboot", reset_fixes=False)
+    rig.agent.reset(2)  # a reset is not what it asked for: still there
+    assert rig.value("DCGM_FI_DEV_GPU_RECOVERY_ACTION", 2) == 2
+
+
 def test_xid74_nvlink_counters_jump(rig: Rig) -> None:
     _inject(rig, kind="xid", xid=74, gpu=3)
     assert rig.value("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 3) > 0

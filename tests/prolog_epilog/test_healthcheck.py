@@ -2,7 +2,7 @@
 as a subprocess against the agent's marker and a controller that answers, fails or is gone.
 
 The HealthCheckProgram mode (``scontrol update``) runs against real Slurm in
-tests/integration/test_healthcheck.py."""
+tests/integration/test_healthcheck_program.py."""
 
 from __future__ import annotations
 
