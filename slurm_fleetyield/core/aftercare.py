@@ -30,7 +30,7 @@ from slurm_fleetyield.core.sense import SensedNode
 from slurm_fleetyield.core.signals import SIGNALS, SIGNALS_BY_NAME
 
 COUNTER_KINDS = frozenset({"level", "rate", "growth"})
-PRESENT_KINDS = frozenset({"margin", "hw_throttle"})
+PRESENT_KINDS = frozenset({"margin", "hw_throttle", "state"})
 BASELINE_FIELDS: tuple[str, ...] = tuple(
     sorted({f for s in SIGNALS if s.kind in COUNTER_KINDS for f in s.fields})
 )

@@ -8,6 +8,7 @@ keep (``expired_held``). core/quarantine.py decides the drains.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from slurm_fleetyield.core.model import (
 )
 from slurm_fleetyield.core.params import QuarantineParams
 from slurm_fleetyield.core.sense import Sensed
+from slurm_fleetyield.core.signals import RECOVERY_ACTION
 from slurm_fleetyield.core.state import ControllerState
 
 XID_TEXT: Mapping[int, str] = {
@@ -46,6 +48,19 @@ PUSHED_XID_PREFIX = "pushed:"
 a later scrape is that event seen again, not new evidence (else a node resumed right after the drain is
 drained a second time for the fault already acted on)."""
 MAX_REASON_LEN = 120
+RECOVERY_PREFIX = "recovery:"
+RECOVERY_ACTIONS: Mapping[int, tuple[str, str]] = {
+    # nvmlDeviceGpuRecoveryAction_t (nvml.h) -> (fault class: its ladder, text). 5, RECOVER_IMEX_DOMAIN, asks
+    # for a multi-node NVLink domain's recovery, not this node's: risk only. An unknown value is data this
+    # version cannot read: risk only, never a drain.
+    1: ("recovery_gpu_reset", "GPU reset"),
+    2: ("recovery_node_reboot", "node reboot"),
+    3: ("recovery_gpu_reset", "drain P2P"),
+    4: ("recovery_gpu_reset", "drain and reset"),
+    6: ("recovery_gpu_reset", "bus reset"),
+    7: ("recovery_node_reboot", "system reboot"),
+}
+RECOVERY_KINDS = frozenset(k for k, _ in RECOVERY_ACTIONS.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +69,7 @@ class Fatal:
 
     node: str
     time: float
-    kind: str  # xid | gpu_missing | alert | check_failed | attestation_failed
+    kind: str  # xid | gpu_missing | recovery_<action> | alert | check_failed | attestation_failed
     key: str
     source: str  # push | scrape
     gpu: int | None = None
@@ -69,6 +84,8 @@ class Fatal:
             text = f"{OUR_REASON_PREFIX} XID {self.xid}{gpu} {XID_TEXT.get(self.xid, 'fatal XID')}"
         elif self.kind == "gpu_missing":
             text = f"{OUR_REASON_PREFIX} GPU missing ({self.message})"
+        elif self.kind in RECOVERY_KINDS:
+            text = f"{OUR_REASON_PREFIX} GPU {self.gpu} driver requests {self.message}"
         elif self.kind == ATTESTATION_FAILED:
             text = f"{OUR_REASON_PREFIX} attestation failed ({self.message or 'no reason given'})"
         else:
@@ -138,6 +155,16 @@ def find_fatal(
                         out.append(
                             Fatal(name, sample_time or 0.0, "xid", key, "scrape", r.index, r.uuid, xid, msg)
                         )
+            if qp.recovery_action_quarantines:
+                raw = g.reading.fields.get(RECOVERY_ACTION)
+                action = int(raw) if raw and math.isfinite(raw) else 0
+                known = RECOVERY_ACTIONS.get(action)
+                if known is not None:
+                    r = g.reading
+                    key = f"{RECOVERY_PREFIX}{name}:{r.uuid}:{action}"
+                    if key not in done:
+                        t = sample_time or 0.0
+                        out.append(Fatal(name, t, known[0], key, "scrape", r.index, r.uuid, None, known[1]))
         if qp.gpu_missing_quarantines and node.missing_gpus:
             seen, expected = len(node.gpus), node.expected_gpus
             key = f"{MISSING_KEY_PREFIX}{name}:{seen}/{expected}"

@@ -74,6 +74,10 @@ DEFAULT_LADDERS: Mapping[str, tuple[Remediation, ...]] = {
     "xid_119": (_B, _P),
     "xid_120": (_B, _P),
     "gpu_missing": (_B, _P),
+    # The driver's requested recovery (DCGM_FI_DEV_GPU_RECOVERY_ACTION): a GPU or bus reset (drain P2P or
+    # drain and reset first), else a reboot; each escalates when it did not clear the request.
+    "recovery_gpu_reset": (_R, _B, _P),
+    "recovery_node_reboot": (_B, _P),
     # ECC / remap (48, 95, 64), NVLink (74), 109/110: catalog action RESET_GPU; a reboot if that did not help.
     "xid_48": (_R, _B, _P),
     "xid_64": (_R, _B, _P),
@@ -86,7 +90,9 @@ DEFAULT_LADDERS: Mapping[str, tuple[Remediation, ...]] = {
     # Alerts, approved drains, other XIDs: nothing specific to reset; a reboot clears driver/firmware state.
     "default": (_B, _P),
 }
-_LADDER_KEY = re.compile(r"^(xid_[1-9][0-9]*|gpu_missing|check_failed|alert|approved|default)$")
+_LADDER_KEY = re.compile(
+    r"^(xid_[1-9][0-9]*|gpu_missing|recovery_gpu_reset|recovery_node_reboot|check_failed|alert|approved|default)$"
+)
 DEFAULT_REMEDIATION_TIMEOUT_S: Mapping[Remediation, float] = {
     _R: 300.0,  # nvidia-smi --gpu-reset takes seconds; the rest is the agent's next scrapes
     _B: 900.0,  # an 8-GPU HGX server: POST, NVSwitch/fabric manager and driver load take several minutes
@@ -162,9 +168,10 @@ class LifecycleParams(BaseModel):
     )
     ladders: dict[str, Annotated[tuple[Annotated[Remediation, Strict(False)], ...], Strict(False)]] = Field(
         default_factory=lambda: dict(DEFAULT_LADDERS),
-        description="Escalation ladder per fault class (xid_<n>, gpu_missing, check_failed, alert, "
-        "approved, default), gentlest first. Attempt n uses rung n, the last rung once exhausted. A class "
-        "without its own ladder uses 'default'. Given ladders replace the defaults of their class only.",
+        description="Escalation ladder per fault class (xid_<n>, gpu_missing, recovery_gpu_reset, "
+        "recovery_node_reboot, check_failed, alert, approved, default), gentlest first. Attempt n uses "
+        "rung n, the last rung once exhausted. A class without its own ladder uses 'default'. Given "
+        "ladders replace the defaults of their class only.",
     )
 
     @field_validator("remediation_timeout_s", mode="before")
@@ -191,8 +198,8 @@ class LifecycleParams(BaseModel):
         for key, ladder in v.items():
             if not _LADDER_KEY.match(key):
                 raise ValueError(
-                    f"unknown fault class {key!r} in ladders; known: xid_<n>, gpu_missing, check_failed, "
-                    "alert, approved, default"
+                    f"unknown fault class {key!r} in ladders; known: xid_<n>, gpu_missing, "
+                    "recovery_gpu_reset, recovery_node_reboot, check_failed, alert, approved, default"
                 )
             if not ladder or len(set(ladder)) != len(ladder):
                 raise ValueError(f"ladder {key!r} must list distinct remediations, got {list(ladder)!r}")
@@ -250,6 +257,9 @@ class Cause:
             return f"approved drain {self.detail}".rstrip()
         if self.kind == "gpu_missing":
             return "GPU missing"
+        if self.kind.startswith("recovery_"):  # the driver's request (core/evidence.py RECOVERY_ACTIONS)
+            what = self.detail or self.kind.removeprefix("recovery_").replace("_", " ")
+            return f"driver requests {what}{gpu}"
         if self.kind == "attestation_failed" and self.detail:  # keep the differing records in every reason
             return f"attestation failed ({self.detail})"
         return f"{self.kind.replace('_', ' ')}{gpu}"

@@ -314,6 +314,13 @@ class QuarantineParams(BaseModel):
         description="A fresh, successful scrape seeing fewer GPUs than expected (agent's expected_gpus or "
         "Slurm's Gres count) drains the node: the missing GPU fell off the bus or was never enumerated.",
     )
+    recovery_action_quarantines: bool = Field(
+        True,
+        description="A fresh scrape in which the driver requests a recovery action for a GPU "
+        "(DCGM_FI_DEV_GPU_RECOVERY_ACTION, NVML's nvmlDeviceGpuRecoveryAction_t, R570+ drivers) drains the "
+        "node, as NVIDIA's Xid catalog says for XID 154; the ladder starts with what the driver asked for "
+        "(lifecycle.ladders recovery_gpu_reset / recovery_node_reboot).",
+    )
     max_processed_event_ids: int = Field(
         10_000, gt=0, description="Bound of the remembered processed fatal event ids (idempotency)."
     )

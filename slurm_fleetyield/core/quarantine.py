@@ -34,6 +34,7 @@ from slurm_fleetyield.core.evidence import (
     MISSING_KEY_PREFIX,
     PUSHED_FATAL_KINDS,
     PUSHED_XID_PREFIX,
+    RECOVERY_KINDS,
     XID_TEXT,
     Fatal,
     Processed,
@@ -225,7 +226,7 @@ def faulted_gpus(findings: list[Fatal]) -> frozenset[int] | None:
     return frozenset(gpus)
 
 
-_GPU_KINDS = frozenset({"xid", "gpu_missing"})
+_GPU_KINDS = frozenset({"xid", "gpu_missing", *RECOVERY_KINDS})
 
 
 def _missing_count(f: Fatal) -> int:

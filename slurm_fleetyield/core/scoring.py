@@ -68,7 +68,7 @@ def compile_signals(params: Params, layout: tuple[str, ...]) -> tuple[CompiledSi
 
 def _reader(spec: SignalSpec, slot: Mapping[str, int], xid_slots: tuple[int, ...], slowdown: float) -> Reader:
     kind = spec.kind
-    if kind == "level":
+    if kind in ("level", "state"):
         fields = spec.fields
 
         def level(g: SensedGpu, _h: int, _n: int) -> float | None:
@@ -146,7 +146,7 @@ class Scorer:
         arg: Any  # the fields, (slot indices, rates or growth) or nothing, by code
         for cs in compiled:
             spec = SIGNALS_BY_NAME[cs.name]
-            if spec.kind == "level":
+            if spec.kind in ("level", "state"):
                 code, arg, scale = _LEVEL, spec.fields, 1.0
             elif spec.kind in ("rate", "growth", "xid"):
                 idx = xid_slots if spec.kind == "xid" else tuple(slot[f] for f in spec.fields)

@@ -42,8 +42,9 @@ class Sensed:
     history: Mapping[str, Mapping[str, GpuHistory]]
     layout: tuple[str, ...]
     events: tuple[LogEvent, ...] = ()
-    # The fresh nodes with a GPU whose XID counts grew or with fewer GPUs than expected, by name: the only
-    # ones where quarantine.find_fatal can find scrape evidence. None: not indexed (look at every node).
+    # The fresh nodes with a GPU whose XID counts grew, a GPU whose driver requests a recovery action (first
+    # seen: unchanged readings are not flagged again) or fewer GPUs than expected, by name: the only ones
+    # where quarantine.find_fatal can find scrape evidence. None: not indexed (look at every node).
     flagged: tuple[str, ...] | None = None
     # Against ``since`` (an earlier tick's ``nodes``, with the same names in the same order): the nodes whose
     # SensedNode is another object or whose sample age moved. Every other node is fresh in both, the very

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from slurm_fleetyield.core.model import Health, NodeSample, Observations, fast_init, fast_new
 from slurm_fleetyield.core.params import SenseParams
+from slurm_fleetyield.core.signals import RECOVERY_ACTION
 from slurm_fleetyield.core.state import Clock, FleetHistory, GpuHistory, NodeTracks
 from slurm_fleetyield.core.trends import SensedGpu, Tracker, compact
 
@@ -157,7 +158,7 @@ class _Pass:
                 self.clock_memo = (clock, t, c_out)
             self.clocks[name] = c_out  # type: ignore[assignment]
             self.tracks[name] = tr
-            new_xids = False
+            new_xids = asks_recovery = False  # the very readings as last tick: flagged then if at all
         else:
             gpus, self.tracks[name], new_clock = self.tracker.node(sample, tr, clock)
             if new_clock is not None:
@@ -165,6 +166,7 @@ class _Pass:
             else:
                 self.clocks.pop(name, None)
             new_xids = any(g.new_xids for g in gpus)
+            asks_recovery = any(g.reading.fields.get(RECOVERY_ACTION) for g in gpus)
         p = self.pget(name)
         if p is not None and p.gpus is gpus and p.health is Health.OK and p.expected_gpus == expected:
             self.nodes[name] = p  # the same node: only its sample's time moved
@@ -173,7 +175,7 @@ class _Pass:
         else:
             self.nodes[name] = _new_node(name, Health.OK, "fresh sample", gpus, expected)
             self.changed.append(name)
-        if new_xids or missing(expected, len(gpus)):  # sn.missing_gpus (fresh), without the property
+        if new_xids or asks_recovery or missing(expected, len(gpus)):  # sn.missing_gpus, without the property
             self.flagged.append(name)
 
 

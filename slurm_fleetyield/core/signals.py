@@ -76,6 +76,8 @@ class SignalSpec:
 
     ``kind`` says how its value is read:
     - ``level``: the current value of ``fields`` (summed);
+    - ``state``: read as ``level``, but a condition rather than a counter: after a remediation it is new
+      evidence whenever present (core/aftercare.py), not only when it grew;
     - ``rate``: per-hour growth of the ``fields`` counters, largest over the trend windows, times ``scale``;
     - ``growth``: growth of the ``fields`` counters over the longest window (a count);
     - ``xid``: growth of the risk-only XID channels over the longest window (a count);
@@ -109,14 +111,15 @@ SIGNALS: tuple[SignalSpec, ...] = (
     ),
     SignalSpec(
         "recovery_action",
-        "level",
+        "state",
         (RECOVERY_ACTION,),
         ((1.0, 7.0),),
         "action",
         "The driver asks for a recovery action (1 GPU reset, 2 node reboot, 3 drain peer-to-peer, 4 drain "
-        "and reset): until it is done the GPU is not fit for work. Alone it pushes the GPU past red (a drain "
-        "proposal, or the canary's failure after a remediation that did not clear it); drivers before R570 "
-        "do not report it (absent: no contribution). XID 154 announces a change of it.",
+        "and reset, 6 bus reset, 7 system reboot): until it is done the GPU is not fit for work. It "
+        "quarantines the node (quarantine.recovery_action_quarantines; the ladder starts with the action "
+        "asked for); as risk it is red, so a remediation that left it set fails the canary. Drivers before "
+        "R570 do not report it (absent: no contribution). XID 154 announces a change of it.",
         "NVIDIA Xid catalog XID 154 (GPU Recovery Action Changed: follow the recovery action); NVML "
         "nvmlDeviceGpuRecoveryAction_t; DCGM field DCGM_FI_DEV_GPU_RECOVERY_ACTION",
     ),

@@ -218,6 +218,16 @@ def test_happy_path_xid79_reboot_canary_twice_probation_green():
     assert go(t.memory, ev(K.TICK), T0 + 8 * DAY).memory.forgettable
 
 
+def test_a_driver_recovery_request_starts_the_ladder_with_what_it_asked_for():
+    t = go(go(LifecycleMemory(NODE), Event.fatal("recovery_gpu_reset", None, 2, "GPU reset"), T0).memory,
+           ev(K.DRAINED), T0 + 10)  # fmt: skip
+    assert t.actions[1] == ResetGpu(NODE, (2,), t.memory.reason, f"{NODE}/{T0!r}/1/gpu_reset")
+    t = go(go(LifecycleMemory(NODE), Event.fatal("recovery_node_reboot", None, 2, "node reboot"), T0).memory,
+           ev(K.DRAINED), T0 + 10)  # fmt: skip
+    assert isinstance(t.actions[1], RebootNode) and "remediation 1/3 (reboot)" in t.memory.reason, t.memory
+    assert t.memory.reason.startswith("fleetyield: driver requests node reboot gpu 2; quarantined")
+
+
 def test_quiet_corruption_reset_canary_fails_back_to_quarantine_then_reboot_then_needs_human():
     """The failed canaries are the episode's fault surviving the reset and the reboots: one fault, one
     failure (issue 27 item 9), so the remediations run out (NEEDS_HUMAN), not the RMA count."""

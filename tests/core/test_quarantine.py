@@ -369,3 +369,38 @@ def test_find_fatal_reads_only_the_flagged_nodes_and_finds_what_a_full_scan_find
     found = quarantine.find_fatal(obs, res.sensed, before, qp)
     assert found == quarantine.find_fatal(obs, replace(res.sensed, flagged=None), before, qp)
     assert sorted(x.node for x in found) == ["gpu002", "gpu007"]
+
+
+def test_a_driver_recovery_request_quarantines_the_node_once_and_names_it():
+    """NVIDIA's Xid catalog, XID 154: follow the recovery action the driver requests
+    (DCGM_FI_DEV_GPU_RECOVERY_ACTION). A GPU reset asked for is the GPU's fault: only the jobs on it go."""
+    from slurm_fleetyield.core.model import JobView
+    from slurm_fleetyield.core.signals import RECOVERY_ACTION
+
+    f = Fleet(20)
+    f.jobs += [
+        JobView(41, "RUNNING", ("gpu003",), True, gpus=1, gpu_index=(("gpu003", (2,)),)),
+        JobView(42, "RUNNING", ("gpu003",), True, gpus=1, gpu_index=(("gpu003", (5,)),)),
+    ]
+    f.set("gpu003", 2, RECOVERY_ACTION, 1)
+    r = Runner(f)
+    (d,) = r.tick().plan.of_kind("drain")
+    assert d.node == "gpu003" and d.reason == "fleetyield: GPU 2 driver requests GPU reset", d
+    assert d.requeue_jobs == (41,)
+    assert r.tick().plan.of_kind("drain") == ()  # the same request again: already acted on
+
+
+def test_recovery_requests_none_unknown_or_elsewhere_and_the_off_switch_drain_nothing():
+    from slurm_fleetyield.core.signals import RECOVERY_ACTION
+
+    # 0 none; 5 recover the multi-node NVLink (IMEX) domain: not this node's; 99 unknown to this version
+    for action in (0, 5, 99):
+        f = Fleet(20)
+        f.set("gpu003", 2, RECOVERY_ACTION, action)
+        assert Runner(f).tick().plan.of_kind("drain") == (), action
+    f = Fleet(20)
+    f.set("gpu003", 2, RECOVERY_ACTION, 2)
+    p = Params.model_validate({"quarantine": {"recovery_action_quarantines": False}})
+    assert Runner(f, p).tick().plan.of_kind("drain") == ()
+    (d,) = Runner(f).tick().plan.of_kind("drain")
+    assert d.reason == "fleetyield: GPU 2 driver requests node reboot"

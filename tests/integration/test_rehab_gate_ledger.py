@@ -223,6 +223,37 @@ def test_degradation_proposal_waits_for_a_trusted_approval_and_refuses_the_rest(
     assert latency < 10, latency
 
 
+def test_an_approved_ecc_drain_whose_fault_a_reboot_cleared_returns_to_service_not_rma(
+    world: Any, admins: dict[str, str]
+) -> None:
+    """Issue "Hardening" item 9, as a new admin met it: ECC and remap counters do not reset, so every canary
+    after the reboot that cleared the fault used to count as a new incident, and the node was RETIRED after
+    three of them within 30 s. A counter that did not grow since the remediation proved OK is no new fault."""
+    x = H100[1]
+    world.agent(x, "fault", "degrade", "--gpu", "1", "--mode", "ecc", "--rate", "20", "--threshold", "100000")
+    (proposal,) = world.poll(lambda: pending_for(world, x), timeout=90, interval=1, what=f"{x}'s proposal")
+    ok = submit(world, signed(world, admins["alice"], proposal["id"]))
+    assert ok["http_status"] == 200 and ok["status"] == "approved", ok
+    world.poll(lambda: drained_reason(world, x), timeout=30, interval=0.1, what=f"{x} drained")
+    seen: list[str] = []
+
+    def back() -> bool:
+        s = stage(world, x)
+        if not seen or seen[-1] != s:
+            seen.append(s)
+        assert s not in {"retired", "needs_human"}, seen
+        return s == "in_service" and "remediating" in seen
+
+    world.poll(back, timeout=240, interval=0.25, what=f"{x} back in service after the reboot")
+    info = node(world, x)
+    assert "DRAIN" not in info["State"], info
+    family = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
+    rows = [ln for ln in world.metrics(x).splitlines() if ln.startswith(family)]
+    remapped = [float(ln.rsplit(" ", 1)[1]) for ln in rows if 'gpu="1"' in ln]
+    assert remapped and remapped[0] > 0, rows  # the counters the reboot did not reset are still there
+    print(f"\napproved ECC drain -> back in service; stages {seen}; remapped rows kept: {remapped[0]:g}")
+
+
 # --- 2. The ladder, no human -------------------------------------------------------------------------------
 
 
@@ -262,6 +293,31 @@ def test_xid79_quarantine_reboot_canary_probation_back_in_service(world: Any) ->
     assert len([c for c in canaries if c[1] == "COMPLETED" and c[2] == x]) >= 2, canaries
     events = fy_json(world, "events", "--node", x, "--limit", "200")
     assert any("probation_elapsed" in e.get("message", "") for e in events), events[:5]
+
+
+def test_a_driver_recovery_request_quarantines_resets_the_gpu_and_returns(world: Any) -> None:
+    """XID 154 with the recovery action GPU_RESET (the fake's stand-in for an R570+ driver): the controller
+    reads DCGM_FI_DEV_GPU_RECOVERY_ACTION from the scrape, drains, resets that GPU first, and the node
+    comes back once the request is gone."""
+    x = H100[0]
+    world.agent(x, "fault", "inject", "--gpu", "2", "--xid", "154", "--recovery-action", "gpu_reset")
+    reason = world.poll(lambda: drained_reason(world, x), timeout=30, interval=0.2, what=f"{x} quarantined")
+    assert reason.startswith("fleetyield: GPU 2 driver requests GPU reset"), reason
+    seen: list[str] = []
+    reasons: set[str] = set()
+
+    def back() -> bool:
+        s = stage(world, x)
+        if not seen or seen[-1] != s:
+            seen.append(s)
+        if r := drained_reason(world, x):
+            reasons.add(r)
+        return s == "in_service" and "canary" in seen
+
+    world.poll(back, timeout=180, interval=0.25, what=f"{x} back in service")
+    assert any("remediation 1/3 (gpu_reset)" in r for r in reasons), reasons  # what the driver asked for
+    assert not any("(reboot)" in r for r in reasons), reasons
+    assert "DRAIN" not in node(world, x)["State"]
 
 
 # --- 3. Quiet corruption fails the canary -------------------------------------------------------------------
