@@ -4,7 +4,6 @@ starts (node_agent/webconfig.py, node_agent/httpd.py)."""
 
 from __future__ import annotations
 
-import datetime
 import http.client
 import socket
 import ssl
@@ -13,53 +12,18 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from pki import issue
 
 from node_agent.config import build_config
 from node_agent.exporter import Server
 from node_agent.webconfig import WebConfigError, load_web_config
 
 
-def _cert(tmp: Path, name: str, issuer: tuple | None = None, san: str = "localhost") -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    signer_key, signer_name = (issuer[0], issuer[1]) if issuer else (key, subject)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(signer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(san)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    cert = builder.sign(signer_key, hashes.SHA256())
-    cert_path, key_path = tmp / f"{name}.crt", tmp / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
-
-
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Path]:
-    ca_cert, ca_key = _cert(tmp_path, "ca")
-    ca = (
-        serialization.load_pem_private_key(ca_key.read_bytes(), None),
-        x509.load_pem_x509_certificate(ca_cert.read_bytes()).subject,
-    )
-    server_cert, server_key = _cert(tmp_path, "server", ca, "localhost")
-    client_cert, client_key = _cert(tmp_path, "client", ca, "prometheus")
+    ca_cert, _, ca = issue(tmp_path, "ca")
+    server_cert, server_key, _ = issue(tmp_path, "server", ca, "localhost")
+    client_cert, client_key, _ = issue(tmp_path, "client", ca, "prometheus")
     return {
         "ca": ca_cert,
         "server_cert": server_cert,
