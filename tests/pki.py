@@ -45,11 +45,11 @@ def issue(directory: Path, name: str, ca: tuple[Any, x509.Name] | None = None, s
     return cert_path, key_path, (key, subject)
 
 
-def make_pki(directory: Path) -> dict[str, Path]:
+def make_pki(directory: Path, client_san: str = "node-client") -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     ca_cert, _, ca = issue(directory, "ca")
     server_cert, server_key, _ = issue(directory, "server", ca, "localhost")
-    client_cert, client_key, _ = issue(directory, "client", ca, "node-client")
+    client_cert, client_key, _ = issue(directory, "client", ca, client_san)
     return {
         "ca": ca_cert,
         "server_cert": server_cert,

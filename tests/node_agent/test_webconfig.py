@@ -12,7 +12,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from pki import issue
+from pki import make_pki
 
 from node_agent.config import build_config
 from node_agent.exporter import Server
@@ -21,16 +21,7 @@ from node_agent.webconfig import WebConfigError, load_web_config
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Path]:
-    ca_cert, _, ca = issue(tmp_path, "ca")
-    server_cert, server_key, _ = issue(tmp_path, "server", ca, "localhost")
-    client_cert, client_key, _ = issue(tmp_path, "client", ca, "prometheus")
-    return {
-        "ca": ca_cert,
-        "server_cert": server_cert,
-        "server_key": server_key,
-        "client_cert": client_cert,
-        "client_key": client_key,
-    }
+    return make_pki(tmp_path, client_san="prometheus")
 
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
