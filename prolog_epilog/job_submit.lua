@@ -50,6 +50,22 @@ CLASS DESIGN
   (with a note to the user), otherwise any user could skip gating by calling a job a
   canary. Everything else returns slurm.SUCCESS.
 
+HOT SPARES (optional; the controller's `[core.spares] enabled = true`)
+  Two more class features, both off unless slurmctld's environment turns them on:
+  * FLEETYIELD_GANG_MIN_NODES=N (default 0 = off): a pretrain/default job asking for at
+    least N nodes (`-N`/`--nodes` min) is a gang and gets fy_ok_gang instead of fy_ok_train.
+    The controller puts fy_ok_gang on every node carrying fy_ok_train plus the hot spares
+    (fy_spare), so only gangs may restart on a spare. A job that asks GPUs but no node
+    count is not recognised as a gang here (Slurm has not chosen a node count at submit).
+    Use the same N as the controller's `[core.spares] gang_min_nodes`.
+  * FLEETYIELD_PREEMPTIBLE_QOS=qos1,qos2 (default empty = off): a job whose QOS is listed
+    gets fy_ok_preempt instead of its class feature, whatever its class. The controller
+    puts fy_ok_preempt on every node carrying fy_ok_batch plus the hot spares, so
+    preemptible work fills spares and Slurm's QOS preemption (PreemptType=preempt/qos,
+    PreemptMode=REQUEUE, the gangs' QOS listing these in Preempt=) requeues it when a gang
+    needs the node. A job that declares itself preemptible is gated like batch work.
+  Both are read on every submit (no restart needed).
+
 KILL SWITCH / BOOTSTRAP
   A constraint on a feature that no node carries makes a job pend forever
   ("Requested node configuration is not available" or worse, silently). So:
@@ -102,6 +118,38 @@ local function canary_allowed(uid)
       end
    end
    return false
+end
+
+-- Is `qos` one of FLEETYIELD_PREEMPTIBLE_QOS (comma list, case-insensitive)?
+local function preemptible(qos)
+   local list = os.getenv("FLEETYIELD_PREEMPTIBLE_QOS") or ""
+   if qos == nil then
+      return false
+   end
+   for item in string.gmatch(list, "[^,%s]+") do
+      if string.lower(item) == string.lower(qos) then
+         return true
+      end
+   end
+   return false
+end
+
+local NO_VAL = 4294967294
+
+-- A numeric job_desc field, or nil when not given (nil, or Slurm's NO_VAL and above).
+local function given(value)
+   local v = tonumber(value)
+   if v == nil or v >= NO_VAL then
+      return nil
+   end
+   return v
+end
+
+-- Does a job asking for at least `min_nodes` nodes count as a gang (FLEETYIELD_GANG_MIN_NODES)?
+local function is_gang(min_nodes)
+   local n = tonumber(os.getenv("FLEETYIELD_GANG_MIN_NODES") or "0") or 0
+   local m = given(min_nodes)
+   return n > 0 and m ~= nil and m >= n
 end
 
 local function log(msg)
@@ -220,7 +268,7 @@ end
 -- Decide the constraint for a job. Returns rc, new_features_or_nil, message. `stored`: `features`
 -- is the job record's constraint (a modify that did not give one), which may end in the term
 -- this plugin appended at submit; otherwise it is the user's own and nothing of it is removed.
-local function decide(comment, partition, qos, features, uid, job_label, stored)
+local function decide(comment, partition, qos, features, uid, job_label, stored, min_nodes)
    if is_disabled() then
       log(job_label .. ": kill switch on, constraint left as is")
       return slurm.SUCCESS, nil
@@ -239,6 +287,11 @@ local function decide(comment, partition, qos, features, uid, job_label, stored)
       class, source = "default", "canary-not-allowed"
    end
    local feature = CLASS_FEATURE[class]
+   if feature and preemptible(qos) then
+      feature, class = "fy_ok_preempt", class .. "+preemptible"
+   elseif feature == "fy_ok_train" and is_gang(min_nodes) then
+      feature, class = "fy_ok_gang", class .. "+gang"
+   end
    local user = features
    if stored then
       user = strip_fy(features)
@@ -264,7 +317,7 @@ end
 function slurm_job_submit(job_desc, part_list, submit_uid)
    local label = "submit uid=" .. tostring(submit_uid)
    local rc, features = decide(job_desc.comment, job_desc.partition, job_desc.qos,
-                               job_desc.features, submit_uid, label, false)
+                               job_desc.features, submit_uid, label, false, job_desc.min_nodes)
    if rc == slurm.SUCCESS and features ~= nil then
       job_desc.features = features
    end
@@ -274,7 +327,7 @@ end
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    -- Only re-decide when something the decision depends on changes.
    if job_desc.comment == nil and job_desc.partition == nil and job_desc.qos == nil
-      and job_desc.features == nil then
+      and job_desc.features == nil and given(job_desc.min_nodes) == nil then
       return slurm.SUCCESS
    end
    local function pick(new, field)
@@ -290,7 +343,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    -- The canary check uses the modifier's UID: the controller (or root) re-pins canaries.
    local rc, features = decide(pick(job_desc.comment, "comment"), pick(job_desc.partition, "partition"),
                                pick(job_desc.qos, "qos"), pick(job_desc.features, "features"),
-                               modify_uid, label, job_desc.features == nil)
+                               modify_uid, label, job_desc.features == nil, pick(given(job_desc.min_nodes), "min_nodes"))
    if rc == slurm.SUCCESS and features ~= nil then
       job_desc.features = features
    end

@@ -25,6 +25,7 @@ SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scrip
 SHARE = "opt/fleetyield/share/fleetyield"
 SHARED = {  # what an admin installs besides the venv: path in the package -> source in the repo
     f"{SHARE}/slurm/fleetyield-snippet.conf": "contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf",
+    f"{SHARE}/slurm/fleetyield-spares.conf": "contrib/slurm-docker-cluster/slurm/fleetyield-spares.conf",
     f"{SHARE}/slurm/job_submit.lua": "prolog_epilog/job_submit.lua",
     f"{SHARE}/examples/fleetyield.example.toml": "contrib/fleetyield.example.toml",
     f"{SHARE}/prometheus/fleetyield-rules.yml": "contrib/prometheus/fleetyield-rules.yml",

@@ -80,6 +80,7 @@ install -D -m 0644 contrib/systemd/fleetyield-agent.default "$STAGE/etc/default/
 install -D -m 0644 contrib/logrotate/fleetyield "$STAGE/etc/logrotate.d/fleetyield"
 install -D -m 0644 contrib/fleetyield.example.toml "$share/examples/fleetyield.example.toml"
 install -D -m 0644 contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf "$share/slurm/fleetyield-snippet.conf"
+install -D -m 0644 contrib/slurm-docker-cluster/slurm/fleetyield-spares.conf "$share/slurm/fleetyield-spares.conf"
 install -D -m 0644 prolog_epilog/job_submit.lua "$share/slurm/job_submit.lua"
 install -D -m 0644 contrib/prometheus/fleetyield-rules.yml "$share/prometheus/fleetyield-rules.yml"
 install -D -m 0644 contrib/prometheus/prometheus.yml "$share/prometheus/prometheus.yml"

@@ -48,6 +48,17 @@ def test_snippet_is_marked_and_in_repo_slurm_conf() -> None:
     assert conf.count("# --- BEGIN FleetYield ---") == 1
 
 
+def test_spares_snippet_is_in_repo_slurm_conf() -> None:
+    spares = (CLUSTER_DIR / "slurm" / "fleetyield-spares.conf").read_text()
+    lines = spares.strip().splitlines()
+    assert lines[0] == "# --- BEGIN FleetYield hot spares ---"
+    assert lines[-1] == "# --- END FleetYield hot spares ---"
+    assert {"PreemptType=preempt/qos", "PreemptMode=REQUEUE"} <= set(lines)
+    conf = SLURM_CONF.read_text()
+    assert spares in conf, "slurm/slurm.conf must contain slurm/fleetyield-spares.conf verbatim"
+    assert "JobRequeue=1" in conf.splitlines(), "PreemptMode=REQUEUE needs requeueable jobs"
+
+
 def test_gpus_with_temp_parser() -> None:
     text = (
         "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n"

@@ -260,3 +260,53 @@ def test_modify_keeps_the_users_fy_term_under_the_appended_one(run_lua) -> None:
     # a new constraint given in the modify is the user's: nothing of it is stripped
     res = run_lua("modify", features="fy_ok_decode", rec__features="fy_ok_train")
     assert (res.rc, res.features) == (0, "fy_ok_decode&fy_ok_train")
+
+
+SPARES_ENV = {"FLEETYIELD_GANG_MIN_NODES": "2", "FLEETYIELD_PREEMPTIBLE_QOS": "fy_preemptible, Scavenger"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # a multi-node train job is a gang: it may restart on a hot spare
+        ({"min_nodes": "2"}, "fy_ok_gang"),
+        ({"min_nodes": "16", "comment": "fy:pretrain", "features": "h100"}, "h100&fy_ok_gang"),
+        ({"min_nodes": "1"}, "fy_ok_train"),
+        # NO_VAL: no node count given, not recognised as a gang
+        ({"min_nodes": "4294967294"}, "fy_ok_train"),
+        # only train work is a gang; other classes keep their feature whatever their size
+        ({"min_nodes": "4", "comment": "fy:finetune"}, "fy_ok_finetune"),
+        # the preemptible QOS wins over the class, gang or not (case-insensitive)
+        ({"qos": "fy_preemptible", "comment": "fy:finetune"}, "fy_ok_preempt"),
+        ({"qos": "scavenger", "min_nodes": "2"}, "fy_ok_preempt"),
+        ({"qos": "normal", "comment": "fy:batch"}, "fy_ok_batch"),
+        # canaries stay ungated by class
+        ({"qos": "fy_preemptible", "comment": "fy:canary", "uid": "0"}, None),
+    ],
+)
+def test_hot_spare_classes(run_lua, fields, expected) -> None:  # type: ignore[no-untyped-def]
+    res = run_lua(env=SPARES_ENV, **fields)
+    assert (res.rc, res.features) == (0, expected)
+
+
+def test_hot_spare_classes_are_off_by_default(run_lua) -> None:  # type: ignore[no-untyped-def]
+    assert run_lua(min_nodes="8").features == "fy_ok_train"
+    assert run_lua(qos="fy_preemptible", comment="fy:batch").features == "fy_ok_batch"
+    assert run_lua(env={"FLEETYIELD_GANG_MIN_NODES": "junk"}, min_nodes="8").features == "fy_ok_train"
+
+
+def test_modify_regates_a_job_that_becomes_a_gang(run_lua) -> None:  # type: ignore[no-untyped-def]
+    # the node count changes in the modify: the appended fy_ok_train becomes fy_ok_gang
+    res = run_lua("modify", env=SPARES_ENV, min_nodes="4", rec__features="h100&fy_ok_train",
+                  rec__min_nodes="1")
+    assert (res.rc, res.features) == (0, "h100&fy_ok_gang")
+    # NO_VAL in the modify (not changed) with nothing else changed: left alone
+    res = run_lua("modify", env=SPARES_ENV, min_nodes="4294967294", rec__features="fy_ok_train")
+    assert (res.rc, res.features) == (0, None)
+    # a QOS change to the preemptible one, the stored node count kept
+    res = run_lua("modify", env=SPARES_ENV, qos="fy_preemptible", rec__features="fy_ok_gang",
+                  rec__min_nodes="4")
+    assert (res.rc, res.features) == (0, "fy_ok_preempt")
+    # a QOS change away from it, a gang by its stored node count
+    res = run_lua("modify", env=SPARES_ENV, qos="normal", rec__features="fy_ok_preempt", rec__min_nodes="4")
+    assert (res.rc, res.features) == (0, "fy_ok_gang")

@@ -156,6 +156,11 @@ slurmctld)
   # slurmctld registers itself too, but only once it is up; register first so the first jobs
   # are accounted.  Fails harmlessly when the cluster exists.
   sacctmgr -i add cluster "$(sed -n 's/^ClusterName=//p' /etc/slurm/slurm.conf)" >/dev/null 2>&1 || true
+  # Hot spares (slurm/fleetyield-spares.conf): the preemptible QOS, and the default QOS may preempt it.
+  # Idempotent: `add` fails harmlessly when the QOS exists, `modify` sets the same values again.
+  sacctmgr -i add qos fy_preemptible >/dev/null 2>&1 || true
+  sacctmgr -i modify qos where name=fy_preemptible set PreemptMode=requeue >/dev/null
+  sacctmgr -i modify qos where name=normal set Preempt=fy_preemptible >/dev/null
   main_process slurmctld -D
   ;;
 slurmd)
