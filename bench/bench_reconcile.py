@@ -21,12 +21,19 @@ Ticks:
 2. steady: nothing changed, nothing to write in Slurm; the view still explains the next nodes not yet
    explained (backfill); then ticks until every node is explained (not printed, counted);
 3. settled: nothing changed and every node explained (the common tick);
-4. after ``scontrol reconfigure``: Slurm reset features and weights to slurm.conf, all re-asserted.
+4. after ``scontrol reconfigure``: Slurm reset features and weights to slurm.conf, all re-asserted;
+5. with ``--mass-failure N`` (issue #30): N nodes spread over the fleet report a fatal XID 79 at once (N
+   agent pushes, put in the store's inbox as the push listener does, then the tick the push wakes): the
+   time from the first event in the inbox until every drain the cap allows is in Slurm (``sinfo``), the
+   drains and holds by rule, and ``fleetyield_holds`` as ``/metrics`` exports it (the expression of the
+   FleetYieldDrainCapHit alert); then one more tick, which must drain nothing more while the cap binds.
+   ``--drain-rate R`` sets ``core.quarantine.max_new_drains_per_window`` (default 3 per 600 s), so the
+   fraction cap (10% of the nodes) is the one that binds.
 
 The container is removed at the end (``--keep`` keeps it for a look).
 
     .venv/bin/python bench/bench_reconcile.py [--nodes 10000] [--image fleetyield/slurm:22.05] \
-        [--json out.json] [--keep]
+        [--mass-failure 1000 [--drain-rate 100000]] [--json out.json] [--keep]
 """
 
 from __future__ import annotations
@@ -151,6 +158,9 @@ def host_main(args: argparse.Namespace) -> int:
                 "--inner",
                 "--nodes",
                 str(args.nodes),
+                "--mass-failure",
+                str(args.mass_failure),
+                *(["--drain-rate", str(args.drain_rate)] if args.drain_rate is not None else []),
             ],
             text=True,
             capture_output=True,
@@ -225,6 +235,20 @@ def report(doc: dict) -> None:
     for cmd, (count, secs) in sorted(doc["ticks"][0]["by_command"].items()):
         print(f"  {cmd:<40} {count:>5} {secs:>8.3f}")
     cold = doc["ticks"][0]
+    mass = doc.get("mass_failure")
+    if mass:
+        print(
+            f"\nmass failure: {mass['events']:,} nodes fatal at once (cap: {mass['cap_nodes']:,} nodes, "
+            f"{mass['rate_cap']} new drains per {mass['window_s']:.0f} s): {mass['drained_in_slurm']:,} "
+            f"drained in Slurm {mass['in_slurm_s']:.3f} s after the events reached the inbox "
+            f"(tick {mass['tick_s']:.3f} s: "
+            f"read {mass['read_s']:.3f}, decide {mass['decide_s']:.3f}, apply {mass['apply_s']:.3f}, commit "
+            f"{mass['commit_s']:.3f}; {mass['update_calls']} scontrol update calls, {mass['requeue_calls']} "
+            f"requeue calls); held {mass['holds']} (by rule {mass['holds_by_rule']}); fleetyield_holds "
+            f"exported {mass['holds_metric']} (FleetYieldDrainCapHit: fleetyield_holds > 0); next tick: "
+            f"{mass['next_tick_drains']} new drains planned ({mass['next_tick_redrains']} of the same nodes "
+            f"again), {mass['drained_after']:,} drained"
+        )
     print(
         f"\ncalls vs groups ({GOAL_CALLS}): cold tick {cold['write_calls']} writes "
         f"for {cold['groups']} groups "
@@ -273,13 +297,18 @@ def inner_main(args: argparse.Namespace) -> int:
 
         return wrapper
 
+    from slurm_fleetyield.config import from_mapping
+
     cli = slurm_mod.SlurmCli(runner=runner)
     major, minor, patch = cli.version()
     version = f"{major}.{minor:02d}.{patch}"
     rss_start = _self_rss_mb()
     store = Store(os.path.join(tempfile.mkdtemp(), "fy.db"))
     sense = SyntheticSense()
-    d = daemon_mod.Daemon(Config(), cli, sense, store)
+    config = Config()
+    if args.drain_rate is not None:
+        config = from_mapping({"core": {"quarantine": {"max_new_drains_per_window": args.drain_rate}}})
+    d = daemon_mod.Daemon(config, cli, sense, store)
     # Time each stage of the daemon's own tick by wrapping what it calls.
     cli.read_nodes = timed("read", cli.read_nodes)
     cli.read_jobs = timed("read", cli.read_jobs)
@@ -336,9 +365,11 @@ def inner_main(args: argparse.Namespace) -> int:
                 "by_command": {k: v for k, v in by_command.items()},
             }
         )
+    mass = _mass_failure(args, d, store, cli, timings, by_command) if args.mass_failure else None
     print(
         json.dumps(
             {
+                "mass_failure": mass,
                 "nodes": args.nodes,
                 "samples": args.nodes,
                 "slurm_version": version,
@@ -349,6 +380,72 @@ def inner_main(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _mass_failure(args, d, store, cli, timings, by_command) -> dict:
+    """``--mass-failure N``: N nodes' agents push a fatal XID at once; time until the drains are in Slurm."""
+    from prometheus_client import generate_latest
+
+    from slurm_fleetyield.adapters.metrics import make_registry
+    from slurm_fleetyield.core.model import FatalEvent
+    from slurm_fleetyield.core.plan import DrainNode, RequeueJobs
+
+    half = args.nodes // 2
+    names = [f"h{i:05d}" for i in range(1, half + 1)] + [f"l{i:05d}" for i in range(1, args.nodes - half + 1)]
+    step = max(1, len(names) // args.mass_failure)
+    hit = names[::step][: args.mass_failure]
+    q = d.config.core.quarantine
+    cap = max(q.drain_cap_min_nodes, int(q.drain_cap_fraction * args.nodes))
+    timings.clear()
+    by_command.clear()
+    now = time.time()
+    events = [
+        FatalEvent(f"mass-{n}", n, now, "xid", gpu=3, xid=79, message="GPU has fallen off the bus")
+        for n in hit
+    ]
+    t0 = time.perf_counter()
+    store.put_events(events)  # what the push listener does with each agent's push, before it answers 202
+    outcome = d.tick_once()
+    tick_s = time.perf_counter() - t0
+    drained = _fy_drained()
+    in_slurm_s = time.perf_counter() - t0
+    plan = outcome.result.plan
+    metrics = generate_latest(make_registry(d.stats)).decode()
+    held_metric = sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("fleetyield_holds{")
+    )
+    update_calls = sum(c for k, (c, _) in by_command.items() if "update" in k)
+    split = {f"{k}_s": timings[k] for k in ("read", "decide", "apply", "commit")}
+    first_drains = {a.node for a in plan.actions if isinstance(a, DrainNode)}
+    second = d.tick_once()
+    again = {a.node for a in second.result.plan.actions if isinstance(a, DrainNode)}
+    return {
+        "events": len(events),
+        "cap_nodes": cap,
+        "rate_cap": q.max_new_drains_per_window,
+        "window_s": q.window_s,
+        "tick_s": tick_s,
+        "in_slurm_s": in_slurm_s,
+        **split,
+        "drains_planned": len(first_drains),
+        "update_calls": update_calls,
+        "requeue_calls": sum(isinstance(a, RequeueJobs) for a in plan.actions),
+        "drained_in_slurm": len(drained),
+        "holds": len(plan.holds),
+        "holds_by_rule": dict(_count(h.rule for h in plan.holds)),
+        "holds_metric": held_metric,
+        "next_tick_drains": len(again - first_drains),
+        "next_tick_redrains": len(again & first_drains),
+        "drained_after": len(_fy_drained()),
+    }
+
+
+def _fy_drained() -> set[str]:
+    """Nodes Slurm shows drained with a FleetYield reason."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-t", "drain,drained,draining", "-o", "%N|%E"], capture_output=True, text=True
+    ).stdout
+    return {ln.split("|", 1)[0] for ln in out.splitlines() if "|fleetyield:" in ln}
 
 
 def _view_counts(view) -> dict:
@@ -388,6 +485,8 @@ def main() -> int:
     parser.add_argument("--image", default=os.environ.get("FLEETYIELD_IMAGE", "fleetyield/slurm:22.05"))
     parser.add_argument("--json", help="write the raw figures here")
     parser.add_argument("--keep", action="store_true", help="keep the container")
+    parser.add_argument("--mass-failure", type=int, default=0, help="then N nodes fatal at once (issue #30)")
+    parser.add_argument("--drain-rate", type=int, help="core.quarantine.max_new_drains_per_window")
     parser.add_argument(
         "--image-code", action="store_true", help="run the image's controller code, not this working tree's"
     )

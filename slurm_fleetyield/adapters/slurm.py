@@ -850,25 +850,63 @@ class SlurmCli:
         """Execute every action in order. A failing action is recorded and the next one still runs.
 
         Actions of ``NOT_SLURM_KINDS`` are skipped (no result): the daemon's executor runs them (GPU resets
-        through the agent, proposals through the gate)."""
+        through the agent, proposals through the gate). Drains are batched: a run of consecutive drains with
+        the same reason is one ``scontrol update NodeName=<hostlist> State=DRAIN`` and one ``scontrol
+        requeue`` of all their jobs (every node drained before any of its jobs is requeued, as one drain
+        does); if the batch fails, its drains run one by one, so each gets its own result. A mass failure of
+        1,000 nodes is then a handful of calls, not 2,000 (bench/bench_reconcile.py --mass-failure)."""
         start_calls = self.calls
+        actions = [a for a in plan.actions if a.kind not in NOT_SLURM_KINDS]
         results: list[ActionResult] = []
-        for action in plan.actions:
-            if action.kind in NOT_SLURM_KINDS:
-                continue
-            executed: tuple[str, ...] = ()
-            try:
-                hostlist = None
-                if isinstance(action, UpdateNodes):
-                    hostlist = self.compress_hostlist(action.nodes)
-                for command in self.commands_for(action, hostlist):
-                    executed = command
-                    self._exec(command)
-                results.append(ActionResult(action, True, executed))
-            except SlurmCommandError as exc:
-                log.error("slurm action failed: %s", exc)
-                results.append(ActionResult(action, False, exc.command, str(exc)))
+        i = 0
+        while i < len(actions):
+            batch = _drain_batch(actions, i)
+            drains = [a for a in batch if isinstance(a, DrainNode)]
+            if len(drains) > 1 and (done := self._drain_together(drains)) is not None:
+                results.extend(done)
+            else:
+                results.extend(self._apply_one(a) for a in batch)
+            i += len(batch)
         return ApplyReport(tuple(results), calls=self.calls - start_calls)
+
+    def _apply_one(self, action: Action) -> ActionResult:
+        executed: tuple[str, ...] = ()
+        try:
+            hostlist = None
+            if isinstance(action, UpdateNodes):
+                hostlist = self.compress_hostlist(action.nodes)
+            for command in self.commands_for(action, hostlist):
+                executed = command
+                self._exec(command)
+            return ActionResult(action, True, executed)
+        except SlurmCommandError as exc:
+            log.error("slurm action failed: %s", exc)
+            return ActionResult(action, False, exc.command, str(exc))
+
+    def _drain_together(self, batch: Sequence[DrainNode]) -> list[ActionResult] | None:
+        """One drain command over the batch's hostlist, then one requeue of their jobs; None if the drain
+        failed (nothing of it is trusted: the caller drains one by one)."""
+        scontrol = self._bin("scontrol")
+        try:
+            hostlist = self.compress_hostlist([d.node for d in batch])
+            drain = (scontrol, "update", f"NodeName={hostlist}", "State=DRAIN", f"Reason={batch[0].reason}")
+            self._exec(drain)
+        except SlurmCommandError as exc:
+            log.warning("batched drain of %d nodes failed, draining one by one: %s", len(batch), exc)
+            return None
+        jobs = tuple(dict.fromkeys(j for d in batch for j in d.requeue_jobs))
+        if not jobs:
+            return [ActionResult(d, True, drain) for d in batch]
+        requeue = _requeue(scontrol, jobs)
+        try:
+            self._exec(requeue)
+        except SlurmCommandError as exc:
+            log.error("slurm action failed: %s", exc)
+            return [
+                ActionResult(d, False, requeue, str(exc)) if d.requeue_jobs else ActionResult(d, True, drain)
+                for d in batch
+            ]
+        return [ActionResult(d, True, requeue if d.requeue_jobs else drain) for d in batch]
 
 
 class DryRunSlurm:
@@ -911,6 +949,19 @@ class DryRunSlurm:
     @property
     def node_details(self) -> dict[str, NodeDetail]:
         return self.inner.node_details
+
+
+def _drain_batch(actions: Sequence[Action], start: int) -> list[Action]:
+    """``actions[start]`` and, if it is a drain, the consecutive drains after it with the same reason."""
+    first = actions[start]
+    if not isinstance(first, DrainNode):
+        return [first]
+    batch: list[Action] = [first]
+    for a in actions[start + 1 :]:
+        if not isinstance(a, DrainNode) or a.reason != first.reason:
+            break
+        batch.append(a)
+    return batch
 
 
 def _requeue(scontrol: str, jobs: Sequence[int]) -> tuple[str, ...]:

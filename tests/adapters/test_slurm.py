@@ -352,6 +352,65 @@ def test_apply_builds_one_update_per_group_and_drain_then_requeue():
     assert report.calls == 8 and not report.failed and len(report.results) == 6
 
 
+def test_consecutive_drains_with_one_reason_are_one_drain_and_one_requeue():
+    """A mass failure: drains of the same reason go out as one hostlist command, then one requeue."""
+    xid = "fleetyield: XID 79 gpu 3 fell off the bus"
+    runner = Recorder({("scontrol", "show", "hostlist", "gpu-01,gpu-02,gpu-03"): ok("gpu-[01-03]\n")})
+    slurm = SlurmCli(runner=runner, version=(22, 5, 8))
+    plan = Plan(
+        actions=(
+            DrainNode("gpu-01", xid, requeue_jobs=(11,)),
+            DrainNode("gpu-02", xid),
+            DrainNode("gpu-03", xid, requeue_jobs=(12, 11)),
+            DrainNode("gpu-04", "fleetyield: retire"),  # another reason: its own command
+            ResumeNode("gpu-05", "rehabilitated"),
+        )
+    )
+    report = slurm.apply(plan)
+    assert runner.calls == [
+        ("scontrol", "show", "hostlist", "gpu-01,gpu-02,gpu-03"),
+        ("scontrol", "update", "NodeName=gpu-[01-03]", "State=DRAIN", f"Reason={xid}"),
+        ("scontrol", "requeue", "11,12"),
+        ("scontrol", "update", "NodeName=gpu-04", "State=DRAIN", "Reason=fleetyield: retire"),
+        ("scontrol", "update", "NodeName=gpu-05", "State=RESUME"),
+    ]
+    assert [r.action for r in report.results] == list(plan.actions)  # one result per action, in plan order
+    assert not report.failed and report.calls == 5
+
+
+def test_a_failed_batched_drain_is_retried_node_by_node_with_results_of_its_own():
+    xid = "fleetyield: XID 79 gpu 3 fell off the bus"
+    bad = CommandResult(1, "", "slurm_update error: Invalid node name specified")
+    runner = Recorder(
+        {
+            ("scontrol", "update", "NodeName=gpu-[01-02]"): bad,
+            ("scontrol", "update", "NodeName=gpu-02"): bad,
+            ("scontrol", "show", "hostlist"): ok("gpu-[01-02]\n"),
+        }
+    )
+    report = SlurmCli(runner=runner, version=(22, 5, 8)).apply(
+        Plan(actions=(DrainNode("gpu-01", xid, (7,)), DrainNode("gpu-02", xid, (8,))))
+    )
+    assert [r.ok for r in report.results] == [True, False]
+    assert runner.calls[2:] == [
+        ("scontrol", "update", "NodeName=gpu-01", "State=DRAIN", f"Reason={xid}"),
+        ("scontrol", "requeue", "7"),
+        ("scontrol", "update", "NodeName=gpu-02", "State=DRAIN", f"Reason={xid}"),
+    ]
+    # the drain of gpu-02 failed, so its job was not requeued (it would land on the node again)
+    assert ("scontrol", "requeue", "8") not in runner.calls
+
+
+def test_a_failed_batched_requeue_fails_only_the_drains_that_had_jobs():
+    xid = "fleetyield: XID 79 gpu 3 fell off the bus"
+    runner = Recorder({("scontrol", "requeue"): CommandResult(1, "", "Invalid job id specified")})
+    report = SlurmCli(runner=runner, version=(22, 5, 8)).apply(
+        Plan(actions=(DrainNode("a", xid, (7,)), DrainNode("b", xid)))
+    )
+    assert [r.ok for r in report.results] == [False, True]
+    assert report.results[0].command == ("scontrol", "requeue", "7")
+
+
 def test_a_checkpoint_signal_goes_to_every_step_of_the_jobs_not_the_batch_shell():
     """SignalJobs -> ``scancel --signal=SIG <jobs>`` without --batch/--full: the training steps get it."""
     runner = Recorder({})
