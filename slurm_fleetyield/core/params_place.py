@@ -360,3 +360,43 @@ class ReclaimParams(BaseModel):
         description="Workload classes that may be requeued (checkpointable by the site's convention; the job "
         "must also carry Slurm's Requeue flag).",
     )
+
+
+class SpareParams(BaseModel):
+    """Hot spares for gangs (core/spares.py): green nodes kept ready so a requeued gang restarts at once."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        False,
+        description="Keep hot spares: nodes with fy_spare, fy_ok_gang and fy_ok_preempt and no class "
+        "feature, and put fy_ok_gang beside every fy_ok_train and fy_ok_preempt beside every fy_ok_batch. "
+        "Needs slurm/fleetyield-spares.conf (QOS preemption REQUEUE) and job_submit.lua's "
+        "FLEETYIELD_GANG_MIN_NODES and FLEETYIELD_PREEMPTIBLE_QOS. Off: no such feature anywhere.",
+    )
+    gang_min_nodes: int = Field(
+        2, ge=2, description="A job of at least this many nodes is a gang (job_submit.lua: the same number)."
+    )
+    min: int = Field(
+        0, ge=0, description="Spares held at least while a gang runs or pends (an admin floor; 0: none)."
+    )
+    restart_wait_s: float = Field(
+        3600.0,
+        gt=0,
+        description="What a requeued gang waits for nodes when no spare is free (assumption: a busy fleet's "
+        "queue, the shortest running jobs' remaining time; set from your own queue; swept in the simulator).",
+    )
+    refill_s: float = Field(
+        14_400.0,
+        gt=0,
+        description="How long a newly designated spare takes to empty, and so the window in which the faults "
+        "a spare covers must fall (assumption: the running jobs' remaining time; swept in the simulator).",
+    )
+    max_fraction: float = Field(
+        0.05, gt=0, le=0.5, description="Never more than this fraction of the managed nodes held as spares."
+    )
+    preemptible_qos: Annotated[tuple[str, ...], _LAX] = Field(
+        ("fy_preemptible",),
+        description="QOS names of preemptible work (job_submit.lua's FLEETYIELD_PREEMPTIBLE_QOS): a node "
+        "busy only with such work is as good a spare as an idle one (Slurm requeues it for a gang).",
+    )

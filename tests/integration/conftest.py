@@ -40,11 +40,12 @@ API_URL = "http://fleetyield:9401"
 # What the controller writes on a healthy node of each model (admin features first, then fy_*).
 CLEAN_FEATURES = {
     "h100": (
-        "h100,nvlink,fy_hbm_full,fy_nvlink_full,fy_ok_batch,fy_ok_finetune,fy_ok_train,fy_premium,"
-        "fy_tier_green"
+        "h100,nvlink,fy_hbm_full,fy_nvlink_full,fy_ok_batch,fy_ok_finetune,fy_ok_gang,fy_ok_preempt,"
+        "fy_ok_train,fy_premium,fy_tier_green"
     ),
     "l40s": (
-        "l40s,fy_hbm_full,fy_nonpremium,fy_ok_batch,fy_ok_decode,fy_ok_finetune,fy_ok_train,fy_tier_green"
+        "l40s,fy_hbm_full,fy_nonpremium,fy_ok_batch,fy_ok_decode,fy_ok_finetune,fy_ok_gang,fy_ok_preempt,"
+        "fy_ok_train,fy_tier_green"
     ),
 }
 CLEAN_WEIGHT = {"h100": "1100", "l40s": "100"}  # green 100 + premium offset 1000 on the H100s

@@ -431,8 +431,9 @@ def test_controller_kill9_at_random_points_loses_nothing_and_drains_once(
     world: Any, admins: dict[str, str]
 ) -> None:
     seed = int(os.environ.get("FY_KILL_SEED", random.SystemRandom().randrange(1 << 30)))
+    total = int(os.environ.get("FY_KILLS", "20"))  # CI: 20; issue #27's run: FY_KILLS=50
     rng = random.Random(seed)
-    print(f"\nkill -9 seed: {seed} (rerun with FY_KILL_SEED={seed})")
+    print(f"\nkill -9 seed: {seed}, {total} kills (rerun with FY_KILL_SEED={seed} FY_KILLS={total})")
     x, y = H100
     t_start = time.time()
     kills: list[str] = []
@@ -456,22 +457,22 @@ def test_controller_kill9_at_random_points_loses_nothing_and_drains_once(
 
     # Flow A: XID 79 on X through the whole ladder, killed at random points (10 kills).
     world.agent(x, "fault", "inject", "--gpu", "3", "--xid", "79")
-    poll_killing(lambda: stage(world, x) == "probation", 10, 180, f"{x} in probation")
-    poll_killing(lambda: stage(world, x) == "in_service", 10, 120, f"{x} back in service")
+    poll_killing(lambda: stage(world, x) == "probation", total // 2, 180, f"{x} in probation")
+    poll_killing(lambda: stage(world, x) == "in_service", total // 2, 120, f"{x} back in service")
     # Flow B: degradation on Y -> proposal -> approval -> drain, killed at random points (the rest).
     world.agent(y, "fault", "degrade", "--gpu", "1", "--mode", "ecc", "--rate", "20", "--threshold", "100000")
-    (proposal,) = poll_killing(lambda: pending_for(world, y), 15, 120, f"a proposal for {y}")
+    (proposal,) = poll_killing(lambda: pending_for(world, y), 3 * total // 4, 120, f"a proposal for {y}")
     pid = proposal["id"]
     gate_before = _gate_snapshot(world)
     ok = submit(world, signed(world, admins["alice"], pid))
     assert ok["http_status"] == 200, ok
-    poll_killing(lambda: drained_reason(world, y), 20, 60, f"{y} drained")
-    while len(kills) < 20:  # the rest, while the approved drain settles into the lifecycle
+    poll_killing(lambda: drained_reason(world, y), total, 60, f"{y} drained")
+    while len(kills) < total:  # the rest, while the approved drain settles into the lifecycle
         kills.append(world.exec(CTL, "fy-service", "controller", "kill9").stdout.strip())
         time.sleep(rng.uniform(0.2, 1.5))
     world.poll(lambda: world.tick() > 0, timeout=30, interval=0.2, what="the controller back")
     world.wait_ticks(3)
-    assert len(kills) == 20 and len(set(kills)) == 20, kills
+    assert len(kills) == total and len(set(kills)) == total, kills
 
     gate_after = _gate_snapshot(world)
     for p in gate_before:
@@ -490,6 +491,15 @@ def test_controller_kill9_at_random_points_loses_nothing_and_drains_once(
     assert len(xid_drains) == 1, xid_drains
     assert len(approved) == 1, approved
     assert stage(world, x) == "in_service"
+    # Item 3: no reboot repeated across a crash. X's XID 79 ladder reboots it once (the fault is cleared by
+    # it and the canary passes); the stand-in RebootProgram logs every reboot slurmd was asked for.
+    reboots = [
+        ln
+        for ln in world.sh(x, "cat /var/log/fleetyield/reboot.log 2>/dev/null || true").splitlines()
+        if "reboot requested" in ln and float(ln.split()[0]) >= t_start
+    ]
+    print(f"reboots of {x}: {len(reboots)}")
+    assert len(reboots) == 1, reboots
 
 
 def _gate_snapshot(cluster: Any) -> dict[str, str]:
