@@ -41,7 +41,6 @@ from slurm_fleetyield.core import (
     route,
     sense,
     settle,
-    spares,
     stake,
 )
 from slurm_fleetyield.core.model import (
@@ -111,8 +110,7 @@ def tick(
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
     wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
-    held = spares.choose(obs, priced, envelopes, params, price.base_multiplier(state, params))
-    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, held, state, params, now)
+    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now, wh)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node, wh)
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
@@ -132,7 +130,6 @@ def _route(
     gw: gangs.GangLoans,
     walled: Mapping[str, str],
     wh: stake.Withheld,
-    held: spares.Spares,
     state: ControllerState,
     params: Params,
     now: float,
@@ -142,7 +139,6 @@ def _route(
     walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
     wall = params.premium.batch
     service, reserve = params.stake.enabled, params.premium.reserve
-    twins = params.spares.enabled
     decisions, updates = route.route(
         obs,
         priced,
@@ -155,8 +151,6 @@ def _route(
         withheld=wh.nodes,
         service=service,
         reserve=reserve,
-        spares=held.nodes,
-        twins=twins,
     )
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
@@ -174,8 +168,6 @@ def _route(
             withheld=wh.nodes,
             service=service,
             reserve=reserve,
-            spares=held.nodes,
-        twins=twins,
         )
     return decisions, updates, ko
 

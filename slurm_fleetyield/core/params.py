@@ -36,7 +36,6 @@ from slurm_fleetyield.core.params_place import (
     PremiumParams,
     PriceParams,
     ReclaimParams,
-    SpareParams,
     StakeParams,
 )
 
@@ -62,7 +61,6 @@ __all__ = [
     "RiskParams",
     "SenseParams",
     "SettleParams",
-    "SpareParams",
     "StakeParams",
 ]
 
@@ -214,7 +212,6 @@ class Params(BaseModel):
         default_factory=KeepOpenParams, description="Class features never on no node."
     )
     reclaim: ReclaimParams = Field(default_factory=ReclaimParams, description="Premium reclaim.")
-    spares: SpareParams = Field(default_factory=SpareParams, description="Hot spares for gangs.")
     settle: SettleParams = Field(default_factory=SettleParams, description="Job ledger.")
     learn: LearnParams = Field(default_factory=LearnParams, description="Recalibration and lemons.")
 

@@ -66,8 +66,6 @@ _DECODE = f"{FY_PREFIX}ok_decode"
 _TRAIN = f"{FY_PREFIX}ok_train"
 _BATCH = f"{FY_PREFIX}ok_batch"
 _GREEN_TIER = f"{FY_PREFIX}tier_green"
-_SPARE, _GANG, _PREEMPT = f"{FY_PREFIX}spare", f"{FY_PREFIX}ok_gang", f"{FY_PREFIX}ok_preempt"
-CLASS_FEATURES = frozenset({_TRAIN, _BATCH, _DECODE, f"{FY_PREFIX}ok_finetune"})  # none of them on a spare
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 _new_decision: Callable[..., NodeDecision] = fast_new(NodeDecision)  # one per node routed (model.fast_new)
 _TEXT_CAP = 10_000
@@ -145,8 +143,6 @@ def route(
     withheld: Mapping[str, frozenset[str]] | None = None,
     service: bool = True,
     reserve: bool = False,
-    spares: Mapping[str, str] | None = None,
-    twins: bool = False,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
@@ -156,12 +152,8 @@ def route(
     a pending premium job (core/reclaim.py), which carry no fy_ok_batch, with why (the loop lends them
     fy_ok_decode only to keep decode submittable); ``withheld``: class features a node does not carry by the
     stake rule (core/stake.py); ``service``: that rule is on (class features on every in-service tier);
-    ``reserve``: ``premium.reserve`` (fy_ok_decode on premium nodes only when lent); ``spares``: hot spares
-    with why (core/spares.py): no class feature, ``fy_spare``, ``fy_ok_gang`` and ``fy_ok_preempt`` instead;
-    ``twins``: hot spares are on, ``fy_ok_gang`` beside ``fy_ok_train`` and ``fy_ok_preempt`` beside
-    ``fy_ok_batch`` everywhere."""
+    ``reserve``: ``premium.reserve`` (fy_ok_decode on premium nodes only when lent)."""
     opened = opened or {}
-    spares = spares or {}
     walled = walled or {}
     withheld = withheld or {}
     seen = memo.setdefault("route", {}) if memo is not None else None
@@ -182,11 +174,10 @@ def route(
     # which nodes may differ from it (_todo); only those go through the per-node memo.
     slurms, pnodes = obs.slurm, priced.nodes
     names = sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms)
-    loans = (frozenset(lent), frozenset(train_lent), opened, walled, withheld, spares)
+    loans = (frozenset(lent), frozenset(train_lent), opened, walled, withheld)
     last = memo.get("route_last") if memo is not None else None
     snapshot = slurm_view(memo, obs)  # a copy: the shell's mapping may be updated in place
-    modes = (batch_wall, service, reserve, twins)
-    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, modes, memo)
+    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, (batch_wall, service, reserve), memo)
     decisions: dict[str, NodeDecision]
     base: Mapping[str, NodeDecision] | None = None  # the answer carried, if any
     if todo is None or last is None:
@@ -204,7 +195,6 @@ def route(
         extra = opened.get(name, ()) if opened else ()
         wall = walled.get(name) if walled else None
         drop = withheld.get(name) if withheld else None
-        spare = spares.get(name) if spares else None
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None
@@ -221,8 +211,6 @@ def route(
             and hit[12] == drop
             and hit[13] is service
             and hit[14] is reserve
-            and hit[15] == spare
-            and hit[16] is twins
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -258,19 +246,12 @@ def route(
             reason = f"{reason}; {what} lent (premium widening: {lent_reason})"
         if gang and _TRAIN in fy:
             reason = f"{reason}; fy_ok_train lent (gang widening: {train_reason})"
-        if spare is not None:
-            fy = tuple(sorted({*(f for f in fy if f not in CLASS_FEATURES), _SPARE, _GANG, _PREEMPT}))
-            reason = f"{reason}; {spare}"
         if extra:
             fy = tuple(sorted({*fy, *extra}))
             reason = f"{reason}; {', '.join(extra)} kept open ({open_reason})"
         if wall is not None:  # premium: fy_ok_decode only when lent (the loop lends it only to keep open)
             fy = tuple(f for f in fy if f != _BATCH)
             reason = f"{reason}; {wall} (premium reclaim)"
-        if twins and spare is None:  # last: the twins follow the class features as they end up
-            twin = (*((_GANG,) if _TRAIN in fy else ()), *((_PREEMPT,) if _BATCH in fy else ()))
-            if twin:
-                fy = tuple(sorted({*fy, *twin}))
         available = slurm.available_features
         admin = admin_of.get(available)
         if admin is None:
@@ -322,13 +303,11 @@ def route(
                 drop,
                 service,
                 reserve,
-                spare,
-                twins,
             )
     if memo is not None:
         memo["route_last"] = {
             "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans,
-            "wall": modes,
+            "wall": (batch_wall, service, reserve),
             "out": decisions, "differ": frozenset(differ),
         }  # fmt: skip
         note_changes(memo, "route", decisions, base, todo or ())
@@ -345,7 +324,7 @@ def _todo(
     names: list[str],
     inputs: tuple[Mapping[str, object], ...],
     loans: tuple[Mapping[str, object] | frozenset[str], ...],
-    batch_wall: tuple[bool, ...],
+    batch_wall: tuple[bool, bool, bool],
     memo: dict[str, Any] | None = None,
 ) -> set[str] | None:
     """The nodes whose routing may differ from the last call's answer, or None (not known: route every
