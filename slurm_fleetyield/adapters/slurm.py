@@ -352,6 +352,7 @@ class _RawJob:
     comment: str
     gpus: int
     gres_detail: tuple[str, ...] = ()  # squeue --json: one "gpu:h100:2(IDX:0-1)" per allocated node
+    qos: str = ""  # Slurm's QOS (squeue --json ``qos``, squeue -o %q)
 
 
 _IDX_RE = re.compile(r"\(IDX:([0-9,\-]*)\)")
@@ -412,14 +413,15 @@ def parse_jobs_json(text: str) -> list[_RawJob]:
                 comment=str(raw.get("comment") or ""),
                 gpus=_gpus_from_tres(raw.get("tres_alloc_str") or raw.get("tres_req_str")),
                 gres_detail=tuple(str(d) for d in detail) if isinstance(detail, list) else (),
+                qos=str(raw.get("qos") or ""),
             )
         )
     return jobs
 
 
-SQUEUE_FORMAT = "%A|%T|%N|%b|%k"
+SQUEUE_FORMAT = "%A|%T|%N|%b|%q|%k"
 """Fallback ``squeue -h -o`` format: job id (unique per array element), state, nodelist, gres per node,
-comment (last: it may hold '|')."""
+QOS, comment (last: it may hold '|')."""
 
 
 def parse_jobs_text(text: str) -> list[_RawJob]:
@@ -427,10 +429,10 @@ def parse_jobs_text(text: str) -> list[_RawJob]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        parts = line.split("|", 4)
-        if len(parts) < 5:
-            raise ValueError(f"unexpected squeue line {line[:120]!r}")
-        job_id, state, nodelist, gres, comment = parts
+        parts = line.split("|", 5)
+        if len(parts) < 6:
+            raise ValueError(f"unexpected squeue line {line[:120]!r} (want {SQUEUE_FORMAT!r})")
+        job_id, state, nodelist, gres, qos, comment = parts
         # %b is the per-node GRES request: "gres/gpu:h100:8", "gres:gpu:8" (older), "N/A"
         normalized = ",".join(
             item.removeprefix("gres/").removeprefix("gres:") for item in split_top_level(gres)
@@ -443,6 +445,7 @@ def parse_jobs_text(text: str) -> list[_RawJob]:
                 requeue=None,
                 comment=comment.strip() if comment.strip() not in _NULL else "",
                 gpus=parse_gres(normalized)[1],
+                qos=qos.strip() if qos.strip() not in _NULL else "",
             )
         )
     return jobs
@@ -713,7 +716,7 @@ class SlurmCli:
             if raw:
                 flags = parse_requeue_flags(self._run("scontrol", "show", "job", "-o"))
                 raw = [
-                    _RawJob(j.job_id, j.state, j.nodelist, flags.get(j.job_id), j.comment, j.gpus)
+                    _RawJob(j.job_id, j.state, j.nodelist, flags.get(j.job_id), j.comment, j.gpus, qos=j.qos)
                     for j in raw
                 ]
         expanded = self.expand_hostlists(j.nodelist for j in raw)
@@ -729,6 +732,7 @@ class SlurmCli:
                     workload=workload_from_comment(j.comment),
                     gpus=j.gpus,
                     gpu_index=job_gpu_index(nodes, j.gres_detail),
+                    qos=j.qos,
                 )
             )
         return views

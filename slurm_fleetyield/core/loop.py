@@ -8,8 +8,8 @@ call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
 premium reclaim -> premium widening -> gang widening -> stake (class features withheld by expected loss) ->
-route -> keep open (and route again when a class feature is on no node) -> gate (proposals) -> plan ->
-remember -> settle -> learn.
+hot spares -> route -> keep open (and route again when a class feature is on no node) -> gate (proposals) ->
+plan -> remember -> settle -> learn.
 Quarantine decides its drains (and holds) before the lifecycle, because a fatal drain is the lifecycle's FATAL
 event and an approved drain shares the caps left after it; the lifecycle runs before pricing because the tier
 of a node in rehabilitation is its stage's; proposals come after routing because their evidence is the node's
@@ -41,6 +41,7 @@ from slurm_fleetyield.core import (
     route,
     sense,
     settle,
+    spares,
     stake,
 )
 from slurm_fleetyield.core.model import (
@@ -110,7 +111,8 @@ def tick(
     kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
     wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
-    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, state, params, now)
+    hs = spares.spares(obs, priced, envelopes, wh, params, now)
+    decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, hs, state, params, now)
     explain_node = _explainer(state, decisions, risks, sensed, params, now, wh)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node, wh)
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
@@ -118,7 +120,7 @@ def tick(
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
     learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     after = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
-    events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, ko, proposed)
+    events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
     return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, calib, wh)
 
 
@@ -130,6 +132,7 @@ def _route(
     gw: gangs.GangLoans,
     walled: Mapping[str, str],
     wh: stake.Withheld,
+    hs: spares.Spares,
     state: ControllerState,
     params: Params,
     now: float,
@@ -138,7 +141,7 @@ def _route(
     chosen (the memo makes the second pass cost only the nodes that change). Premium widening lends a node
     walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
     wall = params.premium.batch
-    service, reserve = params.stake.enabled, params.premium.reserve
+    service, reserve, on = params.stake.enabled, params.premium.reserve, params.spares.enabled
     decisions, updates = route.route(
         obs,
         priced,
@@ -151,6 +154,8 @@ def _route(
         withheld=wh.nodes,
         service=service,
         reserve=reserve,
+        spares=hs.nodes,
+        spares_on=on,
     )
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
@@ -168,6 +173,8 @@ def _route(
             withheld=wh.nodes,
             service=service,
             reserve=reserve,
+            spares=hs.nodes,
+            spares_on=on,
         )
     return decisions, updates, ko
 

@@ -148,6 +148,7 @@ class JobView:
     # (node, GPU indices the job holds there) from squeue's gres_detail "gpu:h100:2(IDX:0-1)"; a node not
     # listed: unknown (the text fallback, or no File= in gres.conf), treated as holding every GPU
     gpu_index: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    qos: str = ""  # Slurm's QOS ("" unknown); the preemptible one's jobs may be evicted (core/spares.py)
 
     def holds_gpu(self, node: str, gpus: frozenset[int]) -> bool:
         """Does the job hold any of ``gpus`` on ``node``? True when its indices there are unknown."""

@@ -36,6 +36,7 @@ from slurm_fleetyield.core.params_place import (
     PremiumParams,
     PriceParams,
     ReclaimParams,
+    SpareParams,
     StakeParams,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "RiskParams",
     "SenseParams",
     "SettleParams",
+    "SpareParams",
     "StakeParams",
 ]
 
@@ -203,6 +205,7 @@ class Params(BaseModel):
     profile: ProfileParams = Field(default_factory=ProfileParams, description="Envelope features.")
     price: PriceParams = Field(default_factory=PriceParams, description="Node weights.")
     stake: StakeParams = Field(default_factory=StakeParams, description="Expected-loss class features.")
+    spares: SpareParams = Field(default_factory=SpareParams, description="Hot spares for gangs.")
     quarantine: QuarantineParams = Field(default_factory=QuarantineParams, description="Drains and caps.")
     lifecycle: LifecycleParams = Field(default_factory=LifecycleParams, description="Rehabilitation.")
     gate: GateParams = Field(default_factory=GateParams, description="Drain proposals.")

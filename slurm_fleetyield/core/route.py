@@ -66,6 +66,10 @@ _DECODE = f"{FY_PREFIX}ok_decode"
 _TRAIN = f"{FY_PREFIX}ok_train"
 _BATCH = f"{FY_PREFIX}ok_batch"
 _GREEN_TIER = f"{FY_PREFIX}tier_green"
+_SPARE = f"{FY_PREFIX}spare"  # hot spares (core/spares.py)
+_GANG = f"{FY_PREFIX}ok_gang"  # twin of fy_ok_train (and on spares): job_submit maps gangs to it
+_PREEMPT = f"{FY_PREFIX}ok_preempt"  # twin of fy_ok_batch (and on spares): the preemptible QOS's jobs
+_CLASS = frozenset({_TRAIN, f"{FY_PREFIX}ok_finetune", _DECODE, _BATCH})
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 _new_decision: Callable[..., NodeDecision] = fast_new(NodeDecision)  # one per node routed (model.fast_new)
 _TEXT_CAP = 10_000
@@ -143,6 +147,8 @@ def route(
     withheld: Mapping[str, frozenset[str]] | None = None,
     service: bool = True,
     reserve: bool = False,
+    spares: Mapping[str, str] | None = None,
+    spares_on: bool = False,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
@@ -152,10 +158,13 @@ def route(
     a pending premium job (core/reclaim.py), which carry no fy_ok_batch, with why (the loop lends them
     fy_ok_decode only to keep decode submittable); ``withheld``: class features a node does not carry by the
     stake rule (core/stake.py); ``service``: that rule is on (class features on every in-service tier);
-    ``reserve``: ``premium.reserve`` (fy_ok_decode on premium nodes only when lent)."""
+    ``reserve``: ``premium.reserve`` (fy_ok_decode on premium nodes only when lent); ``spares``: hot spares
+    (core/spares.py) with why, which carry fy_spare, fy_ok_gang and fy_ok_preempt and no class feature;
+    ``spares_on``: ``spares.enabled`` (fy_ok_gang twins fy_ok_train, fy_ok_preempt twins fy_ok_batch)."""
     opened = opened or {}
     walled = walled or {}
     withheld = withheld or {}
+    spares = spares or {}
     seen = memo.setdefault("route", {}) if memo is not None else None
     cache: dict[
         tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
@@ -174,10 +183,11 @@ def route(
     # which nodes may differ from it (_todo); only those go through the per-node memo.
     slurms, pnodes = obs.slurm, priced.nodes
     names = sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms)
-    loans = (frozenset(lent), frozenset(train_lent), opened, walled, withheld)
+    loans = (frozenset(lent), frozenset(train_lent), opened, walled, withheld, spares)
     last = memo.get("route_last") if memo is not None else None
     snapshot = slurm_view(memo, obs)  # a copy: the shell's mapping may be updated in place
-    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, (batch_wall, service, reserve), memo)
+    flags = (batch_wall, service, reserve, spares_on)
+    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, flags, memo)
     decisions: dict[str, NodeDecision]
     base: Mapping[str, NodeDecision] | None = None  # the answer carried, if any
     if todo is None or last is None:
@@ -195,6 +205,7 @@ def route(
         extra = opened.get(name, ()) if opened else ()
         wall = walled.get(name) if walled else None
         drop = withheld.get(name) if withheld else None
+        spare = spares.get(name) if spares else None
         hit = seen.get(name) if seen is not None else None
         if (
             hit is not None
@@ -211,6 +222,8 @@ def route(
             and hit[12] == drop
             and hit[13] is service
             and hit[14] is reserve
+            and hit[15] == spare
+            and hit[16] is spares_on
         ):
             decisions[name] = hit[5]
             if hit[6]:
@@ -241,6 +254,9 @@ def route(
             if gone:
                 fy = tuple(f for f in fy if f not in drop)
                 reason = f"{reason}; {', '.join(gone)} withheld (expected loss above the work it would do)"
+        if spare is not None:  # no ordinary work: only gangs and the preemptible QOS land there
+            fy = tuple(f for f in fy if f not in _CLASS)
+            reason = f"{reason}; {spare}"
         if is_lent:
             what = "fy_ok_decode and fy_ok_batch" if batch_wall else "fy_ok_decode"
             reason = f"{reason}; {what} lent (premium widening: {lent_reason})"
@@ -252,6 +268,14 @@ def route(
         if wall is not None:  # premium: fy_ok_decode only when lent (the loop lends it only to keep open)
             fy = tuple(f for f in fy if f != _BATCH)
             reason = f"{reason}; {wall} (premium reclaim)"
+        if spares_on:
+            twins = {_GANG} if spare is not None or _TRAIN in fy else set()
+            if spare is not None or _BATCH in fy:
+                twins.add(_PREEMPT)
+            if spare is not None:
+                twins.add(_SPARE)
+            if twins:
+                fy = tuple(sorted({*fy, *twins}))
         available = slurm.available_features
         admin = admin_of.get(available)
         if admin is None:
@@ -303,11 +327,13 @@ def route(
                 drop,
                 service,
                 reserve,
+                spare,
+                spares_on,
             )
     if memo is not None:
         memo["route_last"] = {
             "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans,
-            "wall": (batch_wall, service, reserve),
+            "wall": flags,
             "out": decisions, "differ": frozenset(differ),
         }  # fmt: skip
         note_changes(memo, "route", decisions, base, todo or ())
@@ -324,7 +350,7 @@ def _todo(
     names: list[str],
     inputs: tuple[Mapping[str, object], ...],
     loans: tuple[Mapping[str, object] | frozenset[str], ...],
-    batch_wall: tuple[bool, bool, bool],
+    batch_wall: tuple[bool, bool, bool, bool],
     memo: dict[str, Any] | None = None,
 ) -> set[str] | None:
     """The nodes whose routing may differ from the last call's answer, or None (not known: route every

@@ -158,6 +158,7 @@ def test_real_squeue_json_from_the_docker_cluster():
         (1, "COMPLETED", ("gpu-l40s-1",), True, 2),
         (2, "COMPLETED", ("gpu-l40s-1",), True, 2),
     ]
+    assert [j.qos for j in jobs] == ["normal", "normal"]  # the real document's ``qos`` field
     assert runner.calls == [("squeue", "--json")]  # plain names need no hostlist expansion
 
 
@@ -299,7 +300,9 @@ def test_read_jobs_falls_back_to_squeue_format_and_scontrol_requeue():
     runner = Recorder(
         {
             ("squeue", "--json"): CommandResult(1, "", "squeue: unrecognized option '--json'"),
-            ("squeue", "-h", "-o"): ok("7|RUNNING|n1|gres/gpu:h100:4|fy:batch|x\n8|PENDING||N/A|(null)\n"),
+            ("squeue", "-h", "-o"): ok(
+                "7|RUNNING|n1|gres/gpu:h100:4|fy_preemptible|fy:batch|x\n8|PENDING||N/A|(null)|(null)\n"
+            ),
             ("scontrol", "show", "job", "-o"): ok(
                 "JobId=7 JobName=a UserId=u(1) Requeue=0 Restarts=0 JobState=RUNNING Comment=fy:batch|x\n"
                 "JobId=8 JobName=b UserId=u(1) Requeue=1 Restarts=0 JobState=PENDING\n"
@@ -310,7 +313,8 @@ def test_read_jobs_falls_back_to_squeue_format_and_scontrol_requeue():
     assert jobs[7].nodes == ("n1",) and not jobs[7].requeue and jobs[7].gpus == 4
     assert jobs[7].workload is WorkloadClass.BATCH
     assert jobs[8].requeue and jobs[8].nodes == () and jobs[8].gpus == 0
-    assert ("squeue", "-h", "-o", "%A|%T|%N|%b|%k") in runner.calls
+    assert jobs[7].qos == "fy_preemptible" and jobs[8].qos == ""
+    assert ("squeue", "-h", "-o", "%A|%T|%N|%b|%q|%k") in runner.calls
 
 
 # ------------------------------------------------------------------------------------------------------
