@@ -97,8 +97,11 @@ def test_a_requeued_gang_restarts_on_the_hot_spare_preempting_its_filler(floor_o
     # A 2-node gang; Slurm's weights put it on the L40S pair (the H100s are premium).
     gang_job = sbatch(world, "-N", "2", "--gres=gpu:8", "--requeue", seconds=3600)
     assert job_fields(world, gang_job)["Features"] == "fy_ok_gang"
-    wait_ran(world, [gang_job])
-    gang_nodes = _nodes(world, gang_job)
+    gang_nodes = world.poll(
+        lambda: job_fields(world, gang_job)["JobState"] == "RUNNING" and _nodes(world, gang_job),
+        timeout=60,
+        what=f"gang {gang_job} running",
+    )
     assert gang_nodes == set(L40S), gang_nodes
 
     def spare() -> str | None:

@@ -496,7 +496,7 @@ def test_controller_kill9_at_random_points_loses_nothing_and_drains_once(
     reboots = [
         ln
         for ln in world.sh(x, "cat /var/log/fleetyield/reboot.log 2>/dev/null || true").splitlines()
-        if "reboot requested" in ln and float(ln.split()[0]) >= t_start
+        if "reboot requested by slurmd" in ln and float(ln.split()[0]) >= t_start
     ]
     print(f"reboots of {x}: {len(reboots)}")
     assert len(reboots) == 1, reboots
