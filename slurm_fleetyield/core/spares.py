@@ -2,8 +2,8 @@
 
 Input: the Slurm view (jobs: nodes, GPUs, state, QOS), priced nodes (tier, risk, lemon), envelopes, this
 tick's stake rule (``Withheld``: which nodes withhold a class, the in-service GPUs, the learned base
-multiplier), ``Params`` (``spares``, ``risk``, ``stake``). Output: ``Spares``: the nodes held as spares this tick
-(node -> the reason route writes), the figures of the rule, a log event when the count changes.
+multiplier), ``Params`` (``spares``, ``risk``, ``stake``). Output: ``Spares``: the nodes held as spares this
+tick (node -> the reason route writes), the figures of the rule, a log event when the count changes.
 
 Why: a gang (a job over ``gang_min_nodes`` or more nodes) dies whole when one of its nodes fails; requeued,
 it waits until enough nodes are free again (``restart_wait_s``, an ASSUMPTION swept in the simulator). A
@@ -18,7 +18,8 @@ Rule, per tick (only with ``spares.enabled``):
 2. the expected gang-node faults within a refill: ``Lambda = sum over the nodes running gangs of the node's
    fatal hazard per second x refill_s``; the hazard is absolute (``-ln(1 - p) / horizon``, core/stake.py),
    not in excess of the fleet's base: a spare serves any fault, expected or not; a node of unknown risk
-   counts at the base risk of its size under the learned multiplier;
+   counts at the base risk of its size under the learned multiplier, and so does each node a pending gang
+   needs (it is about to run: a gang requeued by a fault keeps the spares it will need once restarted);
 3. the k-th spare (k = 1, 2, ...) is held iff ``P(Poisson(Lambda) >= k) x gang GPUs x restart_wait_s >= node
    GPUs x refill_s``: the gang GPU-seconds it saves (it is used only when at least k faults hit gangs
    within a refill) against the GPU-seconds it stands idle. Gang GPUs: those of the gang a fault hits, in
@@ -117,6 +118,9 @@ def spares(
             per_gang.append((lam_j, j.gpus))
         elif j.state == "PENDING" and -(-j.gpus // max_gpn) >= sp.gang_min_nodes:
             n_gangs += 1
+            need = -(-j.gpus // max_gpn)
+            base = hazard_per_s(base_risk(max_gpn, multiplier, params), horizon)
+            per_gang.append((min(base, 1.0) * need * sp.refill_s, j.gpus))
     if not n_gangs:
         return Spares()
     lam = sum(x for x, _ in per_gang)

@@ -103,6 +103,12 @@ def _common(f):  # type: ignore[no-untyped-def]
         ),
         click.option("--swap-h", default=24.0, show_default=True),
         click.option(
+            "--background-load",
+            default=0.5,
+            show_default=True,
+            help="Frontier: the background jobs' share of the GPU-hours the gang leaves (contention).",
+        ),
+        click.option(
             "--policies",
             default=None,
             help=f"Comma-separated [default: {','.join(runner.POLICIES)}; "

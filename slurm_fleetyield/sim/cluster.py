@@ -22,7 +22,10 @@ only shrinks within a pass); the EASY reservation is computed only when a later 
 might reserve, from per-node ready times cached until a job starts, ends or moves its end on that node; the
 candidate lists per constraint are kept sorted incrementally instead of rebuilt on every feature change.
 The result is the same as the plain scan (``tests/sim/test_cluster.py`` compares them on random queues).
-Simplified: one partition, no priorities/fair share/preemption, GPUs are the only resource (CPUs and memory
+QOS preemption (``preempt_for``, Slurm's preempt/qos with PreemptMode=REQUEUE): a job of another QOS that
+cannot start may requeue running jobs of the preemptible QOS (``fy_preemptible``) on nodes matching its
+constraint; without jobs of that QOS nothing changes.
+Simplified: one partition, no priorities/fair share, GPUs are the only resource (CPUs and memory
 are never the constraint), a drained node's running jobs finish normally, job requeue keeps the original
 submit time as priority.
 Submission: a job whose constraint no node carries (in any state) is refused, as sbatch refuses it
@@ -82,6 +85,7 @@ class Placed:
     end: float
     workload: str
     requeue: bool = True
+    qos: str = ""  # Slurm's QOS: the preemptible one's jobs may be evicted (``preempt_for``)
 
 
 class SimSlurm:
@@ -163,6 +167,8 @@ class SimSlurm:
                         p.requeue,
                         WORKLOAD_CLASS[p.workload],
                         p.gpus_per_node * len(p.nodes),
+                        (),
+                        p.qos,
                     )
             self._started.clear()
             running = self._running_views = tuple([views[j] for j in sorted(self.running)])
@@ -307,8 +313,10 @@ class SimSlurm:
         end: float,
         workload: str,
         requeue: bool = True,
+        qos: str = "",
     ) -> None:
-        """``requeue``: Slurm's Requeue flag (``--no-requeue`` jobs keep running on a drained node)."""
+        """``requeue``: Slurm's Requeue flag (``--no-requeue`` jobs keep running on a drained node); ``qos``:
+        the job's QOS."""
         for name in nodes:
             n = self.nodes[name]
             n.free -= gpus_per_node
@@ -318,7 +326,7 @@ class SimSlurm:
             self.on_node[name].add(job_id)
             self._dirty.add(name)
             self._ready.pop(name, None)
-        self.running[job_id] = Placed(job_id, nodes, gpus_per_node, end, workload, requeue)
+        self.running[job_id] = Placed(job_id, nodes, gpus_per_node, end, workload, requeue, qos)
         self._started.append(job_id)
         self._running_views = None
 
@@ -422,6 +430,46 @@ class SimSlurm:
                 blocked = True
                 pending = (self.candidates(constraint), nn, gpn, dict(taken))
         return placed
+
+    def preempt_for(
+        self, constraint: frozenset[str], nn: int, gpn: int, preemptible: str
+    ) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+        """Slurm's QOS preemption (PreemptType=preempt/qos, PreemptMode=REQUEUE) for a pending job of another
+        QOS that could not start: GPUs held by running jobs of the ``preemptible`` QOS on nodes matching its
+        constraint count as free. Returns (the ``nn`` nodes, the jobs to requeue first) or None (it does not
+        fit even so). Nodes free enough without preemption first, then those needing the fewest victim GPUs
+        (each by Slurm's order); on a node the largest victims go first, until the job's GPUs are free."""
+        if not preemptible or gpn <= 0:
+            return None
+        free_now: list[SimNode] = []
+        evict: list[tuple[int, int, str, tuple[int, ...]]] = []  # (victim GPUs, rank, name, victims)
+        for n in self.candidates(constraint):
+            if n.free >= gpn:
+                free_now.append(n)
+                if len(free_now) == nn:
+                    return tuple(x.name for x in free_now), ()
+                continue
+            victims = sorted(
+                (j for j in self.on_node[n.name] if self.running[j].qos == preemptible),
+                key=lambda j: (-self.running[j].gpus_per_node, j),
+            )
+            got, free, chosen = 0, n.free, []
+            for j in victims:
+                if free >= gpn:
+                    break
+                g = self.running[j].gpus_per_node
+                free += g
+                got += g
+                chosen.append(j)
+            if free >= gpn:
+                evict.append((got, n.rank, n.name, tuple(chosen)))
+        if len(free_now) + len(evict) < nn:
+            return None
+        evict.sort()
+        use = evict[: nn - len(free_now)]
+        nodes = [x.name for x in free_now] + [name for _, _, name, _ in use]
+        victims = sorted({j for *_, vs in use for j in vs})
+        return tuple(sorted(nodes, key=lambda name: self.nodes[name].rank)), tuple(victims)
 
     def _ready_keys(self, n: SimNode) -> list[tuple[float, int, str]]:
         """``[g]``: ``(t, rank, name)``, ``t`` the earliest time node ``n`` has ``g`` GPUs free (-inf: now),

@@ -31,7 +31,15 @@ Policies:
 - ablations: ``fy_no_premium`` (decode gets fy_ok_finetune: no premium reservation at all),
   ``fy_no_widening`` (``premium.enabled = False``: the old wall, decode never on premium GPUs),
   ``fy_no_yellow`` (batch needs fy_tier_green too, no gang widening: no yellow reclaim), ``fy_no_drain``
-  (proposals never approved), ``fy_no_gangs`` (``gangs.enabled = False``: fy_ok_train on green nodes only).
+  (proposals never approved), ``fy_no_gangs`` (``gangs.enabled = False``: fy_ok_train on green nodes only),
+  ``fy_no_spares`` (``spares.enabled = False``: no hot spares, core/spares.py).
+Hot spares: the FleetYield policies run with ``[core.spares] enabled = true`` (site params). Jobs then ask
+job_submit.lua's spare-aware features: a pretrain gang (``spares.gang_min_nodes`` nodes or more)
+fy_ok_gang instead of fy_ok_train, and on the frontier workload its background batch runs in the preemptible
+QOS (``fy_preemptible``) and asks fy_ok_preempt instead of fy_ok_batch; a job of any other QOS that cannot
+start may requeue such jobs (Slurm's QOS preemption, REQUEUE: they lose their progress since the last
+checkpoint, as any requeue; ``SimSlurm.preempt_for``). Gang restart wait: from a gang's requeue to its next
+start (every policy).
 The core sees the queue as ``squeue`` shows it: running jobs with their nodes and GPUs, and every pending job
 with its class and GPUs (premium widening, core/premium.py, decides from them).
 
@@ -116,6 +124,7 @@ POLICIES = (
     "fy_no_yellow",
     "fy_no_drain",
     "fy_no_gangs",
+    "fy_no_spares",
     "fy_tiers",
     "baseline_aa",
 )
@@ -133,6 +142,7 @@ CLASS_FEATURE = {  # prolog_epilog/job_submit.lua
     "pretrain": ("fy_ok_train",),
 }
 PREMIUM_NEEDING = frozenset({"pretrain"})
+PREEMPT_TRIES = 5  # blocked jobs per pass that may preempt (Slurm tries preemption per job it schedules)
 BASE_FIELDS: Mapping[str, float] = {
     **dict.fromkeys(COUNTER_CHANNELS, 0.0),
     REMAP_FAILURE: 0.0,
@@ -174,6 +184,7 @@ class SimConfig:
     restart_s: float = 300.0  # per restart: scheduling, initialisation, checkpoint load (assumption, swept)
     service_loss: str = "inflight"  # decode services: "inflight" (keep what they served) | "run" (lose it)
     faults: fm.FaultParams = field(default_factory=fm.FaultParams)
+    background_load: float = 0.5  # frontier: traces.FrontierParams.background_load
     # decision-core overrides for the FleetYield policies, as JSON of the config file's [core] table
     # (``simulate --params FILE``); applied under each ablation's own switch
     core: str = ""
@@ -187,6 +198,8 @@ class SimConfig:
         d["faults"] = asdict(self.faults)
         if self.faults.post_return == "none":  # the default: reports stay byte-identical to before the option
             del d["faults"]["post_return"]
+        if self.background_load == 0.5:  # the default: reports stay byte-identical to before the option
+            del d["background_load"]
         if not self.core:
             del d["core"]
         else:
@@ -209,12 +222,18 @@ def policy_params(policy: str, core: str = "") -> Params:
         return with_("gangs", enabled=False)
     if policy == "fy_tiers":
         return with_("stake", enabled=False)
+    if policy == "fy_no_spares":
+        return with_("spares", enabled=False)
     return Params(**over)
 
 
-def _site_params(p: Params, cfg: SimConfig) -> Params:
-    """What the simulated site configures beyond the defaults: the frontier workload's gangs follow the
-    checkpoint-signal convention (its chaos training job implements it), so its pretrain class says so."""
+def _site_params(p: Params, cfg: SimConfig, policy: str = "fleetyield") -> Params:
+    """What the simulated site configures beyond the defaults: hot spares on (with the preemptible QOS and
+    job_submit.lua's fy_ok_gang / fy_ok_preempt mapping; not under ``fy_no_spares`` nor when ``core`` sets
+    ``spares`` itself); the frontier workload's gangs follow the checkpoint-signal convention (its chaos
+    training job implements it), so its pretrain class says so."""
+    if policy != "fy_no_spares" and '"spares"' not in cfg.core:
+        p = p.model_copy(update={"spares": p.spares.model_copy(update={"enabled": True})})
     if cfg.workload != "frontier" or "checkpoint_signals" in cfg.core:
         return p
     classes = dict(p.stake.classes)
@@ -258,7 +277,8 @@ def build_inputs(cfg: SimConfig) -> Inputs:
             _TRACE_CACHE[key], cfg.horizon_s, fleet_gpus, cfg.load, job_rng, traces.OPENB_DAYS * DAY
         )
     elif cfg.workload == "frontier":
-        jobs = traces.frontier(traces.FrontierParams(), cfg.horizon_s, cfg.nodes, cfg.gpus_per_node, job_rng)
+        fp = traces.FrontierParams(background_load=cfg.background_load)
+        jobs = traces.frontier(fp, cfg.horizon_s, cfg.nodes, cfg.gpus_per_node, job_rng)
     elif cfg.workload == "synthetic":
         jobs = traces.synthetic(
             traces.SyntheticParams(), cfg.horizon_s, fleet_gpus, cfg.load, job_rng, cfg.gpus_per_node
@@ -410,7 +430,13 @@ class Simulation:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.cfg, self.policy, self.inp = cfg, policy, inputs
-        self.params = params or _site_params(policy_params(policy, cfg.core), cfg)
+        self.params = params or _site_params(policy_params(policy, cfg.core), cfg, policy)
+        sp = self.params.spares
+        self.gang_min = sp.gang_min_nodes
+        self.spares_on = sp.enabled and policy in FY_POLICIES
+        # the preemptible QOS: the frontier's background batch, only with spares (job_submit.lua's mapping)
+        self.preempt_qos = sp.preemptible_qos if self.spares_on and cfg.workload == "frontier" else ""
+        self._constraints: dict[tuple[str, bool, bool], frozenset[str]] = {}
         self.now = 0.0
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -501,9 +527,13 @@ class Simulation:
                 "reclaimed_jobs",
                 "stalled_gpu_h",
                 "train_interruptions",
+                "preemptions",
+                "spare_node_ticks",
             ),
             0.0,
         )
+        self.gang_requeued: dict[int, float] = {}  # gang -> when it was requeued (restart wait)
+        self.gang_waits: list[float] = []
         self.wait_sum: dict[str, float] = dict.fromkeys(traces.CLASSES, 0.0)
         self.wait_n: dict[str, int] = dict.fromkeys(traces.CLASSES, 0)
         self.misuse_gpus = 0  # GPUs of non-premium-needing work on premium nodes
@@ -522,6 +552,26 @@ class Simulation:
                 j.job_id, "PENDING", (), _requeueable(j), WORKLOAD_CLASS[j.workload], j.gpus
             )
         return v
+
+    def _qos(self, j: traces.Job) -> str:
+        return self.preempt_qos if self.preempt_qos and j.workload == "batch" else ""
+
+    def _constraint(self, j: traces.Job) -> frozenset[str]:
+        """job_submit.lua's constraint of ``j``: its class's, with spares a gang's fy_ok_gang for fy_ok_train
+        and a preemptible job's fy_ok_preempt for fy_ok_batch."""
+        base = self.constraint[j.workload]
+        if not self.spares_on:
+            return base
+        key = (j.workload, j.workload == "pretrain" and j.nodes >= self.gang_min, bool(self._qos(j)))
+        c = self._constraints.get(key)
+        if c is None:
+            swap = {}
+            if key[1]:
+                swap["fy_ok_train"] = "fy_ok_gang"
+            if key[2]:
+                swap["fy_ok_batch"] = "fy_ok_preempt"
+            c = self._constraints[key] = frozenset(swap.get(f, f) for f in base)
+        return c
 
     def _class_features(self, c: str) -> tuple[str, ...]:
         if self.policy in BARE:
@@ -610,7 +660,7 @@ class Simulation:
 
     def _arrive(self, job_id: int) -> None:
         js = self.jobs[job_id]
-        if self.labelled and not self.slurm.accepts(self.constraint[js.job.workload]):
+        if self.labelled and not self.slurm.accepts(self._constraint(js.job)):
             # sbatch refuses a constraint no node carries: the job never pends (and no widening sees it)
             self.m["refused_jobs"] += 1
             self.m["refused_gpu_h"] += js.job.gpu_hours
@@ -642,38 +692,70 @@ class Simulation:
         for _submit, jid in head:
             js = self.jobs[jid]
             j = js.job
-            q.append(
-                (jid, self.constraint[j.workload], j.nodes, j.gpus_per_node, js.wall_left(self._startup(js)))
-            )
+            q.append((jid, self._constraint(j), j.nodes, j.gpus_per_node, js.wall_left(self._startup(js))))
         placed = self.slurm.schedule(self.now, q)
-        if not placed:
-            return
-        started = {jid for jid, _ in placed}
-        n = len(head)  # every placed job is in the head: rebuild only that part of the queue
-        self.queue_views[:n] = [v for v in self.queue_views[:n] if v.job_id not in started]
-        self.queue[:n] = [e for e in head if e[1] not in started]
-        for jid, nodes in placed:
+        started: set[int] = set()
+        if placed:
+            started = {jid for jid, _ in placed}
+            n = len(head)  # every placed job is in the head: rebuild only that part of the queue
+            self.queue_views[:n] = [v for v in self.queue_views[:n] if v.job_id not in started]
+            self.queue[:n] = [e for e in head if e[1] not in started]
+            for jid, nodes in placed:
+                self._start(jid, nodes)
+        if self.preempt_qos:
+            self._preempt([e for e in q if e[0] not in started])
+
+    def _preempt(self, blocked: Sequence[tuple[int, frozenset[str], int, int, float]]) -> None:
+        """Slurm's QOS preemption after the pass: the first few jobs outside the preemptible QOS that did not
+        start, in priority order, requeue preemptible jobs when that lets them start (``preempt_for``)."""
+        tries = 0
+        for jid, constraint, nn, gpn, _wall in blocked:
             js = self.jobs[jid]
-            j = js.job
-            js.startup = self._startup(js)
-            remaining = js.wall_left(js.startup)
-            self.slurm.start(jid, nodes, j.gpus_per_node, self.now + remaining, j.workload, _requeueable(j))
-            js.started = self.now
-            js.hung_since = None
-            js.run_id += 1
-            if js.first_start is None:
-                js.first_start = self.now
-                self.wait_sum[j.workload] += self.now - j.submit
-                self.wait_n[j.workload] += 1
-            if j.workload in PREMIUM_NEEDING:
-                self.pending_premium -= 1
-            else:
-                self.misuse_gpus += sum(j.gpus_per_node for n in nodes if n in self.premium)
-            self.push(self.now + remaining, END, (jid, js.run_id))
-            if self.broken and any(n in self.broken for n in nodes):
-                # placed on a dead GPU nobody has drained yet (the baseline between the fault and NHC)
-                self.m["failures_hitting_jobs"] += 1
-                self._hang(js)
+            if self._qos(js.job) or js.started is not None:
+                continue
+            tries += 1
+            if tries > PREEMPT_TRIES:
+                break
+            got = self.slurm.preempt_for(constraint, nn, gpn, self.preempt_qos)
+            if got is None:
+                continue
+            nodes, victims = got
+            for v in victims:
+                self.m["preemptions"] += 1
+                self._interrupt(v)
+            key = (js.job.submit, jid)
+            i = bisect.bisect_left(self.queue, key)
+            assert self.queue[i] == key
+            del self.queue[i], self.queue_views[i]
+            self._start(jid, nodes)
+
+    def _start(self, jid: int, nodes: tuple[str, ...]) -> None:
+        js = self.jobs[jid]
+        j = js.job
+        js.startup = self._startup(js)
+        remaining = js.wall_left(js.startup)
+        self.slurm.start(
+            jid, nodes, j.gpus_per_node, self.now + remaining, j.workload, _requeueable(j), self._qos(j)
+        )
+        at = self.gang_requeued.pop(jid, None)
+        if at is not None:
+            self.gang_waits.append(self.now - at)
+        js.started = self.now
+        js.hung_since = None
+        js.run_id += 1
+        if js.first_start is None:
+            js.first_start = self.now
+            self.wait_sum[j.workload] += self.now - j.submit
+            self.wait_n[j.workload] += 1
+        if j.workload in PREMIUM_NEEDING:
+            self.pending_premium -= 1
+        else:
+            self.misuse_gpus += sum(j.gpus_per_node for n in nodes if n in self.premium)
+        self.push(self.now + remaining, END, (jid, js.run_id))
+        if self.broken and any(n in self.broken for n in nodes):
+            # placed on a dead GPU nobody has drained yet (the baseline between the fault and NHC)
+            self.m["failures_hitting_jobs"] += 1
+            self._hang(js)
 
     def _startup(self, js: _JobState) -> float:
         """A restart pays ``restart_s`` (the trace's durations already hold the first start's set-up)."""
@@ -733,6 +815,8 @@ class Simulation:
         js.hung_since = None
         self._release(js)
         self.m["requeues"] += 1
+        if j.nodes >= self.gang_min:
+            self.gang_requeued[jid] = self.now
         self._enqueue(js)
 
     def _signal(self, jid: int, signal: str) -> None:
@@ -1044,6 +1128,8 @@ class Simulation:
         self.ticks += 1
         self.state = result.state
         self.last_decisions = result.nodes
+        if self.spares_on:
+            self.m["spare_node_ticks"] += sum(1 for d in result.nodes.values() if "fy_spare" in d.fy_features)
         plan = result.plan
         drains = plan.of_kind("drain")
         self.m["drains"] += len(drains)
@@ -1130,6 +1216,11 @@ class Simulation:
         m["repeat_share"] = _repeat_share(self.fault_hist)
         m["ettr"] = self._ettr()
         m["ticks"] = float(self.ticks)
+        w = self.gang_waits
+        m["gang_restarts"] = float(len(w))
+        m["gang_restart_wait_mean_s"] = sum(w) / len(w) if w else 0.0
+        m["gang_restart_wait_max_s"] = max(w, default=0.0)
+        m["spares_mean"] = m.pop("spare_node_ticks") / self.ticks if self.ticks else 0.0
         return m
 
 
