@@ -636,7 +636,11 @@ def build(
             timeout_s=config.control.timeout_s,
             client=agent_client,
         )
-    gate = GateAccess(config.gate_dir)
+    gate = GateAccess(
+        config.gate_dir,
+        url=config.gate_url,
+        lease=None if leader is None else lambda: _held(leader),
+    )
     closers.append(gate.close)
     try:
         _check_audit(gate)
@@ -679,6 +683,7 @@ def build(
             on_accept=lambda n: stats.add("push_accepted", n),
             on_unauthenticated=stats.unauthenticated,
             gate_dir=config.gate_dir,
+            gate_url=config.gate_url,
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),
             attest=attest,
@@ -695,7 +700,9 @@ def build(
         api = ApiServer(
             config.api.host,
             config.api.port,
-            StoreReadModel(store, daemon.live, gate_dir=config.gate_dir, explain=daemon.explain),
+            StoreReadModel(
+                store, daemon.live, gate_dir=config.gate_dir, gate_url=config.gate_url, explain=daemon.explain
+            ),
             registry,
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
             attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,
@@ -735,6 +742,12 @@ def load_listener_web_config(section: str, path: str | None) -> Any:
         return load_web_config(path)
     except WebConfigError as exc:
         raise ConfigError(path, [f"{section}.web_config_file: {exc.problem}"]) from None
+
+
+def _held(leader: Leader) -> tuple[str, int] | None:
+    """(holder, token) of the lease this controller holds; None as a standby."""
+    token = getattr(leader, "token", None)
+    return None if token is None else (leader.holder, token)
 
 
 def _check_audit(gate: GateAccess) -> None:
