@@ -773,7 +773,7 @@ def build_attest(config: Config) -> AttestService | None:
     if not at.enabled:
         return None
     from slurm_fleetyield.attest.policy import PolicyError, load_policy
-    from slurm_fleetyield.attest.store import AttestStore
+    from slurm_fleetyield.attest.store import AttestStore, AttestStoreError
     from slurm_fleetyield.attest.verify import AttestService
     from slurm_fleetyield.config import ConfigError
     from slurm_fleetyield.gate.errors import GateError
@@ -789,8 +789,8 @@ def build_attest(config: Config) -> AttestService | None:
     except (GateError, OSError, ValueError) as exc:
         raise ConfigError(at.key, [f"attest.key: {exc}"]) from None
     try:
-        store = AttestStore(at.db)
-    except (OSError, sqlite3.Error) as exc:
+        store = AttestStore(config.store.url or at.db)  # PostgreSQL: verdicts survive a takeover
+    except (OSError, sqlite3.Error, AttestStoreError) as exc:
         raise ConfigError(at.db, [f"attest.db: {exc}"]) from None
     return AttestService(store, policy, key, nonce_ttl_s=at.nonce_ttl_s)
 
