@@ -130,3 +130,13 @@ def test_a_schema_1_sqlite_gate_db_migrates_to_the_head_row(tmp_path: Path):
         assert g.verify_audit().ok
         g.propose(make_proposal(id="p-444444444444", node="gpu-019", now=T0 + 3))
         assert g.audit.head_row() == g.audit.tail() and g.audit.tail().seq == 3
+
+
+def test_a_newer_gate_schema_on_postgresql_is_refused_naming_the_database(tmp_path: Path, pg_url):
+    Gatekeeper.open(tmp_path, url=pg_url).close()
+    raw = psycopg.connect(pg_url, autocommit=True)
+    assert raw.execute("SELECT version FROM gate_schema_version").fetchone()[0] == 1
+    raw.execute("UPDATE gate_schema_version SET version = 99")
+    raw.close()
+    with pytest.raises(GateError, match="schema version 99, this build knows 1"):
+        Gatekeeper.open(tmp_path, url=pg_url)
