@@ -70,16 +70,18 @@ PG_MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _SCHEMA),)
 class AttestStore:
     _pg = False
     _lock: Any = None
+    db: Any  # sqlite3.Connection, or store_pg.PgConnection taking the same SQL
 
     def __init__(self, path: str | Path) -> None:
         self._lock = threading.RLock()  # one connection shared by threads: one transaction at a time
         if store_pg.is_url(str(path)):
             self._pg = True
             self.path = Path(store_pg.redact(str(path)))  # for messages only
+            errors: tuple[type[BaseException], ...] = (ValueError, *store_pg.connection_errors())
             try:
                 self.db = store_pg.connect(str(path), readonly=False)
                 store_pg.migrate(self.db, PG_MIGRATIONS, PG_SCHEMA_VERSION, table=PG_VERSION_TABLE)
-            except (ValueError, *store_pg.connection_errors()) as exc:
+            except errors as exc:
                 raise AttestStoreError(f"{self.path}: cannot open the attestation tables: {exc}") from None
             return
         self.path = Path(path)

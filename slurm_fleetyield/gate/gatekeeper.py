@@ -304,6 +304,7 @@ class Gatekeeper:
         if proposal.status is not ProposalStatus.PENDING:
             raise ValueError("only a pending proposal can be proposed")
         now = proposal.created_at
+        duplicate: tuple[type[BaseException], ...] = (sqlite3.IntegrityError, *_unique_violation(self.conn))
         with immediate_transaction(self.conn):
             self._fence()
             for old in self.proposals(ProposalStatus.PENDING, proposal.node):
@@ -328,7 +329,7 @@ class Gatekeeper:
                         None,
                     ),
                 )
-            except (sqlite3.IntegrityError, *_unique_violation(self.conn)) as e:
+            except duplicate as e:
                 raise GateError(f"proposal id {proposal.id} already exists") from e
             self.audit.append(
                 time=now,
