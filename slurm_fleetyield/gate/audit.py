@@ -30,7 +30,7 @@ Threat model, honestly:
   commit) detects truncation and rewrites *unless the attacker can write it too*. An attacker with write
   access to both the database and the head file can rewrite everything undetectably.
 * The head row (``audit_head``, rewritten in each append's transaction) is in the same database as the
-  chain: it catches a careless truncation or a restore of an older backup on a host with no head file of
+  chain: it catches a careless truncation (rows deleted, the row left) on a host with no head file of
   its own, never someone who can write the database.
 * Therefore ship the head hash off the machine (syslog to a remote collector, a ticket, a WORM bucket) at
   whatever cadence you need to bound undetected tampering: ``AuditLog.tail()`` returns it, and every
