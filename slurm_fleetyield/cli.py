@@ -504,8 +504,8 @@ def _proposals(
     cfg = found
     try:
         if proposal_id is not None:
-            return read_proposals(cfg.gate_dir, proposal_id=proposal_id)
-        return read_proposals(cfg.gate_dir, status="pending")
+            return read_proposals(cfg.gate_dir, proposal_id=proposal_id, url=cfg.gate_url)
+        return read_proposals(cfg.gate_dir, status="pending", url=cfg.gate_url)
     except ProposalsUnavailable as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -766,9 +766,9 @@ def audit_verify(jsonl: str | None, head_path: str | None, config_path: str | No
         else:
             cfg = _gate_cfg(config_path)
             db = Path(cfg.gate_dir) / "gate.db"
-            if not db.exists():
+            if cfg.gate_url is None and not db.exists():
                 raise click.ClickException(f"{cfg.gate_dir}: no gate database")
-            with Gatekeeper.open(cfg.gate_dir) as gk:
+            with Gatekeeper.open(cfg.gate_dir, url=cfg.gate_url) as gk:
                 report = gk.audit.verify(head)
     except GateError as exc:
         raise click.ClickException(str(exc)) from None

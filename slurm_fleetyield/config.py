@@ -599,6 +599,12 @@ class Config(BaseModel):
         return _with_xid_lists(data)
 
     @property
+    def gate_url(self) -> str | None:
+        """The gate's database when it is not ``<gate_dir>/gate.db``: PostgreSQL's ``store.url`` (the gate
+        follows the store, so a standby can finish a proposal the leader raised)."""
+        return self.store.url
+
+    @property
     def gate_dir(self) -> str:
         """``gate.state_dir``, or ``<directory of store.path>/gate``."""
         if self.gate.state_dir:

@@ -636,7 +636,11 @@ def build(
             timeout_s=config.control.timeout_s,
             client=agent_client,
         )
-    gate = GateAccess(config.gate_dir)
+    gate = GateAccess(
+        config.gate_dir,
+        url=config.gate_url,
+        lease=None if leader is None else lambda: _held(leader),
+    )
     closers.append(gate.close)
     try:
         _check_audit(gate)
@@ -679,6 +683,7 @@ def build(
             on_accept=lambda n: stats.add("push_accepted", n),
             on_unauthenticated=stats.unauthenticated,
             gate_dir=config.gate_dir,
+            gate_url=config.gate_url,
             authorized_keys=config.gate.authorized_keys,
             alertmanager=build_alertmanager(config),
             attest=attest,
@@ -695,7 +700,9 @@ def build(
         api = ApiServer(
             config.api.host,
             config.api.port,
-            StoreReadModel(store, daemon.live, gate_dir=config.gate_dir, explain=daemon.explain),
+            StoreReadModel(
+                store, daemon.live, gate_dir=config.gate_dir, gate_url=config.gate_url, explain=daemon.explain
+            ),
             registry,
             stale_after_s=max(10 * config.loop.interval_s, 60.0),
             attest_gate=_attest_gate(attest, config.attest.max_age_s) if attest is not None else None,
@@ -737,6 +744,12 @@ def load_listener_web_config(section: str, path: str | None) -> Any:
         raise ConfigError(path, [f"{section}.web_config_file: {exc.problem}"]) from None
 
 
+def _held(leader: Leader) -> tuple[str, int] | None:
+    """(holder, token) of the lease this controller holds; None as a standby."""
+    token = getattr(leader, "token", None)
+    return None if token is None else (leader.holder, token)
+
+
 def _check_audit(gate: GateAccess) -> None:
     """The gate's audit chain, verified before the first decision is appended to it: an edited, deleted or
     truncated row stops the start (``GateError`` naming gate.db and the first bad seq), so no new decision is
@@ -760,7 +773,7 @@ def build_attest(config: Config) -> AttestService | None:
     if not at.enabled:
         return None
     from slurm_fleetyield.attest.policy import PolicyError, load_policy
-    from slurm_fleetyield.attest.store import AttestStore
+    from slurm_fleetyield.attest.store import AttestStore, AttestStoreError
     from slurm_fleetyield.attest.verify import AttestService
     from slurm_fleetyield.config import ConfigError
     from slurm_fleetyield.gate.errors import GateError
@@ -776,8 +789,8 @@ def build_attest(config: Config) -> AttestService | None:
     except (GateError, OSError, ValueError) as exc:
         raise ConfigError(at.key, [f"attest.key: {exc}"]) from None
     try:
-        store = AttestStore(at.db)
-    except (OSError, sqlite3.Error) as exc:
+        store = AttestStore(config.store.url or at.db)  # PostgreSQL: verdicts survive a takeover
+    except (OSError, sqlite3.Error, AttestStoreError) as exc:
         raise ConfigError(at.db, [f"attest.db: {exc}"]) from None
     return AttestService(store, policy, key, nonce_ttl_s=at.nonce_ttl_s)
 

@@ -92,8 +92,18 @@ class GateAccess:
     """The daemon's handle on the gate database: one ``Gatekeeper`` per thread, opened lazily (SQLite
     connections may not cross threads; the daemon is built in one thread and ticks in another)."""
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        url: str | None = None,
+        lease: Callable[[], tuple[str, int] | None] | None = None,
+    ) -> None:
+        """``url``: the PostgreSQL database instead of ``<state_dir>/gate.db``; ``lease``: the fencing of
+        the gate's core-driven writes (``Gatekeeper``'s docstring)."""
         self.state_dir = Path(state_dir)
+        self.url = url
+        self.lease = lease
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
@@ -103,7 +113,7 @@ class GateAccess:
 
         gk = getattr(self._local, "gk", None)
         if gk is None:
-            gk = Gatekeeper.open(self.state_dir)
+            gk = Gatekeeper.open(self.state_dir, url=self.url, lease=self.lease)
             self._local.gk = gk
             with self._lock:
                 self._all.append(gk)

@@ -87,6 +87,7 @@ class StoreReadModel:
         live: Callable[[], dict[str, Any]] | None = None,
         *,
         gate_dir: str | None = None,
+        gate_url: str | None = None,
         clock: Callable[[], float] = time.time,
         explain: Callable[[str], tuple[int, dict[str, Any], str] | None] | None = None,
     ) -> None:
@@ -94,6 +95,7 @@ class StoreReadModel:
         self._live = live
         self._explain = explain
         self._gate_dir = gate_dir
+        self._gate_url = gate_url
         self._clock = clock
         self._cached: tuple[int, Mapping[str, Any]] | None = None
         self._lock = threading.Lock()
@@ -131,8 +133,8 @@ class StoreReadModel:
         if self._gate_dir is None:
             raise ProposalsUnavailable("no gate configured")
         if proposal_id is not None:
-            return read_proposals(self._gate_dir, proposal_id=proposal_id)
-        return read_proposals(self._gate_dir, settled_since=self._clock() - recent_s)
+            return read_proposals(self._gate_dir, proposal_id=proposal_id, url=self._gate_url)
+        return read_proposals(self._gate_dir, settled_since=self._clock() - recent_s, url=self._gate_url)
 
     def ledger(self, by: str, since: float | None) -> dict[str, Any]:
         rows = self._store.ledger(since=since)

@@ -169,6 +169,7 @@ class IngestServer(BackgroundServer):
         clock: Callable[[], float] = time.time,
         on_accept: Callable[[int], None] | None = None,
         gate_dir: str | None = None,
+        gate_url: str | None = None,
         authorized_keys: str | None = None,
         alertmanager: AlertmanagerWebhook | None = None,
         attest: AttestRoute | None = None,
@@ -187,6 +188,7 @@ class IngestServer(BackgroundServer):
         self.secret = secret  # None: no agent push here (the listener serves Alertmanager's webhook only)
         self.alertmanager = alertmanager
         self.gate_dir = gate_dir
+        self.gate_url = gate_url  # PostgreSQL: the gate's database (gate_dir keeps this host's audit.head)
         self.authorized_keys = authorized_keys
         self.on_accept = on_accept
         self.store = store
@@ -260,7 +262,7 @@ class IngestServer(BackgroundServer):
         try:
             # authenticity first, before the gate is opened (opening takes its write lock)
             authenticate(parse_envelope(body), keys)
-            with Gatekeeper.open(self.gate_dir) as gk:
+            with Gatekeeper.open(self.gate_dir, url=self.gate_url) as gk:
                 applied = gk.submit(body, keys, now)
         except ApprovalRejected as rej:
             if not rej.authenticated:

@@ -23,9 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 URL_SCHEMES = ("postgresql://", "postgres://")
-SCHEMA_TABLE = (
-    "CREATE TABLE IF NOT EXISTS schema_version (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT)"
-)
+SCHEMA_TABLE = "CREATE TABLE IF NOT EXISTS {table} (id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT)"
 MIGRATION_LOCK = 0x46590001
 """``pg_advisory_xact_lock`` key held while migrating: two controllers starting at once migrate in turn."""
 
@@ -73,6 +71,18 @@ def ddl(sql: str) -> str:
     return re.sub(r"\bREAL\b", "DOUBLE PRECISION", out)
 
 
+def is_pg(conn: Any) -> bool:
+    """Is ``conn`` one of ours (PostgreSQL) rather than an ``sqlite3.Connection``?"""
+    return isinstance(conn, PgConnection)
+
+
+def unique_violation() -> tuple[type[BaseException], ...]:
+    """psycopg's duplicate-key error (``sqlite3.IntegrityError``'s counterpart)."""
+    import psycopg
+
+    return (psycopg.errors.UniqueViolation,)
+
+
 def statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
@@ -115,34 +125,45 @@ def connect(url: str, readonly: bool) -> PgConnection:
     return PgConnection(raw)
 
 
-def schema_version(conn: PgConnection) -> int | None:
-    """The recorded version; None when the database has no store schema yet."""
-    found = conn.raw.execute("SELECT to_regclass('schema_version')").fetchone()[0]
+def schema_version(conn: PgConnection, table: str = "schema_version") -> int | None:
+    """The version recorded in ``table``; None when the database has no such schema yet."""
+    found = conn.raw.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
     if found is None:
         return None
-    row = conn.raw.execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
+    row = conn.raw.execute(f"SELECT version FROM {table} WHERE id = 1").fetchone()
     return None if row is None else int(row[0])
 
 
-def migrate(conn: PgConnection, migrations: Sequence[tuple[int, str]], known: int) -> int:
-    """Apply every migration newer than the recorded version, all in one transaction with the version
-    they bring (PostgreSQL's DDL is transactional: a failure changes nothing), under an advisory lock.
-    Returns the version found before. Raises ValueError for a version newer than ``known``."""
+def migrate(
+    conn: PgConnection,
+    migrations: Sequence[tuple[int, str | Sequence[str]]],
+    known: int,
+    *,
+    table: str = "schema_version",
+) -> int:
+    """Apply every migration newer than the version recorded in ``table``, all in one transaction with the
+    version they bring (PostgreSQL's DDL is transactional: a failure changes nothing), under an advisory
+    lock. A migration is a script (split at ``;``, types through ``ddl``) or a sequence of statements run
+    as they are (PL/pgSQL bodies contain ``;``). ``table``: the store's ``schema_version``, or the gate's or
+    the attestation store's own (each part of the database has its own version). Returns the version
+    found before. Raises ValueError for a version newer than ``known``."""
+    if not re.fullmatch(r"[a-z_]+", table):
+        raise ValueError(f"bad schema version table name {table!r}")
     raw = conn.raw
     with raw.transaction():
         raw.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        raw.execute(SCHEMA_TABLE)
-        row = raw.execute("SELECT version FROM schema_version WHERE id = 1").fetchone()
+        raw.execute(SCHEMA_TABLE.format(table=table))
+        row = raw.execute(f"SELECT version FROM {table} WHERE id = 1").fetchone()
         before = 0 if row is None else int(row[0])
         if before > known:
             raise ValueError(f"schema version {before}, this build knows {known}")
         for version, script in migrations:
             if version <= before:
                 continue
-            for statement in statements(ddl(script)):
+            for statement in statements(ddl(script)) if isinstance(script, str) else script:
                 raw.execute(statement)
             raw.execute(
-                "INSERT INTO schema_version (id, version) VALUES (1, %s) ON CONFLICT (id) "
+                f"INSERT INTO {table} (id, version) VALUES (1, %s) ON CONFLICT (id) "
                 "DO UPDATE SET version = excluded.version",
                 (version,),
             )

@@ -1,9 +1,13 @@
-"""Attestation state in SQLite: enrolments (explicit admin step), nonces (single use), latest verdicts.
+"""Attestation state: enrolments (explicit admin step), nonces (single use), latest verdicts.
 
-Input: a database path (created on first use, mode 0600). Output: ``Enrolment`` rows by node; nonces that
-are issued for one node with an expiry and consumed at most once (``consume`` raises ``NonceError`` naming
+Input: a database path (SQLite, created on first use, mode 0600) or, with a PostgreSQL store (``[store]
+url``), that URL: the tables live in the store's database, versioned in their own ``attest_schema_version``
+row, so verdicts and enrolments survive a takeover by the standby.
+Output: ``Enrolment`` rows by node; nonces that are issued for one node with an expiry and consumed at
+most once (``consume`` raises ``NonceError`` naming
 why: unknown, expired, already used, other node); the latest verdict per node (what the gate API serves).
-Every write is one transaction; ``BEGIN IMMEDIATE`` makes nonce consumption atomic across processes.
+Every write is one transaction; ``BEGIN IMMEDIATE`` (SQLite) or ``SELECT ... FOR UPDATE`` on the nonce
+row (PostgreSQL) makes nonce consumption atomic across processes and controllers.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ import json
 import os
 import secrets
 import sqlite3
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_fleetyield.adapters import store_pg
+
 DEFAULT_DB = "/var/lib/fleetyield/attest.db"
 NONCE_TTL_S = 60.0
+PG_VERSION_TABLE = "attest_schema_version"
+PG_SCHEMA_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS enrolment (
@@ -54,8 +63,27 @@ class AttestStoreError(Exception):
     """The database cannot be read (``open_readonly``): absent, or not an attestation database."""
 
 
+PG_MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _SCHEMA),)
+"""The attestation tables on PostgreSQL (``store_pg.migrate``; types through ``store_pg.ddl``)."""
+
+
 class AttestStore:
+    _pg = False
+    _lock: Any = None
+    db: Any  # sqlite3.Connection, or store_pg.PgConnection taking the same SQL
+
     def __init__(self, path: str | Path) -> None:
+        self._lock = threading.RLock()  # one connection shared by threads: one transaction at a time
+        if store_pg.is_url(str(path)):
+            self._pg = True
+            self.path = Path(store_pg.redact(str(path)))  # for messages only
+            errors: tuple[type[BaseException], ...] = (ValueError, *store_pg.connection_errors())
+            try:
+                self.db = store_pg.connect(str(path), readonly=False)
+                store_pg.migrate(self.db, PG_MIGRATIONS, PG_SCHEMA_VERSION, table=PG_VERSION_TABLE)
+            except errors as exc:
+                raise AttestStoreError(f"{self.path}: cannot open the attestation tables: {exc}") from None
+            return
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
@@ -68,6 +96,8 @@ class AttestStore:
     def open_readonly(cls, path: str | Path) -> AttestStore:
         """For the read-only verbs: creates nothing (no directory, no database, no schema); an absent or
         foreign file is an ``AttestStoreError`` naming it. Writes through it fail (SQLite's ``mode=ro``)."""
+        if store_pg.is_url(str(path)):
+            return cls._open_pg_readonly(str(path))
         p = Path(path)
         if not p.is_file():
             raise AttestStoreError(f"{p}: no attestation database (nothing enrolled yet, or another --db)")
@@ -84,7 +114,22 @@ class AttestStore:
             tables = ", ".join(sorted(missing))
             raise AttestStoreError(f"{p}: not an attestation database (no table {tables})")
         store = cls.__new__(cls)  # __init__ would create and migrate
-        store.path, store.db = p, db
+        store.path, store.db, store._lock = p, db, threading.RLock()
+        return store
+
+    @classmethod
+    def _open_pg_readonly(cls, url: str) -> AttestStore:
+        where = store_pg.redact(url)
+        try:
+            db = store_pg.connect(url, readonly=True)
+            version = store_pg.schema_version(db, PG_VERSION_TABLE)
+        except store_pg.connection_errors() as exc:
+            raise AttestStoreError(f"{where}: cannot read the attestation tables: {exc}") from None
+        if version is None:
+            db.close()
+            raise AttestStoreError(f"{where}: no attestation tables (nothing enrolled yet)")
+        store = cls.__new__(cls)
+        store.path, store.db, store._pg, store._lock = Path(where), db, True, threading.RLock()
         return store
 
     def close(self) -> None:
@@ -123,8 +168,9 @@ class AttestStore:
 
     def consume_nonce(self, node: str, nonce: str, now: float) -> None:
         with self._tx():
+            lock = " FOR UPDATE" if self._pg else ""  # PostgreSQL: another controller waits for this row
             row = self.db.execute(
-                "SELECT node, expires_at, used_at FROM nonce WHERE nonce=?", (nonce,)
+                f"SELECT node, expires_at, used_at FROM nonce WHERE nonce=?{lock}", (nonce,)
             ).fetchone()
             if row is None:
                 raise NonceError("unknown", "nonce unknown: not issued by this controller (or long expired)")
@@ -154,17 +200,25 @@ class AttestStore:
         return [json.loads(r[0]) for r in self.db.execute("SELECT doc FROM verdict ORDER BY node")]
 
     def _tx(self) -> Any:
-        db = self.db
+        db, lock = self.db, self._lock
 
         class _Tx:
             def __enter__(self) -> None:
-                db.execute("BEGIN IMMEDIATE")
+                lock.acquire()
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                except BaseException:
+                    lock.release()
+                    raise
 
             def __exit__(self, exc_type: Any, *_: Any) -> None:
                 # A NonceError still commits: the nonce is burnt either way.
-                if exc_type is None or issubclass(exc_type, NonceError):
-                    db.execute("COMMIT")
-                else:
-                    db.execute("ROLLBACK")
+                try:
+                    if exc_type is None or issubclass(exc_type, NonceError):
+                        db.execute("COMMIT")
+                    else:
+                        db.execute("ROLLBACK")
+                finally:
+                    lock.release()
 
         return _Tx()

@@ -1,8 +1,18 @@
 """The gate's append-only, hash-chained audit log.
 
 Input: events of the gate (proposals, approvals, denials, rejections with their reason code, expiries, manual
-settlements). Output: rows in an SQLite table ``audit``, a JSONL export, and ``AuditReport`` from
-``verify_chain``.
+settlements). Output: rows in a table ``audit`` (SQLite, or PostgreSQL when ``[store] url`` is one: two
+controllers share one chain), the head checkpoint (row ``audit_head`` and the file ``audit.head``), a JSONL
+export, and ``AuditReport`` from ``verify_chain``.
+
+Sequence without gaps under concurrent writers. SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock
+before the tail is read. PostgreSQL: every gate write transaction takes ``pg_advisory_xact_lock(GATE_LOCK)``
+first (``immediate_transaction``), so two controllers' gate writes run one after the other exactly as on
+SQLite: the tail read, the nonce check and the insert of ``seq + 1`` see everything committed before. An
+advisory lock rather than SERIALIZABLE: SERIALIZABLE would abort one of two concurrent appends and every
+caller would need a retry loop (an approval's nonce, status and entry re-done), and a row lock on the tail
+needs a tail row (none on an empty chain); the advisory lock costs one round trip and never aborts. The
+primary key on ``seq`` makes a duplicate impossible even if a writer skipped the lock.
 
 Chain: entry ``n`` stores ``prev_hash`` = hash of entry ``n-1`` (``GENESIS_HASH`` for seq 1) and
 ``hash = sha256(canonical_json({actor, data, kind, prev_hash, seq, subject, time}))`` where
@@ -19,13 +29,23 @@ Threat model, honestly:
 * The head checkpoint (``audit.head``, a small JSON file beside the database, rewritten atomically after each
   commit) detects truncation and rewrites *unless the attacker can write it too*. An attacker with write
   access to both the database and the head file can rewrite everything undetectably.
+* The head row (``audit_head``, rewritten in each append's transaction) is in the same database as the
+  chain: it catches a careless truncation (rows deleted, the row left) on a host with no head file of
+  its own, never someone who can write the database.
 * Therefore ship the head hash off the machine (syslog to a remote collector, a ticket, a WORM bucket) at
   whatever cadence you need to bound undetected tampering: ``AuditLog.tail()`` returns it, and every
   ``AuditHead`` published can be compared later with ``verify_chain(entries, head=that_head)``.
 * ``AuditLog.append`` refuses (``AuditIntegrityError``) to extend a chain that no longer contains the
   recorded head, so the gate fails closed instead of silently overwriting the evidence of a truncation.
   After investigation an operator may ``reseal_head`` (itself an audited event).
-* SQLite triggers refuse UPDATE/DELETE on ``audit``; they stop bugs and careless hands, not an attacker.
+* Triggers refuse UPDATE/DELETE on ``audit`` (and TRUNCATE on PostgreSQL); they stop bugs and careless
+  hands, not an attacker: the table's owner can drop them.
+* On PostgreSQL the chain and its ``audit_head`` row live in a database both controllers (and its admins)
+  write: anyone with write access to it can rewrite both consistently. Each controller host still writes
+  its own ``audit.head`` file (what that host last committed; another host's file may be behind, which
+  verification accepts, and a host that never wrote has none, which is not an error there), but those files
+  are evidence only against a DB writer who cannot also reach every host. The only real defence is the
+  same as above: ship the head off-host.
 """
 
 from __future__ import annotations
@@ -42,6 +62,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slurm_fleetyield.adapters import store_pg
 from slurm_fleetyield.gate.errors import AuditIntegrityError
 
 GENESIS_HASH = "0" * 64
@@ -62,7 +83,31 @@ CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
 BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
 BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TABLE IF NOT EXISTS audit_head (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    seq  INTEGER NOT NULL,
+    hash TEXT    NOT NULL
+);
 """
+GATE_LOCK = 0x46590002
+"""``pg_advisory_xact_lock`` key of every gate write transaction on PostgreSQL (see the module docstring)."""
+
+PG_SCHEMA: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS audit (
+        seq BIGINT PRIMARY KEY, time DOUBLE PRECISION NOT NULL, actor TEXT NOT NULL, kind TEXT NOT NULL,
+        subject TEXT NOT NULL, data TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL)""",
+    """CREATE OR REPLACE FUNCTION fy_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'audit log is append-only'; END $$""",
+    "DROP TRIGGER IF EXISTS audit_no_update ON audit",
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE OR DELETE ON audit
+        FOR EACH ROW EXECUTE FUNCTION fy_audit_append_only()""",
+    "DROP TRIGGER IF EXISTS audit_no_truncate ON audit",
+    """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+        FOR EACH STATEMENT EXECUTE FUNCTION fy_audit_append_only()""",
+    """CREATE TABLE IF NOT EXISTS audit_head (
+        id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL, hash TEXT NOT NULL)""",
+)
+"""The audit tables on PostgreSQL (part of the gate's migration, ``gatekeeper.PG_MIGRATIONS``)."""
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -231,6 +276,8 @@ def immediate_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
+        if store_pg.is_pg(conn):
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (GATE_LOCK,))
         yield
     except BaseException:
         conn.execute("ROLLBACK")
@@ -238,8 +285,12 @@ def immediate_transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-def connect(path: str | Path) -> sqlite3.Connection:
-    """An SQLite connection for the gate: WAL, synchronous=FULL, explicit transactions, busy timeout."""
+def connect(path: str | Path) -> Any:
+    """A connection for the gate: PostgreSQL for a ``postgresql://`` URL (``store_pg.PgConnection``: the
+    same SQL, explicit transactions), else SQLite: WAL, synchronous=FULL, explicit transactions, busy
+    timeout."""
+    if store_pg.is_url(str(path)):
+        return store_pg.connect(str(path), readonly=False)
     conn = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # an applied approval must survive a power cut, like its nonce
@@ -269,9 +320,13 @@ class AuditLog:
     when it ran its own transaction, otherwise the caller does after committing.
     """
 
-    def __init__(self, conn: sqlite3.Connection, head_path: str | Path | None = None) -> None:
+    def __init__(self, conn: Any, head_path: str | Path | None = None) -> None:
         self.conn = conn
         self.head_path = Path(head_path) if head_path is not None else None
+        self.shared = store_pg.is_pg(conn)
+        """PostgreSQL: other controllers append too; this host's head file may be behind or absent."""
+        if self.shared:  # the tables come with the gate's migration (``gatekeeper.PG_MIGRATIONS``)
+            return
         with immediate_transaction(conn):
             _exec_schema(conn)
 
@@ -283,27 +338,39 @@ class AuditLog:
         row = self.conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         return AuditHead(seq=row[0], hash=row[1]) if row else AuditHead(seq=0, hash=GENESIS_HASH)
 
-    def check_head(self) -> None:
-        """Raise ``AuditIntegrityError`` unless the chain still contains the recorded head checkpoint."""
-        if self.head_path is None:
-            return
-        head = read_head(self.head_path)
-        tail = self.tail()
-        if head is None:
-            if tail.seq > 0:
-                raise AuditIntegrityError(
-                    f"{self.head_path} is missing but the audit log has {tail.seq} entries; "
-                    "verify the log, then reseal_head"
-                )
-            return
+    def head_row(self) -> AuditHead | None:
+        """The checkpoint row (written with every append, in its transaction); None before the first."""
+        row = self.conn.execute("SELECT seq, hash FROM audit_head WHERE id = 1").fetchone()
+        return AuditHead(seq=row[0], hash=row[1]) if row else None
+
+    def _contains(self, head: AuditHead, where: str) -> None:
         if head.seq == 0:
             return
         row = self.conn.execute("SELECT hash FROM audit WHERE seq = ?", (head.seq,)).fetchone()
         if row is None or row[0] != head.hash:
             raise AuditIntegrityError(
-                f"audit log no longer contains the head checkpoint seq {head.seq} ({self.head_path}): "
+                f"audit log no longer contains the head checkpoint seq {head.seq} ({where}): "
                 "entries were removed or rewritten; verify the log, then reseal_head"
             )
+
+    def check_head(self) -> None:
+        """Raise ``AuditIntegrityError`` unless the chain still contains the recorded head checkpoints (the
+        row; the file, when there is one: on PostgreSQL a host that never wrote has none)."""
+        row = self.head_row()
+        if row is not None:
+            self._contains(row, "row audit_head")
+        if self.head_path is None:
+            return
+        head = read_head(self.head_path)
+        tail = self.tail()
+        if head is None:
+            if tail.seq > 0 and not self.shared:
+                raise AuditIntegrityError(
+                    f"{self.head_path} is missing but the audit log has {tail.seq} entries; "
+                    "verify the log, then reseal_head"
+                )
+            return
+        self._contains(head, str(self.head_path))
 
     def append(self, *, time: float, actor: str, kind: str, subject: str, data: dict[str, Any]) -> AuditEntry:
         """Add one entry at the end of the chain. See the class docstring for transactions."""
@@ -320,6 +387,7 @@ class AuditLog:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (seq, float(time), actor, kind, subject, data_text, tail.hash, h),
             )
+            self._write_head_row(AuditHead(seq=seq, hash=h))
         if own:
             self.publish_head()
         return AuditEntry(
@@ -331,6 +399,13 @@ class AuditLog:
             data=data,
             prev_hash=tail.hash,
             hash=h,
+        )
+
+    def _write_head_row(self, head: AuditHead) -> None:
+        self.conn.execute(
+            "INSERT INTO audit_head (id, seq, hash) VALUES (1, ?, ?) ON CONFLICT (id) "
+            "DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+            (head.seq, head.hash),
         )
 
     def publish_head(self) -> AuditHead:
@@ -350,6 +425,7 @@ class AuditLog:
             tail = self.tail()
             if self.head_path is not None:
                 write_head(self.head_path, tail)  # so the append below passes check_head
+            self._write_head_row(tail)
             entry = self.append(
                 time=time,
                 actor=actor,
@@ -375,11 +451,18 @@ class AuditLog:
             yield _row_to_entry(row)
 
     def verify(self, head: AuditHead | None = None) -> AuditReport:
-        """``verify_chain`` over the stored entries against ``head`` or, if None, the head file (if any)."""
+        """``verify_chain`` over the stored entries against ``head`` or, if None, the head file (if any) and
+        the head row: the one further on is checked by the walk, the other must match its entry too."""
         try:
+            if head is None:
+                row = self.head_row()
+                if row is not None:
+                    report = verify_chain(self.entries(), row)
+                    if not report.ok:
+                        return report
             if head is None and self.head_path is not None:
                 head = read_head(self.head_path)
-                if head is None and self.tail().seq > 0:
+                if head is None and self.tail().seq > 0 and not self.shared:
                     n = self.tail().seq
                     return AuditReport(
                         ok=False,

@@ -1,4 +1,15 @@
-"""The gate's state: proposals, consumed nonces and the audit log, in one SQLite database.
+"""The gate's state: proposals, consumed nonces and the audit log, in one database.
+
+SQLite (``<state_dir>/gate.db``, the default: one controller), or the PostgreSQL database of ``[store] url``
+(two controllers: a proposal raised by one can be approved on, and executed by, the other after a
+takeover). On PostgreSQL every write transaction holds the gate's advisory lock (``audit.GATE_LOCK``), the
+counterpart of SQLite's ``BEGIN IMMEDIATE`` below, so everything said here holds on both.
+
+Fencing (two controllers): with ``lease`` (a callable giving this controller's (holder, token), None when
+it does not lead) the writes the core drives (``propose``, ``withdraw``, ``expire``) first check the lease
+row under its lock in the same transaction, as ``Store.commit_tick`` does: a deposed leader records
+nothing. An admin's decision (``submit``) is not fenced: it is the admin's act, recorded wherever it
+arrives, and only the leader's executor (fenced itself) turns an approval into a drain.
 
 Input: proposals from the core, envelopes from admins, manual drain reasons seen in Slurm, the clock. Output:
 proposals moved to their final status exactly once, each move (and each authentic envelope refused) recorded
@@ -18,12 +29,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from slurm_fleetyield.adapters import store_pg
 from slurm_fleetyield.gate.approvals import (
     DEFAULT_CLOCK_SKEW_S,
     MAX_TTL_S,
@@ -36,7 +48,14 @@ from slurm_fleetyield.gate.approvals import (
     envelope_digest,
     parse_envelope,
 )
-from slurm_fleetyield.gate.audit import HEAD_FILENAME, AuditLog, AuditReport, connect, immediate_transaction
+from slurm_fleetyield.gate.audit import (
+    HEAD_FILENAME,
+    PG_SCHEMA,
+    AuditLog,
+    AuditReport,
+    connect,
+    immediate_transaction,
+)
 from slurm_fleetyield.gate.errors import (
     GateError,
     ProposalNotPending,
@@ -47,7 +66,8 @@ from slurm_fleetyield.gate.errors import (
 from slurm_fleetyield.gate.proposal import Proposal, ProposalStatus, proposal_ids_in_reason
 
 DB_FILENAME = "gate.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""SQLite ``user_version``. 1 -> 2: the head checkpoint row ``audit_head`` (seeded from the chain's tail)."""
 SYSTEM_ACTOR = "fleetyield"
 
 _SCHEMA = (
@@ -72,6 +92,14 @@ _SCHEMA = (
         used_at     REAL NOT NULL
     )""",
 )
+PG_VERSION_TABLE = "gate_schema_version"
+PG_SCHEMA_VERSION = 1
+PG_MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, tuple(store_pg.ddl(stmt) for stmt in _SCHEMA) + PG_SCHEMA),
+)
+"""The gate's tables in the PostgreSQL store database, versioned in their own ``gate_schema_version`` row
+(``store_pg.migrate``). 1: proposals, nonces, the audit chain with its triggers, the head row."""
+Lease = Callable[[], "tuple[str, int] | None"]
 _COLUMNS = (
     "id, node, gpus, risk, evidence, affected_jobs, created_at, expires_at, status, settled_at, settled_by"
 )
@@ -89,11 +117,15 @@ class AppliedDecision:
 class _NonceView:
     """``nonce in view`` asks the database, inside the caller's transaction."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self._conn = conn
 
     def __contains__(self, nonce: object) -> bool:
         return self._conn.execute("SELECT 1 FROM nonces WHERE nonce = ?", (nonce,)).fetchone() is not None
+
+
+def _unique_violation(conn: Any) -> tuple[type[BaseException], ...]:
+    return store_pg.unique_violation() if store_pg.is_pg(conn) else ()
 
 
 def _row_to_proposal(row: tuple[Any, ...]) -> Proposal:
@@ -114,7 +146,8 @@ def _row_to_proposal(row: tuple[Any, ...]) -> Proposal:
 
 
 class Gatekeeper:
-    """Proposals, nonces and audit log over one SQLite database. Not thread-safe: one per thread/process."""
+    """Proposals, nonces and audit log over one database (an SQLite path or a PostgreSQL URL). Not
+    thread-safe: one per thread/process."""
 
     def __init__(
         self,
@@ -123,10 +156,15 @@ class Gatekeeper:
         *,
         clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
         max_ttl_s: float = MAX_TTL_S,
+        lease: Lease | None = None,
     ) -> None:
-        self.db_path = Path(db_path)
         self.clock_skew_s = clock_skew_s
         self.max_ttl_s = max_ttl_s
+        self.lease = lease
+        if store_pg.is_url(str(db_path)):
+            self._open_pg(str(db_path), head_path)
+            return
+        self.db_path = Path(db_path)
         if (
             self.db_path.exists()
             and self.db_path.stat().st_size == 0
@@ -141,8 +179,8 @@ class Gatekeeper:
         except sqlite3.DatabaseError as exc:
             raise GateError(f"{self.db_path}: not a usable gate database ({exc})") from None
         try:
-            self._init_schema()
             self.audit = AuditLog(self.conn, head_path)
+            self._init_schema()
         except sqlite3.DatabaseError as exc:  # not a database, a damaged header or schema page
             self.conn.close()
             raise GateError(
@@ -153,24 +191,60 @@ class Gatekeeper:
             self.conn.close()
             raise
 
+    def _open_pg(self, url: str, head_path: str | Path | None) -> None:
+        self.db_path = Path(store_pg.redact(url))  # for messages only
+        try:
+            self.conn = connect(url)
+        except store_pg.connection_errors() as exc:
+            raise GateError(f"{self.db_path}: cannot open the gate's PostgreSQL database: {exc}") from None
+        try:
+            store_pg.migrate(self.conn, PG_MIGRATIONS, PG_SCHEMA_VERSION, table=PG_VERSION_TABLE)
+            self.audit = AuditLog(self.conn, head_path)
+        except ValueError as exc:
+            self.conn.close()
+            raise GateError(f"{store_pg.redact(url)}: gate {exc}") from None
+        except BaseException:
+            self.conn.close()
+            raise
+
     def _init_schema(self) -> None:
+        """SQLite: the tables, then the migrations from ``user_version`` (the audit tables exist already)."""
         with immediate_transaction(self.conn):
             for stmt in _SCHEMA:
                 self.conn.execute(stmt)
             (version,) = self.conn.execute("PRAGMA user_version").fetchone()
-            if version == 0:
-                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
+            if version > SCHEMA_VERSION:
                 raise GateError(
                     f"{self.db_path}: schema version {version}, this FleetYield knows {SCHEMA_VERSION}"
                 )
+            if version < 2:  # 0 (new) or 1: the head row, seeded from the tail (AuditLog made the table)
+                self.conn.execute(
+                    "INSERT OR IGNORE INTO audit_head (id, seq, hash)"
+                    " SELECT 1, seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
+                )
+            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _fence(self) -> None:
+        """Inside a write transaction: refuse (``GateError``, nothing written) unless ``lease`` still
+        holds, checked under the lease row's lock."""
+        if self.lease is None:
+            return
+        held = self.lease()
+        if held is None:
+            raise GateError("fenced: this controller does not hold the leader lease; nothing recorded")
+        row = self.conn.execute(
+            "SELECT 1 FROM leader_lease WHERE id = 1 AND holder = ? AND token = ? FOR UPDATE", held
+        ).fetchone()
+        if row is None:
+            raise GateError(f"fenced: lease token {held[1]} of {held[0]} is stale; nothing recorded")
 
     @classmethod
-    def open(cls, state_dir: str | Path, **kwargs: Any) -> Gatekeeper:
-        """``<state_dir>/gate.db`` with its head checkpoint ``<state_dir>/audit.head``."""
+    def open(cls, state_dir: str | Path, *, url: str | None = None, **kwargs: Any) -> Gatekeeper:
+        """``<state_dir>/gate.db`` with its head checkpoint ``<state_dir>/audit.head``; with ``url`` (a
+        PostgreSQL store) the database is that one and ``state_dir`` holds only this host's head file."""
         d = Path(state_dir)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return cls(d / DB_FILENAME, d / HEAD_FILENAME, **kwargs)
+        return cls(url or d / DB_FILENAME, d / HEAD_FILENAME, **kwargs)
 
     def close(self) -> None:
         self.conn.close()
@@ -230,7 +304,9 @@ class Gatekeeper:
         if proposal.status is not ProposalStatus.PENDING:
             raise ValueError("only a pending proposal can be proposed")
         now = proposal.created_at
+        duplicate: tuple[type[BaseException], ...] = (sqlite3.IntegrityError, *_unique_violation(self.conn))
         with immediate_transaction(self.conn):
+            self._fence()
             for old in self.proposals(ProposalStatus.PENDING, proposal.node):
                 self._set_status(old, ProposalStatus.SUPERSEDED, now, actor)
                 self.audit.append(
@@ -253,7 +329,7 @@ class Gatekeeper:
                         None,
                     ),
                 )
-            except sqlite3.IntegrityError as e:
+            except duplicate as e:
                 raise GateError(f"proposal id {proposal.id} already exists") from e
             self.audit.append(
                 time=now,
@@ -403,6 +479,7 @@ class Gatekeeper:
         core's reason. Returns the closed proposal, or None when it is unknown or no longer pending (an
         admin decided first: that decision stands)."""
         with immediate_transaction(self.conn):
+            self._fence()
             p = self.get(proposal_id)
             if p is None or p.status is not ProposalStatus.PENDING:
                 return None
@@ -421,6 +498,7 @@ class Gatekeeper:
         """Close every pending proposal whose deadline has passed. Returns them, now ``expired``."""
         out: list[Proposal] = []
         with immediate_transaction(self.conn):
+            self._fence()
             rows = self.conn.execute(
                 f"SELECT {_COLUMNS} FROM proposals WHERE status = ? AND expires_at <= ?"
                 " ORDER BY created_at, id",
