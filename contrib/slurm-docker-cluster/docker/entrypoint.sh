@@ -110,6 +110,32 @@ setup_push_secret() {
   chmod 0600 "$PUSH_SECRET"
 }
 
+# slurmrestd (issue #29) beside slurmctld: JWT auth on 0.0.0.0:6820 as the unprivileged `slurmrest`
+# user, and a JWT for root (the controller's Slurm user) in /shared/slurmrest/token, renewed every
+# hour (lifespan one day), for the FleetYield controller's REST adapter ([slurm] adapter = "rest").
+REST_TOKEN=/shared/slurmrest/token
+rest_token_loop() {
+  install -d -m 0755 "$(dirname "$REST_TOKEN")"
+  while :; do
+    if slurmctld_up; then
+      tok=$(scontrol token username=root lifespan=86400 2>/dev/null | sed -n 's/^SLURM_JWT=//p')
+      if [[ -n $tok ]]; then
+        (umask 022 && printf '%s\n' "$tok" >"$REST_TOKEN.tmp") && mv "$REST_TOKEN.tmp" "$REST_TOKEN"
+        sleep 3600 & wait $!
+        continue
+      fi
+    fi
+    sleep 1 & wait $!
+  done
+}
+start_slurmrestd() {
+  command -v slurmrestd >/dev/null || return 0
+  supervise slurmrestd env SLURM_JWT=daemon setpriv --reuid=slurmrest --regid=slurmrest --clear-groups \
+    slurmrestd -a rest_auth/jwt 0.0.0.0:6820
+  rest_token_loop &
+  HELPERS+=($!)
+}
+
 case "$ROLE" in
 mariadb)
   install -d -o mysql -g mysql /run/mysqld
@@ -156,6 +182,7 @@ slurmctld)
   # slurmctld registers itself too, but only once it is up; register first so the first jobs
   # are accounted.  Fails harmlessly when the cluster exists.
   sacctmgr -i add cluster "$(sed -n 's/^ClusterName=//p' /etc/slurm/slurm.conf)" >/dev/null 2>&1 || true
+  start_slurmrestd
   main_process slurmctld -D
   ;;
 slurmd)
