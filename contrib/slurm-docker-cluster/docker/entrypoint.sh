@@ -130,7 +130,8 @@ rest_token_loop() {
 }
 start_slurmrestd() {
   command -v slurmrestd >/dev/null || return 0
-  supervise slurmrestd env SLURM_JWT=daemon setpriv --reuid=slurmrest --regid=slurmrest --clear-groups \
+  # No --privileged here: slurmrestd may not unshare its IPC/mount namespaces, so that hardening is off.
+  supervise slurmrestd env SLURM_JWT=daemon SLURMRESTD_SECURITY=disable_unshare_sysv,disable_unshare_files setpriv --reuid=slurmrest --regid=slurmrest --clear-groups \
     slurmrestd -a rest_auth/jwt 0.0.0.0:6820
   rest_token_loop &
   HELPERS+=($!)
