@@ -284,3 +284,18 @@ def test_config_defaults_to_the_cli_and_accepts_a_rest_setup() -> None:
         _slurm(adapter="rest", rest_url="http://slurmctld:6820", rest_token_file="/shared/slurmrest/token")
     )
     assert (cfg.slurm.adapter, cfg.slurm.rest_user) == ("rest", "root")
+
+
+def test_doctor_pings_slurmrestd_with_the_token_and_says_what_falls_back(server: Server, token: Path) -> None:
+    from slurm_fleetyield import doctor
+
+    cfg = config_mod.from_mapping(_slurm(adapter="rest", rest_url=server.url, rest_token_file=str(token)))
+    ctx = doctor.Context("t.toml", runner=Recorder(), config=cfg)
+    (finding,) = doctor.check_slurmrest(ctx)
+    assert finding.status == "OK", finding
+    assert "/slurm/v0.0.38: slurmctld UP (as root)" in finding.detail
+    assert "node update and requeue through scontrol" in finding.detail
+    server.routes["/slurm/v0.0.38/ping"] = captured("ping_bad_token.txt")
+    ctx = doctor.Context("t.toml", runner=Recorder(), config=cfg)
+    (finding,) = doctor.check_slurmrest(ctx)
+    assert finding.status == "FAIL" and "slurmctld config is unable to load" in finding.detail, finding
