@@ -299,3 +299,12 @@ def test_doctor_pings_slurmrestd_with_the_token_and_says_what_falls_back(server:
     ctx = doctor.Context("t.toml", runner=Recorder(), config=cfg)
     (finding,) = doctor.check_slurmrest(ctx)
     assert finding.status == "FAIL" and "slurmctld config is unable to load" in finding.detail, finding
+
+
+def test_v0_0_38_state_flags_join_the_state_as_the_cli_shows_them() -> None:
+    from slurm_fleetyield.adapters.slurmrest import normalize_nodes
+
+    doc = {"nodes": [{"name": "n1", "state": "idle", "state_flags": ["DRAIN", "NOT_RESPONDING"]}]}
+    assert normalize_nodes(doc)["nodes"][0]["state"] == ["IDLE", "DRAIN", "NOT_RESPONDING"]
+    newer = {"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"]}]}  # v0.0.40: already a list
+    assert normalize_nodes(newer)["nodes"][0]["state"] == ["IDLE", "DRAIN"]
