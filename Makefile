@@ -8,7 +8,7 @@ VENV := .venv
 STAMP := $(VENV)/.fleetyield-installed
 CLUSTER := contrib/slurm-docker-cluster
 
-.PHONY: venv test unit lint up down demo clean-cluster ab ab-precursor package sim-frontier sim-noharm ab-gang
+.PHONY: venv test unit lint up down test-rest demo clean-cluster ab ab-precursor package sim-frontier sim-noharm ab-gang
 
 # (Re)install when pyproject.toml changes (new deps or console scripts).
 $(STAMP): pyproject.toml
@@ -34,6 +34,11 @@ up: $(STAMP)
 
 down:
 	$(CLUSTER)/down.sh
+
+# The slurmrestd adapter against the cluster's slurmrestd (auth/jwt), with the closed loop on
+# adapter = "rest" (CI runs the short ones; this runs them all). Needs `make up` first.
+test-rest: $(STAMP)
+	FLEETYIELD_REST_LOOP=1 $(VENV)/bin/pytest -m integration tests/integration/test_slurmrestd.py
 
 demo: up
 	$(CLUSTER)/demo.sh

@@ -63,6 +63,27 @@ class SlurmConfig(BaseModel):
         False,
         description="Read Slurm and decide, but never change it: the plan is only logged (also --dry-run).",
     )
+    adapter: Literal["cli", "rest"] = Field(
+        "cli",
+        description="'cli': scontrol/squeue. 'rest': slurmrestd with JWT (rest_url, rest_user, "
+        "rest_token_file); what the served API lacks (22.05: node update, requeue) runs through scontrol.",
+    )
+    rest_url: str | None = Field(None, description="slurmrestd base URL, e.g. http://slurmctld:6820.")
+    rest_user: str = Field("root", min_length=1, description="X-SLURM-USER-NAME: the user the token is for.")
+    rest_token_file: str | None = Field(
+        None, description="File holding the JWT (scontrol token output); re-read when it changes."
+    )
+
+    @model_validator(mode="after")
+    def _rest_needs_url_and_token(self) -> SlurmConfig:
+        if self.adapter == "rest":
+            if not self.rest_url or not re.match(r"^https?://[^/\s]+", self.rest_url):
+                raise ValueError(
+                    f"slurm.rest_url = {self.rest_url!r}: adapter = 'rest' needs slurmrestd's http(s):// URL"
+                )
+            if not self.rest_token_file:
+                raise ValueError("slurm.rest_token_file = None: adapter = 'rest' needs the JWT's file")
+        return self
 
 
 class SenseConfig(BaseModel):

@@ -39,6 +39,7 @@ from slurm_fleetyield import intake as intake_mod
 from slurm_fleetyield.adapters.agent_control import AgentControl
 from slurm_fleetyield.adapters.metrics import ControllerStats, TickSnapshot, make_registry
 from slurm_fleetyield.adapters.slurm import CanarySpec, DryRunSlurm, SlurmCli, SlurmCommandError
+from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile
 from slurm_fleetyield.adapters.store import LogRow, Store, StoredState, StoreError, TickMarks
 from slurm_fleetyield.adapters.views import ViewRenderer, ledger_row
 from slurm_fleetyield.config import Config, read_secret
@@ -585,6 +586,18 @@ class Runtime:
         self.store.close()
 
 
+def build_slurm_rest(config: Config, cli: SlurmCli) -> SlurmRest:
+    """``[slurm] adapter = "rest"``: slurmrestd with the JWT of ``rest_token_file``; ``cli`` for the rest."""
+    assert config.slurm.rest_url and config.slurm.rest_token_file  # the config validator requires them
+    return SlurmRest(
+        config.slurm.rest_url,
+        config.slurm.rest_user,
+        TokenFile(config.slurm.rest_token_file),
+        cli,
+        timeout_s=config.slurm.command_timeout_s,
+    )
+
+
 def build(
     config: Config,
     *,
@@ -620,6 +633,8 @@ def build(
                 partition=config.canary.partition,
             ),
         )
+        if config.slurm.adapter == "rest":
+            slurm = build_slurm_rest(config, slurm)  # type: ignore[assignment]
     if dry and not isinstance(slurm, DryRunSlurm):
         slurm = DryRunSlurm(slurm)  # type: ignore[arg-type]
     if sense is None:

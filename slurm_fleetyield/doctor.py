@@ -172,6 +172,43 @@ def check_slurm(ctx: Context) -> list[Finding]:
     return out
 
 
+def check_slurmrest(ctx: Context) -> list[Finding]:
+    """``[slurm] adapter = "rest"``: slurmrestd answers (ping) with our JWT, and which API version is used."""
+    cfg = ctx.config
+    if cfg is None or cfg.slurm.adapter != "rest":
+        return [Finding("slurmrest", "OK", "slurm.adapter = 'cli': slurmrestd not used")]
+    from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile
+
+    assert cfg.slurm.rest_url and cfg.slurm.rest_token_file  # required by the config validator
+    rest = SlurmRest(
+        cfg.slurm.rest_url,
+        cfg.slurm.rest_user,
+        TokenFile(cfg.slurm.rest_token_file),
+        ctx.slurm(),
+        timeout_s=10.0,
+        retries=1,
+    )
+    try:
+        pings = rest.ping().get("pings") or []
+        api = rest.api()
+    except SlurmCommandError as exc:
+        return [
+            Finding(
+                "slurmrest",
+                "FAIL",
+                str(exc),
+                "check slurm.rest_url (slurmrestd -a rest_auth/jwt listening there), and that "
+                "slurm.rest_token_file holds a current `scontrol token username=<rest_user>` for rest_user",
+            )
+        ]
+    fallback = [w for w, ok in (("node update", api.node_update), ("requeue", api.requeue_path)) if not ok]
+    state = ", ".join(f"{p.get('hostname')} {p.get('ping')}" for p in pings if isinstance(p, dict))
+    detail = f"{cfg.slurm.rest_url}{api.prefix}: {state or 'no pings'} (as {cfg.slurm.rest_user})"
+    if fallback:
+        detail += f"; {' and '.join(fallback)} through scontrol (not in this API)"
+    return [Finding("slurmrest", "OK", detail)]
+
+
 def parse_show_config(text: str) -> dict[str, str]:
     """``scontrol show config`` -> {key: value} ("Key = Value" lines; others ignored)."""
     out = {}
@@ -682,6 +719,7 @@ def check_controller(ctx: Context) -> list[Finding]:
 CHECKS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
     ("config", check_config),
     ("slurm", check_slurm),
+    ("slurmrest", check_slurmrest),
     ("hooks", check_hooks),
     ("agents", check_agents),
     ("clocks", check_clocks),

@@ -110,6 +110,33 @@ setup_push_secret() {
   chmod 0600 "$PUSH_SECRET"
 }
 
+# slurmrestd (issue #29) beside slurmctld: JWT auth on 0.0.0.0:6820 as the unprivileged `slurmrest`
+# user, and a JWT for root (the controller's Slurm user) in /shared/slurmrest/token, renewed every
+# hour (lifespan one day), for the FleetYield controller's REST adapter ([slurm] adapter = "rest").
+REST_TOKEN=/shared/slurmrest/token
+rest_token_loop() {
+  install -d -m 0755 "$(dirname "$REST_TOKEN")"
+  while :; do
+    if slurmctld_up; then
+      tok=$(scontrol token username=root lifespan=86400 2>/dev/null | sed -n 's/^SLURM_JWT=//p')
+      if [[ -n $tok ]]; then
+        (umask 022 && printf '%s\n' "$tok" >"$REST_TOKEN.tmp") && mv "$REST_TOKEN.tmp" "$REST_TOKEN"
+        sleep 3600 & wait $!
+        continue
+      fi
+    fi
+    sleep 1 & wait $!
+  done
+}
+start_slurmrestd() {
+  command -v slurmrestd >/dev/null || return 0
+  # No --privileged here: slurmrestd may not unshare its IPC/mount namespaces, so that hardening is off.
+  supervise slurmrestd env SLURM_JWT=daemon SLURMRESTD_SECURITY=disable_unshare_sysv,disable_unshare_files setpriv --reuid=slurmrest --regid=slurmrest --clear-groups \
+    slurmrestd -a rest_auth/jwt 0.0.0.0:6820
+  rest_token_loop &
+  HELPERS+=($!)
+}
+
 case "$ROLE" in
 mariadb)
   install -d -o mysql -g mysql /run/mysqld
@@ -161,6 +188,7 @@ slurmctld)
   sacctmgr -i add qos fy_preemptible >/dev/null 2>&1 || true
   sacctmgr -i modify qos where name=fy_preemptible set PreemptMode=requeue >/dev/null
   sacctmgr -i modify qos where name=normal set Preempt=fy_preemptible >/dev/null
+  start_slurmrestd
   main_process slurmctld -D
   ;;
 slurmd)

@@ -1,0 +1,174 @@
+"""The slurmrestd adapter against the docker cluster's real slurmrestd (auth/jwt, issue #29).
+
+The adapter runs inside the controller container (``fleetyield``: the installed package, the token in
+/shared/slurmrest/token, slurmrestd at slurmctld:6820). Every write is verified with ``scontrol show``,
+polled with a deadline. CI runs the short ones; ``make test-rest`` (FLEETYIELD_REST_LOOP=1) adds the
+closed loop on adapter = "rest" (the controller's config swapped, as test_stake_rule.py does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_closed_loop import job_fields, sbatch, wait_ran
+
+pytestmark = pytest.mark.integration
+
+CTL = "fleetyield"
+CONFIG = "/etc/fleetyield/fleetyield.toml"
+NODE = "gpu-l40s-2"
+REST = """[slurm]
+adapter = "rest"
+rest_url = "http://slurmctld:6820"
+rest_user = "root"
+rest_token_file = "/shared/slurmrest/token"
+"""
+
+PRELUDE = """
+import dataclasses, json, sys
+from slurm_fleetyield.adapters.slurm import SlurmCli
+from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile
+from slurm_fleetyield.core.plan import *
+cli = SlurmCli()
+rest = SlurmRest("http://slurmctld:6820", "root", TokenFile("/shared/slurmrest/token"), cli)
+def dump(x):
+    print(json.dumps(x, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
+"""
+
+
+def rest_py(cluster: Any, code: str) -> Any:
+    out = cluster.exec(CTL, "/opt/fleetyield/bin/python", "-c", PRELUDE + code, timeout=60).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def quiet(cluster: Any) -> Iterator[Any]:
+    """The controller stopped (it would undo our writes within a tick); a clean world afterwards."""
+    cluster.reset_world()
+    cluster.fy_service(CTL, "controller", "stop")
+    try:
+        yield cluster
+    finally:
+        cluster.reset_world()
+        cluster._fy_clean = True
+
+
+def test_rest_reads_the_same_nodes_and_jobs_as_the_cli(quiet: Any) -> None:
+    job = sbatch(quiet, "--requeue", "--comment=fy:decode", seconds=600)
+    wait_ran(quiet, [job])
+    both = rest_py(
+        quiet,
+        "dump({'version': rest.api().prefix,"
+        " 'nodes': [{k: dataclasses.asdict(v) for k, v in sorted(a.read_nodes().items())}"
+        " for a in (cli, rest)],"
+        " 'jobs': [[dataclasses.asdict(j) for j in a.read_jobs()] for a in (cli, rest)]})",
+    )
+    assert both["version"] == "/slurm/v0.0.38", both["version"]
+    cli_nodes, rest_nodes = both["nodes"]
+    assert len(cli_nodes) == 4 and rest_nodes == cli_nodes
+    cli_jobs, rest_jobs = both["jobs"]
+    assert [j["job_id"] for j in rest_jobs] == [int(job)]
+    assert rest_jobs == cli_jobs
+    assert rest_jobs[0]["workload"] == "decode" and rest_jobs[0]["gpus"] == 1
+    quiet.ctl("scancel", job)
+
+
+def node_fields(cluster: Any, node: str) -> dict[str, str]:
+    return cluster.node_info()[node]
+
+
+def test_rest_sets_features_and_weight_drains_resumes_and_requeues(quiet: Any) -> None:
+    before = node_fields(quiet, NODE)
+    report = rest_py(
+        quiet,
+        f"r = rest.apply(Plan(actions=(UpdateNodes(({NODE!r},), ('l40s', 'fy_rest_probe'), 777),)));"
+        " dump([(x.ok, list(x.command), x.detail) for x in r.results])",
+    )
+    assert all(ok for ok, _, _ in report), report
+    quiet.poll(
+        lambda: (f := node_fields(quiet, NODE))["Weight"] == "777" and "fy_rest_probe" in f["ActiveFeatures"],
+        timeout=10,
+        what=f"{NODE} weight 777 and feature fy_rest_probe",
+    )
+    restore = (
+        f"UpdateNodes(({NODE!r},), tuple({before['AvailableFeatures']!r}.split(',')), {before['Weight']})"
+    )
+    rest_py(quiet, f"rest.apply(Plan(actions=({restore},)))")
+
+    job = sbatch(quiet, "--requeue", "-w", NODE, seconds=600)
+    wait_ran(quiet, [job])
+    reason = "fleetyield: rest adapter probe"
+    rest_py(quiet, f"rest.apply(Plan(actions=(DrainNode({NODE!r}, {reason!r}, ({job},)),)))")
+    quiet.poll(
+        lambda: (
+            "DRAIN" in (f := node_fields(quiet, NODE))["State"] and f.get("Reason", "").startswith(reason)
+        ),
+        timeout=10,
+        what=f"{NODE} DRAIN with our reason",
+    )
+    quiet.poll(
+        lambda: int(job_fields(quiet, job).get("Restarts", "0")) >= 1,
+        timeout=30,
+        what=f"job {job} requeued",
+    )
+    rest_py(quiet, f"rest.apply(Plan(actions=(ResumeNode({NODE!r}, 'probe done'),)))")
+    quiet.poll(lambda: "DRAIN" not in node_fields(quiet, NODE)["State"], timeout=10, what=f"{NODE} resumed")
+    quiet.ctl("scancel", job)
+
+
+def test_a_bad_token_is_a_clear_error_naming_the_endpoint(quiet: Any) -> None:
+    out = quiet.exec(
+        CTL,
+        "bash",
+        "-c",
+        "echo not-a-jwt > /tmp/bad.token && /opt/fleetyield/bin/python -c '"
+        "from slurm_fleetyield.adapters.slurm import SlurmCli, SlurmCommandError\n"
+        "from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile\n"
+        'r = SlurmRest("http://slurmctld:6820", "root", TokenFile("/tmp/bad.token"), SlurmCli())\n'
+        "try:\n    r.ping()\nexcept SlurmCommandError as e:\n    print(e)\n'",
+    ).stdout
+    assert "slurmrestd GET /slurm/v" in out and "HTTP 500" in out, out
+    assert "not-a-jwt" not in out  # the token is never printed
+
+
+@pytest.fixture(scope="module")
+def rest_controller(cluster: Any) -> Iterator[Any]:
+    original = cluster.sh(CTL, f"cat {CONFIG}")
+    table = re.compile(r"^\[slurm\]\n", re.MULTILINE)
+    new, n = table.subn(REST, original)
+    assert n == 1, f"{CONFIG}: expected one [slurm] table, found {n}"
+    cluster.fy_service(CTL, "controller", "stop")
+    cluster.write_file(CTL, CONFIG, new)
+    try:
+        cluster.reset_world()  # restarts the controller (empty store) on adapter = "rest"
+        yield cluster
+    finally:
+        cluster.fy_service(CTL, "controller", "stop")
+        cluster.write_file(CTL, CONFIG, original)
+        cluster.reset_world()
+        cluster._fy_clean = True
+
+
+@pytest.mark.skipif(
+    not os.environ.get("FLEETYIELD_REST_LOOP"), reason="the closed loop on adapter = 'rest': make test-rest"
+)
+def test_closed_loop_on_rest_a_fatal_xid_drains_and_requeues(rest_controller: Any) -> None:
+    world = rest_controller
+    job = sbatch(world, "--requeue", seconds=3600)
+    x = wait_ran(world, [job])[job]
+    (gpu,) = world.job_gpus(job)
+    timing = world.inject_and_time_drain(x, gpu=gpu, xid=79)
+    fields = world.node_info()[x]
+    assert "DRAIN" in fields["State"] and "XID 79" in fields["Reason"], fields
+    print(f"\nadapter=rest: XID 79 -> DRAIN on {x}: {timing['drain_s']:.3f} s")
+
+    def requeued() -> dict[str, str] | None:
+        f = job_fields(world, job)
+        return f if int(f.get("Restarts", "0")) >= 1 and f.get("NodeList") != x else None
+
+    world.poll(requeued, timeout=30, what=f"job {job} requeued off {x}")
