@@ -69,12 +69,13 @@ def test_job_submit_maps_gangs_and_preemptible_work_to_their_features(world: Any
 
 
 def spares_config(config: str) -> str:
-    """The cluster's controller config with ``[core.spares] min = 1`` (the admin floor)."""
+    """The cluster's controller config with ``[core.spares] min = 1`` (the admin floor) and ``max_fraction =
+    0.5`` (the default 5% of four nodes is none)."""
     table = re.compile(r"^\[core\.spares\]\n(?:(?!\[).*\n)*", re.MULTILINE)
     m = table.search(config)
     assert m, f"{CONFIG}: no [core.spares] table"
-    body = re.sub(r"^min\s*=.*\n", "", m.group(0), flags=re.MULTILINE)
-    return config[: m.start()] + body.rstrip("\n") + "\nmin = 1\n\n" + config[m.end() :]
+    body = re.sub(r"^(min|max_fraction)\s*=.*\n", "", m.group(0), flags=re.MULTILINE)
+    return config[: m.start()] + body.rstrip("\n") + "\nmin = 1\nmax_fraction = 0.5\n\n" + config[m.end() :]
 
 
 @pytest.fixture
