@@ -43,7 +43,19 @@ def dump(x):
 
 def rest_py(cluster: Any, code: str) -> Any:
     out = cluster.exec(CTL, "/opt/fleetyield/bin/python", "-c", PRELUDE + code, timeout=60).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    lines = out.strip().splitlines()
+    assert lines, f"no output from {code!r}"
+    return json.loads(lines[-1])
+
+
+def rest_apply(cluster: Any, actions: str) -> None:
+    """``rest.apply(Plan(actions=(<actions>,)))`` in the controller container; every result must be ok."""
+    report = rest_py(
+        cluster,
+        f"r = rest.apply(Plan(actions=({actions},)));"
+        " dump([(x.ok, list(x.command), x.detail) for x in r.results])",
+    )
+    assert report and all(ok for ok, _, _ in report), report
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +84,9 @@ def test_rest_reads_the_same_nodes_and_jobs_as_the_cli(quiet: Any) -> None:
     cli_nodes, rest_nodes = both["nodes"]
     assert len(cli_nodes) == 4 and rest_nodes == cli_nodes
     cli_jobs, rest_jobs = both["jobs"]
-    assert [j["job_id"] for j in rest_jobs] == [int(job)]
-    assert rest_jobs == cli_jobs
-    assert rest_jobs[0]["workload"] == "decode" and rest_jobs[0]["gpus"] == 1
+    assert rest_jobs == cli_jobs  # squeue also lists recently finished jobs (MinJobAge): all compared
+    (ours,) = [j for j in rest_jobs if j["job_id"] == int(job)]
+    assert ours["state"] == "RUNNING" and ours["workload"] == "decode" and ours["gpus"] == 1, ours
     quiet.ctl("scancel", job)
 
 
@@ -84,12 +96,7 @@ def node_fields(cluster: Any, node: str) -> dict[str, str]:
 
 def test_rest_sets_features_and_weight_drains_resumes_and_requeues(quiet: Any) -> None:
     before = node_fields(quiet, NODE)
-    report = rest_py(
-        quiet,
-        f"r = rest.apply(Plan(actions=(UpdateNodes(({NODE!r},), ('l40s', 'fy_rest_probe'), 777),)));"
-        " dump([(x.ok, list(x.command), x.detail) for x in r.results])",
-    )
-    assert all(ok for ok, _, _ in report), report
+    rest_apply(quiet, f"UpdateNodes(({NODE!r},), ('l40s', 'fy_rest_probe'), 777)")
     quiet.poll(
         lambda: (f := node_fields(quiet, NODE))["Weight"] == "777" and "fy_rest_probe" in f["ActiveFeatures"],
         timeout=10,
@@ -98,12 +105,12 @@ def test_rest_sets_features_and_weight_drains_resumes_and_requeues(quiet: Any) -
     restore = (
         f"UpdateNodes(({NODE!r},), tuple({before['AvailableFeatures']!r}.split(',')), {before['Weight']})"
     )
-    rest_py(quiet, f"rest.apply(Plan(actions=({restore},)))")
+    rest_apply(quiet, restore)
 
     job = sbatch(quiet, "--requeue", "-w", NODE, seconds=600)
     wait_ran(quiet, [job])
     reason = "fleetyield: rest adapter probe"
-    rest_py(quiet, f"rest.apply(Plan(actions=(DrainNode({NODE!r}, {reason!r}, ({job},)),)))")
+    rest_apply(quiet, f"DrainNode({NODE!r}, {reason!r}, ({job},))")
     quiet.poll(
         lambda: (
             "DRAIN" in (f := node_fields(quiet, NODE))["State"] and f.get("Reason", "").startswith(reason)
@@ -116,7 +123,7 @@ def test_rest_sets_features_and_weight_drains_resumes_and_requeues(quiet: Any) -
         timeout=30,
         what=f"job {job} requeued",
     )
-    rest_py(quiet, f"rest.apply(Plan(actions=(ResumeNode({NODE!r}, 'probe done'),)))")
+    rest_apply(quiet, f"ResumeNode({NODE!r}, 'probe done')")
     quiet.poll(lambda: "DRAIN" not in node_fields(quiet, NODE)["State"], timeout=10, what=f"{NODE} resumed")
     quiet.ctl("scancel", job)
 
