@@ -719,23 +719,7 @@ class SlurmCli:
                     _RawJob(j.job_id, j.state, j.nodelist, flags.get(j.job_id), j.comment, j.gpus, qos=j.qos)
                     for j in raw
                 ]
-        expanded = self.expand_hostlists(j.nodelist for j in raw)
-        views = []
-        for j in raw:
-            nodes = expanded.get(j.nodelist, ())
-            views.append(
-                JobView(
-                    job_id=j.job_id,
-                    state=j.state,
-                    nodes=nodes,
-                    requeue=True if j.requeue is None else j.requeue,
-                    workload=workload_from_comment(j.comment),
-                    gpus=j.gpus,
-                    gpu_index=job_gpu_index(nodes, j.gres_detail),
-                    qos=j.qos,
-                )
-            )
-        return views
+        return job_views(raw, self.expand_hostlists(j.nodelist for j in raw))
 
     # -- writes ---------------------------------------------------------------------------------------
 
@@ -966,6 +950,26 @@ def _drain_batch(actions: Sequence[Action], start: int) -> list[Action]:
             break
         batch.append(a)
     return batch
+
+
+def job_views(raw: Sequence[_RawJob], expanded: Mapping[str, tuple[str, ...]]) -> list[JobView]:
+    """The jobs as the decisions see them (both Slurm adapters): ``expanded``, each hostlist's nodes."""
+    views = []
+    for j in raw:
+        nodes = expanded.get(j.nodelist, ())
+        views.append(
+            JobView(
+                job_id=j.job_id,
+                state=j.state,
+                nodes=nodes,
+                requeue=True if j.requeue is None else j.requeue,
+                workload=workload_from_comment(j.comment),
+                gpus=j.gpus,
+                gpu_index=job_gpu_index(nodes, j.gres_detail),
+                qos=j.qos,
+            )
+        )
+    return views
 
 
 def _requeue(scontrol: str, jobs: Sequence[int]) -> tuple[str, ...]:

@@ -34,10 +34,9 @@ from slurm_fleetyield.adapters.slurm import (
     NodeDetail,
     SlurmCli,
     SlurmCommandError,
-    job_gpu_index,
+    job_views,
     parse_jobs_json,
     parse_nodes_json,
-    workload_from_comment,
 )
 from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode
 from slurm_fleetyield.core.plan import Action, DrainNode, Plan, RequeueJobs, ResumeNode, UpdateNodes
@@ -271,22 +270,7 @@ class SlurmRest:
             raw = parse_jobs_json(json.dumps({"jobs": doc.get("jobs", [])}))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SlurmRestError("GET", endpoint, 200, f"unparsable answer: {exc}") from None
-        expanded = self.cli.expand_hostlists(j.nodelist for j in raw)
-        views = []
-        for j in raw:
-            nodes = expanded.get(j.nodelist, ())
-            views.append(
-                JobView(
-                    job_id=j.job_id,
-                    state=j.state,
-                    nodes=nodes,
-                    requeue=True if j.requeue is None else j.requeue,
-                    workload=workload_from_comment(j.comment),
-                    gpus=j.gpus,
-                    gpu_index=job_gpu_index(nodes, j.gres_detail),
-                )
-            )
-        return views
+        return job_views(raw, self.cli.expand_hostlists(j.nodelist for j in raw))
 
     # -- writes ---------------------------------------------------------------------------------------
 
