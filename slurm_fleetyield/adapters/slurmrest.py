@@ -65,7 +65,10 @@ class SlurmRestError(SlurmCommandError):
 
 
 class TokenFile:
-    """The JWT in ``path`` (``scontrol token`` output or the bare token), re-read when the file changes."""
+    """The JWT in ``path`` (``scontrol token`` output or the bare token), re-read when the file changes.
+
+    A token file that group or others may read is refused, as the push secret is (config.read_secret): a
+    JWT for the controller's Slurm user is that user's password to slurmrestd."""
 
     def __init__(self, path: str, field: str = "slurm.rest_token_file") -> None:
         self.path = path
@@ -77,6 +80,13 @@ class TokenFile:
         try:
             st = os.stat(self.path)
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if st.st_mode & 0o077:
+                raise SlurmRestError(
+                    "READ",
+                    self.path,
+                    None,
+                    f"{self.field}: mode {st.st_mode & 0o777:o} is group/world accessible (chmod 600)",
+                )
             if stamp != self._stamp:
                 with open(self.path, encoding="utf-8") as fh:
                     text = fh.read().strip()

@@ -94,6 +94,7 @@ class Recorder:
 def token(tmp_path: Path) -> Path:
     path = tmp_path / "token"
     path.write_text("SLURM_JWT=eyJfirst\n")
+    path.chmod(0o600)
     return path
 
 
@@ -158,9 +159,20 @@ def test_a_missing_or_empty_token_file_names_the_field_and_file(tmp_path: Path) 
     with pytest.raises(SlurmRestError, match=r"slurm.rest_token_file: cannot read"):
         TokenFile(str(tmp_path / "absent")).get()
     (tmp_path / "empty").write_text("\n")
+    (tmp_path / "empty").chmod(0o600)
     with pytest.raises(SlurmRestError, match=r"rest_token_file: the token file is empty") as exc:
         TokenFile(str(tmp_path / "empty")).get()
     assert str(tmp_path / "empty") in str(exc.value)
+
+
+def test_a_token_file_others_may_read_is_refused(server: Server, token: Path) -> None:
+    token.chmod(0o644)
+    with pytest.raises(SlurmRestError, match=r"rest_token_file: mode 644 is group/world accessible") as exc:
+        adapter(server, token).ping()
+    assert str(token) in str(exc.value) and "eyJfirst" not in str(exc.value)
+    assert not [p for _, p, _, _ in server.seen if p.endswith("/ping")]
+    token.chmod(0o600)
+    adapter(server, token).ping()
 
 
 def test_api_errors_become_errors_naming_endpoint_status_and_message(server: Server, token: Path) -> None:

@@ -133,7 +133,7 @@ def test_a_bad_token_is_a_clear_error_naming_the_endpoint(quiet: Any) -> None:
         CTL,
         "bash",
         "-c",
-        "echo not-a-jwt > /tmp/bad.token && /opt/fleetyield/bin/python -c '"
+        "umask 077 && echo not-a-jwt > /tmp/bad.token && /opt/fleetyield/bin/python -c '"
         "from slurm_fleetyield.adapters.slurm import SlurmCli, SlurmCommandError\n"
         "from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile\n"
         'r = SlurmRest("http://slurmctld:6820", "root", TokenFile("/tmp/bad.token"), SlurmCli())\n'

@@ -111,16 +111,17 @@ setup_push_secret() {
 }
 
 # slurmrestd (issue #29) beside slurmctld: JWT auth on 0.0.0.0:6820 as the unprivileged `slurmrest`
-# user, and a JWT for root (the controller's Slurm user) in /shared/slurmrest/token, renewed every
+# user, and a JWT for root (the controller's Slurm user) in /shared/slurmrest/token (0600, root: a JWT is a
+# password, and the compute nodes mount /shared too), renewed every
 # hour (lifespan one day), for the FleetYield controller's REST adapter ([slurm] adapter = "rest").
 REST_TOKEN=/shared/slurmrest/token
 rest_token_loop() {
-  install -d -m 0755 "$(dirname "$REST_TOKEN")"
+  install -d -m 0700 "$(dirname "$REST_TOKEN")"
   while :; do
     if slurmctld_up; then
       tok=$(scontrol token username=root lifespan=86400 2>/dev/null | sed -n 's/^SLURM_JWT=//p')
       if [[ -n $tok ]]; then
-        (umask 022 && printf '%s\n' "$tok" >"$REST_TOKEN.tmp") && mv "$REST_TOKEN.tmp" "$REST_TOKEN"
+        (umask 077 && printf '%s\n' "$tok" >"$REST_TOKEN.tmp") && mv "$REST_TOKEN.tmp" "$REST_TOKEN"
         sleep 3600 & wait $!
         continue
       fi
