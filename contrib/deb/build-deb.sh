@@ -3,7 +3,9 @@
 #   contrib/deb/build-deb.sh [OUTDIR]          (default: dist/; prints the .deb's path on stdout)
 # Environment: PYTHON (default /usr/bin/python3: the interpreter the target hosts run, Debian's own),
 #   VERSION (default: pyproject's), PIP_FIND_LINKS / PIP_NO_INDEX (pip's own variables: build offline from
-#   a wheelhouse, e.g. the docker cluster's contrib/slurm-docker-cluster/build/wheels/py3.11/deps).
+#   a wheelhouse, e.g. the docker cluster's contrib/slurm-docker-cluster/build/wheels/py3.11/deps, which also
+#   holds the build backend), DEB_COMPRESS (dpkg-deb -Z: xz by default; the docker cluster's image build,
+#   which installs the package at once, uses none).
 #
 # One package for every host: the venv at /opt/fleetyield with the console scripts (the agent, the hooks and
 # RebootProgram on GPU nodes, the controller on its host) and the [controller] extra, so one artifact serves
@@ -155,5 +157,5 @@ EOF
 chmod 0755 "$STAGE/DEBIAN/postinst" "$STAGE/DEBIAN/prerm" "$STAGE/DEBIAN/postrm"
 
 deb=$OUT/fleetyield_${VERSION}_${ARCH}.deb
-dpkg-deb --root-owner-group -Zxz --build "$STAGE" "$deb" >/dev/null
+dpkg-deb --root-owner-group -Z"${DEB_COMPRESS:-xz}" --build "$STAGE" "$deb" >/dev/null
 echo "$deb"

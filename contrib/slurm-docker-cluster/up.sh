@@ -83,11 +83,14 @@ build_wheelhouse() {
   local py deps key
   py=$(host_python)
   # One image serves every role (GPU nodes and the controller): the default dependencies plus the
-  # controller's extra (pyproject [project.optional-dependencies] controller: sushy for Redfish).
+  # controller's extra (pyproject [project.optional-dependencies] controller: sushy for Redfish), and the
+  # build backend ([build-system] requires), with which the image build makes the Debian package offline.
   deps=$("$py" - "$REPO_ROOT/pyproject.toml" <<'PY'
 import sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(project["dependencies"] + project["optional-dependencies"]["controller"]))
+cfg = tomllib.load(open(sys.argv[1], "rb"))
+project = cfg["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["controller"]
+                + cfg["build-system"]["requires"]))
 PY
 )
   key=$(printf '%s\n%s\n' "$IMAGE_PYTHON" "$deps" | sha256sum | cut -c1-16)
@@ -107,27 +110,20 @@ PY
       || { grep -v 'is ignored' "$BUILD_DIR/pip-download.log" | tail -30 >&2; die "pip download failed"; }
     echo "$key" >"$wdir/deps/.key"
   fi
-  # The project wheel, built from a clean copy of the sources (setuptools' build/lib in the
-  # tree can hold stale modules) with fixed timestamps, so an unchanged tree gives a
-  # byte-identical wheel and docker reuses the cached layer (containers are not recreated).
-  log "building the fleetyield wheel"
-  local src="$BUILD_DIR/src"
-  rm -rf "$src" "$wdir/project" && mkdir -p "$src" "$wdir/project"
-  local pkgs
-  pkgs=$("$py" - "$REPO_ROOT/pyproject.toml" <<'PY'
-import sys, tomllib
-cfg = tomllib.load(open(sys.argv[1], "rb"))
-inc = cfg.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {}).get("include", [])
-print(" ".join(sorted({p.split(".")[0].rstrip("*") for p in inc})))
-PY
-)
-  # shellcheck disable=SC2046,SC2086
+  # The package's sources: what contrib/deb/build-deb.sh reads (the image build runs it, offline, from
+  # the wheelhouse above, and installs the .deb it makes: the cluster runs what admins install). Copied
+  # fresh each time without bytecode; docker compares contents, so an unchanged tree reuses the cached
+  # package layer and containers are not recreated.
+  log "staging the Debian package's sources"
+  local src="$BUILD_DIR/deb/src"
+  rm -rf "$BUILD_DIR/deb" && mkdir -p "$src"
+  # shellcheck disable=SC2046
   (cd "$REPO_ROOT" && tar -c --exclude=__pycache__ --exclude='*.pyc' \
-      pyproject.toml $(ls -d README* LICENSE* setup.cfg setup.py 2>/dev/null) $pkgs) | tar -x -C "$src"
-  SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel -q --disable-pip-version-check --no-deps \
-    -w "$wdir/project" "$src" >"$BUILD_DIR/wheel.log" 2>&1 \
-    || { cat "$BUILD_DIR/wheel.log" >&2; die "building the wheel failed"; }
-  rm -rf "$src"
+      pyproject.toml README.md slurm_fleetyield node_agent prolog_epilog \
+      contrib/deb contrib/systemd contrib/logrotate contrib/fleetyield.example.toml \
+      contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf contrib/slurm-docker-cluster/slurm/fleetyield-spares.conf \
+      contrib/prometheus contrib/alertmanager contrib/grafana \
+      docs/admin-guide.md docs/results.md docs/simulator.md docs/devlog.md) | tar -x -C "$src"
 }
 
 build_image() {

@@ -7,6 +7,7 @@ No fixed sleeps: everything that takes time is polled with a deadline.
 from __future__ import annotations
 
 import re
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,21 @@ def test_slurm_conf_in_cluster_contains_snippet(cluster: Any) -> None:
             link = cluster.exec(node, "readlink", "-f", f"/etc/slurm/{kind}.d/50-fleetyield").stdout.strip()
             assert link.startswith("/opt/fleetyield/"), (node, kind, link)
             assert cluster.exec(node, "test", "-x", f"/opt/fleetyield/bin/fleetyield-{kind}").returncode == 0
+
+
+@pytest.mark.integration
+def test_every_container_runs_the_debian_package_an_admin_installs(cluster: Any) -> None:
+    """The images install contrib/deb/build-deb.sh's .deb (what `make package` makes), not a wheel: every
+    role's FleetYield executables are the package's files, at the repository's version."""
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for container in ("fleetyield", "slurmctld", *NODES):
+        status = cluster.exec(container, "dpkg-query", "-W", "-f=${Status} ${Version}", "fleetyield").stdout
+        assert status == f"install ok installed {version}", (container, status)
+        for exe in ("fleetyield", "fleetyield-agent", "fleetyield-prolog", "fleetyield-epilog"):
+            owner = cluster.exec(container, "dpkg-query", "-S", f"/opt/fleetyield/bin/{exe}").stdout
+            assert owner.startswith("fleetyield: "), (container, exe, owner)
+    out = cluster.exec("fleetyield", "fleetyield", "--version").stdout
+    assert out.strip() == f"fleetyield {version}", out
 
 
 @pytest.mark.integration
