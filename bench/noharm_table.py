@@ -48,6 +48,7 @@ def rows(root: Path) -> list[dict]:
                 "no_harm": harmless,
                 "half_headroom": closes,
                 "seeds": len(json.loads(rep.read_text())["seeds"]),
+                "fleet": "{nodes} nodes x {days:g} days".format(**json.loads(rep.read_text())["config"]),
             }
         )
     return sorted(out, key=lambda r: (r["workload"], r["load"], r["rate"], r["share"]))
@@ -56,7 +57,7 @@ def rows(root: Path) -> list[dict]:
 def table(rs: list[dict]) -> str:
     lines = [
         "SIMULATED (`make sim-noharm`): net goodput vs unmodified Slurm, mean [95% CI] over seeds; "
-        "32 nodes x 30 days",
+        + (", ".join(sorted({r["fleet"] for r in rs})) or "no reports"),
         "",
         "| workload | load | rate | share | seeds | FleetYield | A/A control | oracle "
         "| no harm (lo >= -0.1%) | half the headroom |",
