@@ -278,8 +278,8 @@ def test_leader_dies_mid_flow_and_the_standby_finishes_both_flows_once(
     # Counted on the Slurm side: slurmctld's log and the node's RebootProgram log.
     log = _slurmctld_log(cluster, t_start)
     approved_sets = [ln for ln in log if f"node {X} reason set to:" in ln and f"#{pid}]" in ln]
-    y_xid = [ln for ln in log if f"node {Y} reason set to: fleetyield: XID 79 gpu 3" in ln]
-    z_xid = [ln for ln in log if f"node {Z} reason set to: fleetyield: XID 79 gpu 3" in ln]
+    y_xid = [ln for ln in log if f"node {Y} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
+    z_xid = [ln for ln in log if f"node {Z} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
     reboots_queued = [ln for ln in log if f"reboot request queued for nodes {Y}" in ln]
     reboots = [
         ln
