@@ -284,7 +284,7 @@ def test_leader_dies_mid_flow_and_the_standby_finishes_both_flows_once(
     # in the shared inbox and drains Z once it leads.
     takeover_s, during_standby = _time_takeover(
         cluster,
-        KILLS[how](cluster.docker),
+        KILLS[how](cluster),
         lambda: cluster.agent(Z, "fault", "inject", "--gpu", "3", "--xid", "79"),
     )
     lease = _lease(cluster, B)
