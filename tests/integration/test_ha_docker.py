@@ -64,6 +64,13 @@ def _wait_controller(cluster: Any, host: str) -> None:
     cluster.poll(running, timeout=120, what=f"{host}'s controller running")
 
 
+def _wait_controller_container(cluster: Any, host: str) -> None:
+    def up() -> bool:
+        return cluster.exec(host, "fy-service", "controller", "status", check=False).returncode in (0, 3)
+
+    cluster.poll(up, timeout=120, what=f"{host}'s container up")
+
+
 def _psql(cluster: Any, sql: str, db: str = "postgres") -> str:
     return cluster.exec(
         "postgres",
@@ -132,6 +139,8 @@ def _spools_empty(cluster: Any, node: str) -> bool:
 def ha(cluster: Any) -> Iterator[dict[str, Any]]:
     """The HA pair on a fresh database, A leading, B standing by, every agent pushing to both; afterwards the
     single SQLite controller, the agents' own config and a clean world again."""
+    _compose(cluster, "up", "-d", "--no-deps", "postgres", ha=False)  # a cluster up from before it existed
+    cluster.poll(lambda: _psql(cluster, "SELECT 1") == "1", timeout=120, what="PostgreSQL answering")
     cluster.reset_world()
     nodes = [n for n, _ in cluster.nodes]
     agent_toml = {n: cluster.exec(n, "cat", AGENT_TOML).stdout for n in nodes}
@@ -287,81 +296,104 @@ def test_leader_dies_mid_flow_and_the_standby_finishes_both_flows_once(
         KILLS[how](cluster),
         lambda: cluster.agent(Z, "fault", "inject", "--gpu", "3", "--xid", "79"),
     )
-    lease = _lease(cluster, B)
-    print(
-        f"\n[{how}] takeover {takeover_s:.2f} s (Y was {stage_at_kill}; Z's XID pushed "
-        f"{'before' if during_standby else 'after'} B led); lease {lease}"
-    )
-    assert lease and lease["leading"] and lease["token"] > token_a, lease
-    assert takeover_s < TAKEOVER_LIMIT_S, takeover_s
+    try:
+        lease = _lease(cluster, B)
+        print(
+            f"\n[{how}] takeover {takeover_s:.2f} s (Y was {stage_at_kill}; Z's XID pushed "
+            f"{'before' if during_standby else 'after'} B led); lease {lease}"
+        )
+        assert lease and lease["leading"] and lease["token"] > token_a, lease
+        assert takeover_s < TAKEOVER_LIMIT_S, takeover_s
 
-    assert not [ln for ln in _slurmctld_log(cluster, t_start) if f"#{pid}]" in ln]  # not drained unapproved
-    cluster.exec(B, "fleetyield", "approve", pid, "--key", ha["key"], "--config", HA_CONFIG)
-    approved = cluster.poll(
-        lambda: (r := _drained(cluster, X)) and f"#{pid}]" in r and r,
-        timeout=30,
-        interval=0.2,
-        what=f"{X} drained by the approval",
-    )
-    z_reason = cluster.poll(lambda: _drained(cluster, Z), timeout=30, interval=0.2, what=f"{Z} drained")
-    assert z_reason.startswith("fleetyield: XID 79 gpu 3"), z_reason
-    seen: list[str] = []
+        assert not [
+            ln for ln in _slurmctld_log(cluster, t_start) if f"#{pid}]" in ln
+        ]  # not drained unapproved
+        cluster.exec(B, "fleetyield", "approve", pid, "--key", ha["key"], "--config", HA_CONFIG)
+        approved = cluster.poll(
+            lambda: (r := _drained(cluster, X)) and f"#{pid}]" in r and r,
+            timeout=30,
+            interval=0.2,
+            what=f"{X} drained by the approval",
+        )
+        z_reason = cluster.poll(lambda: _drained(cluster, Z), timeout=30, interval=0.2, what=f"{Z} drained")
+        assert z_reason.startswith("fleetyield: XID 79 gpu 3"), z_reason
+        seen: list[str] = []
 
-    def back() -> bool:
-        s = _stage(cluster, B, Y)
-        if not seen or seen[-1] != s:
-            seen.append(s)
-        assert s not in {"retired", "needs_human"}, seen
-        return s == "in_service"
+        def back() -> bool:
+            s = _stage(cluster, B, Y)
+            if not seen or seen[-1] != s:
+                seen.append(s)
+            assert s not in {"retired", "needs_human"}, seen
+            return s == "in_service"
 
-    cluster.poll(back, timeout=150, interval=0.5, what=f"{Y}'s ladder finished on B")
-    assert "DRAIN" not in cluster.node_info()[Y]["State"], cluster.node_info()[Y]
+        cluster.poll(back, timeout=150, interval=0.5, what=f"{Y}'s ladder finished on B")
+        assert "DRAIN" not in cluster.node_info()[Y]["State"], cluster.node_info()[Y]
 
-    # The dead leader comes back (as a supervisor or systemd would restart it): a standby now; the pushes
-    # it missed arrive from the agents' spools and are duplicates in the shared inbox.
-    REVIVE[how](cluster)
-    cluster.poll(lambda: (lease := _lease(cluster, A)) and not lease["leading"], timeout=90, what="A standby")
-    cluster.poll(
-        lambda: all(_spools_empty(cluster, n) for n in (X, Y, Z)),
-        timeout=60,
-        interval=1,
-        what="every agent spool delivered to both controllers",
-    )
-    tick = int(_api(cluster, B, "/v1/status")["tick"])
-    cluster.poll(lambda: int(_api(cluster, B, "/v1/status")["tick"]) >= tick + 3, timeout=30, what="3 ticks")
+        # The dead leader comes back (as a supervisor or systemd would restart it): a standby now; the pushes
+        # it missed arrive from the agents' spools and are duplicates in the shared inbox.
+        REVIVE[how](cluster)
+        cluster.poll(
+            lambda: (lease := _lease(cluster, A)) and not lease["leading"], timeout=90, what="A standby"
+        )
+        cluster.poll(
+            lambda: all(_spools_empty(cluster, n) for n in (X, Y, Z)),
+            timeout=60,
+            interval=1,
+            what="every agent spool delivered to both controllers",
+        )
+        tick = int(_api(cluster, B, "/v1/status")["tick"])
+        cluster.poll(
+            lambda: int(_api(cluster, B, "/v1/status")["tick"]) >= tick + 3, timeout=30, what="3 ticks"
+        )
 
-    # Counted on the Slurm side: slurmctld's log and the node's RebootProgram log.
-    log = _slurmctld_log(cluster, t_start)
-    approved_sets = [ln for ln in log if f"node {X} reason set to:" in ln and f"#{pid}]" in ln]
-    y_xid = [ln for ln in log if f"node {Y} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
-    z_xid = [ln for ln in log if f"node {Z} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
-    reboots_queued = [ln for ln in log if f"reboot request queued for nodes {Y}" in ln]
-    reboots = [
-        ln
-        for ln in cluster.sh(Y, "cat /var/log/fleetyield/reboot.log 2>/dev/null || true").splitlines()
-        if "reboot requested by slurmd" in ln and float(ln.split()[0]) >= t_start
-    ]
-    inbox_z = _psql(cluster, f"SELECT count(*) FROM inbox WHERE node = '{Z}'", db="fleetyield")
-    print(
-        f"[{how}] approval -> {approved!r}; drains: approved {len(approved_sets)}, {Y} XID {len(y_xid)}, "
-        f"{Z} XID {len(z_xid)}; {Y} reboots queued {len(reboots_queued)}, done {len(reboots)}; "
-        f"{Z} inbox rows {inbox_z}; {Y} stages on B {seen}"
-    )
-    assert len(approved_sets) == 1, approved_sets
-    assert len(y_xid) == 1, y_xid
-    assert len(z_xid) == 1, z_xid
-    assert len(reboots_queued) == 1 and len(reboots) == 1, (reboots_queued, reboots)
-    for host in (B, A):  # each host's head file, and the chain in PostgreSQL
-        report = json.loads(_fy(cluster, host, "audit", "verify", "--json").stdout)
-        assert report["ok"], report
-    mine = [e for e in json.loads(_fy(cluster, B, "pending", "--json").stdout) if e["id"] == pid]
-    assert not mine, mine  # settled
+        # Counted on the Slurm side: slurmctld's log and the node's RebootProgram log.
+        log = _slurmctld_log(cluster, t_start)
+        approved_sets = [ln for ln in log if f"node {X} reason set to:" in ln and f"#{pid}]" in ln]
+        y_xid = [ln for ln in log if f"node {Y} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
+        z_xid = [ln for ln in log if f"node {Z} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
+        reboots_queued = [ln for ln in log if f"reboot request queued for nodes {Y}" in ln]
+        reboots = [
+            ln
+            for ln in cluster.sh(Y, "cat /var/log/fleetyield/reboot.log 2>/dev/null || true").splitlines()
+            if "reboot requested by slurmd" in ln and float(ln.split()[0]) >= t_start
+        ]
+        inbox_z = _psql(cluster, f"SELECT count(*) FROM inbox WHERE node = '{Z}'", db="fleetyield")
+        print(
+            f"[{how}] approval -> {approved!r}; drains: approved {len(approved_sets)}, {Y} XID {len(y_xid)}, "
+            f"{Z} XID {len(z_xid)}; {Y} reboots queued {len(reboots_queued)}, done {len(reboots)}; "
+            f"{Z} inbox rows {inbox_z}; {Y} stages on B {seen}"
+        )
+        assert len(approved_sets) == 1, approved_sets
+        assert len(y_xid) == 1, y_xid
+        assert len(z_xid) == 1, z_xid
+        assert len(reboots_queued) == 1 and len(reboots) == 1, (reboots_queued, reboots)
+        for host in (B, A):  # each host's head file, and the chain in PostgreSQL
+            report = json.loads(_fy(cluster, host, "audit", "verify", "--json").stdout)
+            assert report["ok"], report
+        mine = [e for e in json.loads(_fy(cluster, B, "pending", "--json").stdout) if e["id"] == pid]
+        assert not mine, mine  # settled
+
+    except BaseException:
+        print(
+            "pg_stat_activity:\n"
+            + _psql(
+                cluster,
+                "SELECT pid, client_addr, state, wait_event_type, wait_event, left(query, 60) "
+                "FROM pg_stat_activity WHERE datname = 'fleetyield'",
+            )
+        )
+        raise
+    finally:
+        REVIVE[how](cluster)  # idempotent: the dead leader back whatever happened
 
 
 def _fresh_pair(cluster: Any) -> None:
     """Both controllers stopped, no jobs, fresh fake GPUs (every spool empty), nodes resumed, an empty
     database and gate; then A started (it leads, labels every node green), then B (standby)."""
+    subprocess.run([cluster.docker, "start", A, B], check=True, capture_output=True, timeout=60)
+    _restore_db(cluster)  # a failed db_cut case may have left its reject line
     for host in (A, B):
+        _wait_controller_container(cluster, host)
         cluster.fy_service(host, "controller", "stop")
     jobs = cluster.ctl("squeue", "-h", "-o", "%A").split()
     if jobs:
@@ -374,7 +406,6 @@ def _fresh_pair(cluster: Any) -> None:
     for node, fields in cluster.node_info().items():
         if any(w in fields.get("State", "") for w in ("DRAIN", "DOWN", "FAIL")):
             cluster.ctl("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-    _restore_db(cluster)  # a failed db_cut case may have left its reject line
     _psql(cluster, "DROP DATABASE IF EXISTS fleetyield WITH (FORCE)")
     _psql(cluster, "CREATE DATABASE fleetyield OWNER fleetyield")
     cluster.fy_service(A, "controller", "restart", "--wipe")  # the gate dir (head file) too
