@@ -71,7 +71,12 @@ def _serve_options(f: Any) -> Any:
             help="nvml backend: seconds between reads of the counters that cost ms per read (energy, "
             "power/thermal violation, PCIe replays); 0 reads them on every scrape (default 10).",
         ),
-        click.option("--push-url", default=None, help="Controller URL events are POSTed to."),
+        click.option(
+            "--push-url",
+            multiple=True,
+            help="Controller URL events are POSTed to; repeat it for two controllers (high availability): "
+            "every event goes to each.",
+        ),
         click.option("--push-secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None),
         click.option(
             "--scenario",
@@ -113,6 +118,8 @@ def _serve_options(f: Any) -> Any:
 def _config(config_file: Path | None, flags: dict[str, Any]) -> Any:
     from node_agent.config import build_config
 
+    if flags.get("push_url") == ():  # --push-url not given: the config file's, if any
+        flags = {**flags, "push_url": None}
     try:
         return build_config(config_file, flags)
     except ValueError as exc:

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from node_agent.gpu_models import MODELS
 from node_agent.httpclient import BasicAuthConfig, HttpClientConfig, TlsClientConfig
@@ -42,7 +42,10 @@ class AgentConfig(BaseModel):
     hpc_job_mapping_dir: _PathLike | None = None
     xid_count_window_ms: int = Field(default=300000, ge=1)
     nvml_slow_interval_s: float = Field(default=10.0, ge=0, le=300)
-    push_url: str | None = None
+    # One controller URL, or several (two controllers in high availability: every fatal event goes to each,
+    # each destination with its own spool, so a dead controller holds back none of the others). TOML: a
+    # string or a list; the CLI: --push-url repeated.
+    push_url: list[str] | None = None
     push_secret_file: _PathLike | None = None
     scenario: _PathLike | None = None
     outcomes_dir: _PathLike | None = Path("/var/spool/fleetyield/outcomes")
@@ -55,17 +58,29 @@ class AgentConfig(BaseModel):
     push_basic_auth: BasicAuthConfig | None = None
     push_tls_config: TlsClientConfig | None = None
 
+    @field_validator("push_url", mode="before")
+    @classmethod
+    def _push_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, tuple):
+            return list(value)
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
         if self.model not in MODELS:
             raise ValueError(f"unknown GPU model {self.model!r}; choose one of {', '.join(sorted(MODELS))}")
         if self.push_url and not self.push_secret_file:
             raise ValueError("--push-url needs --push-secret-file")
-        if self.push_url and not self.push_url.startswith(("http://", "https://")):
-            raise ValueError(f"--push-url must be an http(s) URL, got {self.push_url!r}")
+        for push in self.push_url or []:
+            if not push.startswith(("http://", "https://")):
+                raise ValueError(f"--push-url must be an http(s) URL, got {push!r}")
+        if self.push_url is not None and len(set(self.push_url)) != len(self.push_url):
+            raise ValueError(f"--push-url names a URL twice: {self.push_url!r}")
         if self.outcomes_url and not self.outcomes_url.startswith(("http://", "https://")):
             raise ValueError(f"--outcomes-url must be an http(s) URL, got {self.outcomes_url!r}")
-        for url in (self.push_url, self.outcomes_url):
+        for url in (*(self.push_url or []), self.outcomes_url):
             if self.push_tls_config is not None and url and not url.startswith("https://"):
                 raise ValueError(f"push_tls_config is set but {url!r} is not an https:// URL")
         if self.outcomes_url and not self.push_secret_file:

@@ -260,7 +260,7 @@ class Server:
                 self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
             outcomes_url = cfg.outcomes_url
             if outcomes_url is None and cfg.push_url:
-                outcomes_url = outcomes_url_from_push(cfg.push_url)
+                outcomes_url = outcomes_url_from_push(cfg.push_url[0])
             if outcomes_url and secret and cfg.outcomes_dir is not None:
                 self.forwarder = OutcomeForwarder(
                     cfg.outcomes_dir,

@@ -8,7 +8,8 @@ source "$(dirname "$0")/lib.sh"
 
 if pick_docker; then
   log "removing containers, volumes and network of project $COMPOSE_PROJECT_NAME"
-  compose down -v --remove-orphans --timeout 10 2>&1 | sed 's/^/  /' >&2
+  # With the HA override too, so that the standby (fleetyield-b) and its volume go as well.
+  FLEETYIELD_HA=1 compose down -v --remove-orphans --timeout 10 2>&1 | sed 's/^/  /' >&2
   if [[ ${1:-} == --images ]]; then
     "$DOCKER" image rm -f "$FLEETYIELD_IMAGE" "$LOCAL_BASE_IMAGE" >/dev/null 2>&1 || true
   fi

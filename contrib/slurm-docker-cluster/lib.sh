@@ -8,6 +8,7 @@
 #   LABEL_TIMEOUT   seconds to wait for the controller to label every node (default 120)
 #   COMPOSE_PROJECT_NAME  default "fleetyield"
 #   FLEETYIELD_ATTEST     1: up.sh switches tenant attestation on (attest.sh on); default 0 (off)
+#   FLEETYIELD_HA         1: two controllers on PostgreSQL (docker-compose.ha.yml on top); default 0 (one, SQLite)
 
 CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$CLUSTER_DIR/../.." && pwd)
@@ -43,9 +44,11 @@ pick_docker() {
 }
 
 compose() {
+  local files=(-f "$CLUSTER_DIR/docker-compose.yml")
+  if [[ ${FLEETYIELD_HA:-0} == 1 ]]; then files+=(-f "$CLUSTER_DIR/docker-compose.ha.yml"); fi
   if command -v docker-compose >/dev/null 2>&1; then
-    docker-compose -f "$CLUSTER_DIR/docker-compose.yml" "$@"
+    docker-compose "${files[@]}" "$@"
   else
-    "$DOCKER" compose -f "$CLUSTER_DIR/docker-compose.yml" "$@"
+    "$DOCKER" compose "${files[@]}" "$@"
   fi
 }

@@ -140,7 +140,7 @@ diagnose() {
   log "---- diagnostics ----"
   compose ps >&2 || true
   local c
-  for c in mariadb slurmdbd slurmctld "${NODES[@]}" fleetyield; do
+  for c in mariadb postgres slurmdbd slurmctld "${NODES[@]}" fleetyield; do
     echo "----- docker logs --tail 25 $c -----" >&2
     "$DOCKER" logs --tail 25 "$c" >&2 2>&1 || true
   done
@@ -205,6 +205,21 @@ wait_labelled() {
   done
 }
 
+# PostgreSQL (the HA controllers' store) answers: initdb on a fresh volume takes a few seconds.
+wait_postgres() {
+  local deadline=$((SECONDS + ${PG_TIMEOUT:-120}))
+  log "waiting for PostgreSQL (container postgres)"
+  until "$DOCKER" exec postgres test -e /run/fleetyield-ready 2>/dev/null \
+    && "$DOCKER" exec postgres runuser -u postgres -- psql -qtA -h /run/postgresql -d fleetyield \
+      -c 'SELECT 1' >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      "$DOCKER" logs --tail 30 postgres >&2 2>&1 || true
+      die "PostgreSQL did not answer within ${PG_TIMEOUT:-120} s"
+    fi
+    sleep 0.5
+  done
+}
+
 ensure_host_tools
 ensure_dockerd
 ensure_base_image
@@ -213,6 +228,7 @@ build_image
 if [[ ${1:-} == --build-only ]]; then log "built $FLEETYIELD_IMAGE in $((SECONDS - T0)) s"; exit 0; fi
 log "starting containers (compose project $COMPOSE_PROJECT_NAME)"
 compose up -d --remove-orphans 2>&1 | sed 's/^/  /' >&2
+wait_postgres
 wait_idle
 wait_labelled
 if [[ ${FLEETYIELD_ATTEST:-0} == 1 ]]; then

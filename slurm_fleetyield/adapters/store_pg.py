@@ -116,10 +116,30 @@ class PgConnection:
         self.raw.close()
 
 
+SESSION_OPTIONS = (
+    "-c tcp_keepalives_idle=3 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 "
+    "-c idle_in_transaction_session_timeout=15000"
+)
+"""Every session's server-side settings. A controller that vanishes mid-transaction (its host or container
+gone, so no FIN/RST reaches the server) must not keep its row locks: the server probes an idle client after
+3 s and drops it after 3 missed probes (~6 s), and a session left idle inside a transaction for 15 s (a hung
+process) is ended; either way its locks go and the new leader's commits proceed. Without them the new
+leader's first commit waited on the dead session for as long as the kernel's keepalive (2 h by default)."""
+
+
 def connect(url: str, readonly: bool) -> PgConnection:
     import psycopg
 
-    raw = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    raw = psycopg.connect(
+        url,
+        autocommit=True,
+        connect_timeout=10,
+        keepalives=1,
+        keepalives_idle=3,
+        keepalives_interval=1,
+        keepalives_count=3,
+        options=SESSION_OPTIONS,
+    )
     if readonly:
         raw.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
     return PgConnection(raw)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Entrypoint of the FleetYield docker Slurm cluster image (runs under tini).
-#   fleetyield-entrypoint mariadb|slurmdbd|slurmctld|slurmd|controller|shell [args...]
+#   fleetyield-entrypoint mariadb|postgres|slurmdbd|slurmctld|slurmd|controller|shell [args...]
 # slurmd role: runs slurmd AND the FleetYield node agent; the agent is restarted with backoff
 # when it exits, slurmd exiting ends the container (the compose restart policy brings it back).
 # controller role: runs the FleetYield controller, supervised the same way.  Both supervised
@@ -138,7 +138,65 @@ start_slurmrestd() {
   HELPERS+=($!)
 }
 
+# The node agent, (re)started by supervise: its push destinations are read at every start, so that
+# /etc/fleetyield/agent.toml may name them (push_url = [...], e.g. both controllers of the HA setup) and an
+# agent restart picks them up; without push_url there, the container's FLEETYIELD_PUSH_URL (space-separated).
+run_agent() {
+  local push=() config=() url
+  [[ -f /etc/fleetyield/agent.toml ]] && config=(--config /etc/fleetyield/agent.toml)
+  if ((${#config[@]})) && grep -Eq '^[[:space:]]*push_url[[:space:]]*=' /etc/fleetyield/agent.toml; then
+    push=(--push-secret-file "$PUSH_SECRET")
+  elif [[ -n ${FLEETYIELD_PUSH_URL:-} ]]; then
+    for url in $FLEETYIELD_PUSH_URL; do push+=(--push-url "$url"); done
+    push+=(--push-secret-file "$PUSH_SECRET")
+  fi
+  # shellcheck disable=SC2086
+  exec fleetyield-agent serve "${config[@]}" --backend fake \
+    --gpus "${FLEETYIELD_GPUS:-8}" --model "${FLEETYIELD_GPU_MODEL:-h100}" \
+    --seed "${FLEETYIELD_AGENT_SEED:-0}" --hostname "$(hostname)" --port 9400 \
+    --state-dir /var/lib/fleetyield-agent --hpc-job-mapping-dir /run/fleetyield/hpc-jobs \
+    "${push[@]}" ${FLEETYIELD_AGENT_EXTRA_ARGS:-}
+}
+
 case "$ROLE" in
+postgres)
+  # PostgreSQL from Debian: the shared store of the HA controllers (docker-compose.ha.yml), data on the
+  # `postgres` volume. Database and role `fleetyield`, password auth from the cluster network.
+  pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  PGDATA=/var/lib/fleetyield-pg/data
+  install -d -o postgres -g postgres -m 0700 "$PGDATA"
+  install -d -o postgres -g postgres /run/postgresql
+  if [[ ! -s $PGDATA/PG_VERSION ]]; then
+    log "initialising the PostgreSQL data directory"
+    runuser -u postgres -- "$pgbin/initdb" -D "$PGDATA" -U postgres -E UTF8 \
+      --auth-local=peer --auth-host=scram-sha-256 >/dev/null
+    echo "host all all 0.0.0.0/0 scram-sha-256" >>"$PGDATA/pg_hba.conf"
+  fi
+  runuser -u postgres -- "$pgbin/postgres" -D "$PGDATA" -c listen_addresses='*' &
+  db=$!
+  trap 'kill -TERM $db' TERM INT
+  deadline=$((SECONDS + 120))
+  until runuser -u postgres -- "$pgbin/pg_isready" -q -h /run/postgresql; do
+    kill -0 $db 2>/dev/null || { log "postgres died"; exit 1; }
+    ((SECONDS < deadline)) || { log "postgres did not answer"; exit 1; }
+    sleep 0.3
+  done
+  PG_PASS=${FLEETYIELD_PG_PASS:-fleetyield-test}
+  runuser -u postgres -- psql -q -v ON_ERROR_STOP=1 -h /run/postgresql <<SQL
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fleetyield') THEN
+    CREATE ROLE fleetyield LOGIN PASSWORD '$PG_PASS';
+  END IF;
+END \$\$;
+SELECT 'CREATE DATABASE fleetyield OWNER fleetyield' WHERE NOT EXISTS
+  (SELECT FROM pg_database WHERE datname = 'fleetyield')\\gexec
+SQL
+  log "PostgreSQL ready"
+  touch /run/fleetyield-ready
+  wait $db; rc=$?
+  while kill -0 $db 2>/dev/null; do wait $db; rc=$?; done
+  exit $rc
+  ;;
 mariadb)
   install -d -o mysql -g mysql /run/mysqld
   if [[ ! -d /var/lib/mysql/mysql ]]; then
@@ -222,22 +280,9 @@ slurmd)
     slurmd_args=(-b)
   fi
   if command -v fleetyield-agent >/dev/null && fleetyield-agent --help >/dev/null 2>&1; then
-    push=()
-    if [[ -n ${FLEETYIELD_PUSH_URL:-} ]]; then
-      setup_push_secret
-      push=(--push-url "$FLEETYIELD_PUSH_URL" --push-secret-file "$PUSH_SECRET")
-    fi
-    # /etc/fleetyield/agent.toml: empty unless attestation is on (its [attest] table, `fy-attest node on`);
-    # read at every (re)start of the agent.
-    config=()
-    [[ -f /etc/fleetyield/agent.toml ]] && config=(--config /etc/fleetyield/agent.toml)
+    [[ -n ${FLEETYIELD_PUSH_URL:-} ]] && setup_push_secret
     # Stop/start/wipe it with `fy-service agent stop|start|restart [--wipe]` (slurmd keeps running).
-    # shellcheck disable=SC2086
-    supervise agent fleetyield-agent serve "${config[@]}" --backend fake \
-      --gpus "${FLEETYIELD_GPUS:-8}" --model "${FLEETYIELD_GPU_MODEL:-h100}" \
-      --seed "${FLEETYIELD_AGENT_SEED:-0}" --hostname "$(hostname)" --port 9400 \
-      --state-dir /var/lib/fleetyield-agent --hpc-job-mapping-dir /run/fleetyield/hpc-jobs \
-      "${push[@]}" ${FLEETYIELD_AGENT_EXTRA_ARGS:-}
+    supervise agent run_agent
   else
     log "WARNING: fleetyield-agent is not installed in this image; node agent not started"
   fi

@@ -17,10 +17,11 @@
 # (re)start it while /run/fleetyield/NAME.disabled exists.
 set -euo pipefail
 RUN_DIR=/run/fleetyield
-usage() { echo "usage: fy-service agent|controller status|stop|start|restart [--wipe]|kill9" >&2; exit 2; }
+usage() { echo "usage: fy-service agent|controller status|stop|start|restart [--wipe]|kill9 [--stay-down]" >&2; exit 2; }
 (($# >= 2)) || usage
-name=$1 op=$2 wipe=0
+name=$1 op=$2 wipe=0 stay_down=0
 [[ ${3:-} == --wipe ]] && wipe=1
+[[ ${3:-} == --stay-down ]] && stay_down=1
 case "$name" in
   agent) state=(/var/lib/fleetyield-agent) ;;
   controller) state=(/var/lib/fleetyield/fleetyield.db /var/lib/fleetyield/fleetyield.db-wal
@@ -74,6 +75,6 @@ case "$op" in
     kill -KILL "$pid"
     while kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
     echo "$pid"
-    start ;;
+    ((stay_down)) || start ;;
   *) usage ;;
 esac
