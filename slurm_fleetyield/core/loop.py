@@ -114,8 +114,7 @@ def tick(
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
-    kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
-    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
+    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, _kept(state), state.memo)
     wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
     hs = spares.spares(obs, priced, envelopes, wh, params, now)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, hs, state, params, now)
@@ -124,13 +123,16 @@ def tick(
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
     remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
-    learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
+    learned, cal = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     after = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
-    wake_at = wake.wake_at(after, params, now)
-    return TickResult(
-        after, plan, decisions, risks, events, sensed, state, params, now, ledger, calib, wh, wake_at
-    )
+    at = wake.wake_at(after, params, now)
+    return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh, at)
+
+
+def _kept(state: ControllerState) -> frozenset[str]:
+    """Nodes on which fy_ok_train is kept open (core/keep_open.py): gang widening leaves them be."""
+    return frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
 
 
 def resample(state: ControllerState, obs: Observations, params: Params, now: float) -> ControllerState:

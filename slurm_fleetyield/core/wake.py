@@ -11,6 +11,8 @@ read where its points fall (a window's base point, its divisor), so a skipped re
 Each rule below contributes its next deadline; ``wake_at`` is the min:
 
 - freshness (sense): a node not sampled at ``now`` goes stale ``stale_after_s`` after its newest sample;
+- trend windows (sense): a GPU whose counters moved within its ring: every tick (its rates move as the
+  windows slide; not derived per window here: conservative);
 - fatal history (risk, price): a report leaves the ``fatal_history_days`` window or the single-fault decay
   takes its next step (``risk.history_due``); a failure leaves the lemon window;
 - drain rate cap (quarantine): a recent drain leaves ``window_s``; held fatal evidence is reconsidered every
@@ -30,7 +32,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from slurm_fleetyield.core.fatal_history import fatal_events
-from slurm_fleetyield.core.history import FleetHistory, GpuHistory, NodeTracks
+from slurm_fleetyield.core.history import FleetHistory, GpuHistory, GpuTrack, NodeTracks
 from slurm_fleetyield.core.lifecycle_types import Stage
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.risk import history_due
@@ -43,6 +45,7 @@ def wake_at(state: ControllerState, params: Params, now: float) -> float:
     """The min of every time-driven rule's next deadline (see the module's docs)."""
     return min(
         _stale(state.history, params, now),
+        _moving(state.history, now),
         _fatal_history(state, params, now),
         _drain_window(state, params, now),
         _proposals(state, params, now),
@@ -75,6 +78,33 @@ def _stale(history: Mapping[str, Mapping[str, GpuHistory]], params: Params, now:
             if g.last_time < now:
                 last = min(last, g.last_time)
     return last + params.sense.stale_after_s
+
+
+def _moving(history: Mapping[str, Mapping[str, GpuHistory]], now: float) -> float:
+    """A GPU whose counters moved within its ring (or that has one point only): its window rates move as the
+    windows slide over the points, every tick (``now``). A node whose tracks are ``quiet`` (one stored point
+    per GPU, equal to its last value) is still."""
+    if type(history) is FleetHistory:
+        for node, h in history.tracks.items():
+            if type(h) is NodeTracks:
+                if h.quiet is not None:
+                    continue
+                if len(history.clocks[node][1]) < 2:
+                    return now
+                for tr in h.gpus.values():
+                    if type(tr) is GpuTrack:
+                        if len(tr.steps) > 1 or tr.steps[-1][1] != tr.last_adj:
+                            return now
+                    elif _moved(tr):  # type: ignore[arg-type]
+                        return now
+            elif any(_moved(g) for g in h.values()):  # type: ignore[union-attr]
+                return now
+        return math.inf
+    return now if any(_moved(g) for gpus in history.values() for g in gpus.values()) else math.inf
+
+
+def _moved(g: GpuHistory) -> bool:
+    return len(g.times) < 2 or any(p != g.last_adj for p in g.points)
 
 
 def _fatal_history(state: ControllerState, params: Params, now: float) -> float:
