@@ -2,11 +2,12 @@
 plans and workloads run both ways give, at every tick that ran in both, the same plan, decisions, risks and
 next state, and the same report (the metrics dict). Event mode skips a grid tick only before the last tick's
 ``wake_at`` with nothing the core reads changed (runner ``_skippable``), and moves the trend ring then
-(``core.loop.resample``)."""
+(``core.loop.resample``). ``FY_WAKE_EXAMPLES=N`` runs N generated fleets instead of 20."""
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -52,7 +53,12 @@ def _differences(plain: dict[str, Any], event: dict[str, Any]) -> list[str]:
     return out
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# FY_WAKE_EXAMPLES: a longer sweep by hand (the report cites one)
+@settings(
+    max_examples=int(os.environ.get("FY_WAKE_EXAMPLES", "20")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     nodes=st.integers(6, 20),
     days=st.sampled_from((1.0, 2.0, 3.0)),
