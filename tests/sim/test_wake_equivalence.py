@@ -60,7 +60,7 @@ def _differences(plain: dict[str, Any], event: dict[str, Any]) -> list[str]:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(
-    nodes=st.integers(6, 20),
+    nodes=st.integers(8, 20),  # the synthetic workload has 8-node gangs
     days=st.sampled_from((1.0, 2.0, 3.0)),
     seed=st.integers(0, 10_000),
     load=st.floats(0.1, 0.9),
