@@ -3,7 +3,8 @@
 Input: the previous ``ControllerState``, this tick's ``Observations``, ``Params``, the clock ``now`` and an
 ``rng`` (proposal ids are drawn from it, so a simulation is deterministic). Output: a ``TickResult``: the next
 state, the ``Plan`` of actions, one ``NodeDecision`` per node, the per-node risk, log events, the jobs settled
-this tick (``ledger``) and the risk model's track record (``calibration``). The daemon and the simulator both
+this tick (``ledger``), the risk model's track record (``calibration``) and ``wake_at``, the earliest time at
+which the answer could change with the same observations (core/wake.py). The daemon and the simulator both
 call ``tick``.
 
 Order: sense -> fatal evidence -> risk -> profile -> quarantine -> gate (decisions) -> lifecycle -> price ->
@@ -20,6 +21,7 @@ canary-only features, a reboot follows its drain.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -43,6 +45,7 @@ from slurm_fleetyield.core import (
     settle,
     spares,
     stake,
+    wake,
 )
 from slurm_fleetyield.core.model import (
     Calibration,
@@ -58,7 +61,7 @@ from slurm_fleetyield.core.plan import DrainNode, Hold, Plan, RequeueJobs, Updat
 from slurm_fleetyield.core.signals import channel_layout
 from slurm_fleetyield.core.state import ControllerState, LearnMemory, SettleMemory
 
-__all__ = ["LogEvent", "NodeDecision", "TickResult", "tick"]
+__all__ = ["LogEvent", "NodeDecision", "TickResult", "resample", "tick"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,9 @@ class TickResult:
     ledger: tuple[LedgerEntry, ...] = ()  # jobs settled this tick (core/settle.py)
     calibration: Calibration = field(default_factory=Calibration)  # the risk model's record (core/learn.py)
     withheld: stake.Withheld | None = None  # the stake rule's tick: stakes, weighed nodes, breaker (explain)
+    # The earliest time at which the answer could change with the same readings and Slurm view (core/wake.py;
+    # inf: none). The simulator's event mode skips a grid tick before it; the daemon keeps its interval.
+    wake_at: float = math.inf
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -108,8 +114,7 @@ def tick(
     priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
-    kept = frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
-    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, kept, state.memo)
+    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, _kept(state), state.memo)
     wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
     hs = spares.spares(obs, priced, envelopes, wh, params, now)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, hs, state, params, now)
@@ -118,10 +123,28 @@ def tick(
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
     remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
-    learned, calib = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
+    learned, cal = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     after = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
-    return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, calib, wh)
+    at = wake.wake_at(after, params, now)
+    return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh, at)
+
+
+def _kept(state: ControllerState) -> frozenset[str]:
+    """Nodes on which fy_ok_train is kept open (core/keep_open.py): gang widening leaves them be."""
+    return frozenset(n for f, n in state.kept_open if f == keep_open.OK_TRAIN)
+
+
+def resample(state: ControllerState, obs: Observations, params: Params, now: float) -> ControllerState:
+    """The next state of a tick before ``wake_at`` (core/wake.py) whose observations are the last tick's
+    re-sampled (the same readings at ``now``, the same Slurm view and jobs, no pushed event, approval or
+    canary result) and whose last plan had no actions. Input: the last tick's state, those observations,
+    ``Params``, ``now``. Output: that state with the trend ring moved as ``tick``'s sense stage moves it and
+    ``last_tick`` at ``now``; the tick's plan would have no actions and every decision and other memory stays
+    (what ``wake_at`` bounds; tests/sim/test_wake_equivalence.py checks it)."""
+    layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
+    sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
+    return replace(state, history=sensed.history, layout=sensed.layout, last_tick=now)
 
 
 def _route(

@@ -112,7 +112,7 @@ def assess(
             events = fatal_events(state, name, params, now)
             history = [u for _, u in events]
             decay = history_decay(events, params, now)
-            due[name] = (mem.fatal_history, _history_due(mem.fatal_history, events, params, now))
+            due[name] = (mem.fatal_history, history_due(mem.fatal_history, events, params, now))
         else:
             history, decay = [], 1.0
         node_fatal = fatal_by_node.get(name, ())
@@ -202,7 +202,7 @@ def assess(
     return out
 
 
-def _history_due(
+def history_due(
     history: tuple[tuple[float, str], ...], events: list[tuple[float, str]], params: Params, now: float
 ) -> float:
     """When the risk of a node with this fatal history can next change with time alone: a report leaves
@@ -234,7 +234,7 @@ def _carried(
     from (``Sensed.changed``), the params, base and layout are the same, and ``state.nodes`` is the very
     mapping ``memory.remember`` indexed (``fatal_history_index``: its nodes with a fatal history). Assessed
     again: the changed nodes, the nodes with fatal evidence now or last tick, those with a fatal history
-    that is another object than when last assessed or whose due time (``_history_due``) has come, and,
+    that is another object than when last assessed or whose due time (``history_due``) has come, and,
     when the learned multipliers changed, the nodes with a GPU whose score read one (``scored``). Every
     other node is fresh now and was then, with the very same GPUs and staleness, no evidence, and no
     history or the very same one with nothing due, and read no multiplier that moved: it scores what it

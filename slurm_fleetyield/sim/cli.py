@@ -62,6 +62,14 @@ def _common(f):  # type: ignore[no-untyped-def]
             help="Seconds between controller ticks (plus one per fatal push).",
         ),
         click.option(
+            "--tick-mode",
+            default="plain",
+            show_default=True,
+            type=click.Choice(["plain", "event"]),
+            help="plain: a controller tick on every control-interval grid point; event: only where something "
+            "the core reads changed since its last tick or its wake_at is due (same plans and reports).",
+        ),
+        click.option(
             "--post-return",
             default="none",
             show_default=True,

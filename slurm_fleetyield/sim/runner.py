@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fleetyield.core import price, route
-from slurm_fleetyield.core.loop import TickResult, tick
+from slurm_fleetyield.core.loop import TickResult, resample, tick
 from slurm_fleetyield.core.model import (
     Envelope,
     FatalEvent,
@@ -153,6 +153,8 @@ BASE_FIELDS: Mapping[str, float] = {
 DAY, HOUR = 86_400.0, 3_600.0
 SIM_ADMIN = "sim-admin"  # the simulated approver, as GateDecision.admin
 
+TICK_MODES = ("plain", "event")
+
 # event kinds on the heap (job arrivals are not events: ``Simulation.run`` reads them beside the heap)
 END, FAULT, TICK, SCHED, REPAIRED, APPROVE, ORACLE, SWAPPED, HANGUP, CHECK = range(1, 11)
 
@@ -172,6 +174,9 @@ class SimConfig:
     gpu_scale: int = 8
     max_duration_h: float = 72.0
     control_interval_s: float = 900.0
+    # "plain": the controller ticks on every control-interval grid point; "event": a grid tick runs only when
+    # something the core reads changed since its last tick or its ``wake_at`` is due (docs/simulator.md)
+    tick_mode: str = "plain"
     sched_interval_s: float = 60.0
     repair_h: float = 24.0  # fatal fault: reset, diagnostics, back in service
     swap_h: float = 24.0  # approved / oracle drain: GPU swapped, back in service
@@ -200,6 +205,8 @@ class SimConfig:
             del d["faults"]["post_return"]
         if self.background_load == 0.5:  # the default: reports stay byte-identical to before the option
             del d["background_load"]
+        if self.tick_mode == "plain":  # the default: reports stay byte-identical to before the option
+            del d["tick_mode"]
         if not self.core:
             del d["core"]
         else:
@@ -502,8 +509,15 @@ class Simulation:
         self.swap_down: set[str] = set()  # powered off for an approved drain's GPU swap
         self.repairing: set[str] = set()  # DOWN for a fatal fault's repair
         self.swapping: set[str] = set()
-        self.ticks = 0
+        self.ticks = 0  # grid and immediate ticks, skipped ones included (the report's ``ticks``)
+        self.ticks_skipped = 0  # event mode: grid ticks skipped (nothing the core reads changed, no wake due)
         self.tick_s = 0.0
+        self.event_mode = cfg.tick_mode == "event"
+        self.wake_at = -math.inf  # the last tick's ``TickResult.wake_at``
+        # what the core read at its last tick: readings per node, Slurm's node views, the job views
+        self.seen: tuple[dict[str, Any], dict[str, Any], tuple[Any, ...]] | None = None
+        self.tick_log: list[tuple[float, str, TickResult]] | None = None  # tests: every tick that ran
+        self.last_spares = 0  # nodes carrying fy_spare after the last tick (a skipped tick counts them again)
         # job_submit.lua is enabled once the controller has labelled the nodes (its bootstrap rule): before
         # the first tick no submission is refused
         self.labelled = False
@@ -1112,24 +1126,39 @@ class Simulation:
         import time as _time
 
         t0 = _time.perf_counter()
+        scrape = self._samples()
+        if self.event_mode and self._skippable(why, scrape):
+            assert self.seen is not None
+            obs = Observations(time=self.now, slurm=self.seen[1], samples=scrape, jobs=self.seen[2])
+            self.state = resample(self.state, obs, self.params, self.now)
+            self.ticks += 1
+            self.ticks_skipped += 1
+            self.m["spare_node_ticks"] += self.last_spares
+            self.tick_s += _time.perf_counter() - t0
+            self._want_sched()
+            return
         pending, self.pending_events = self.pending_events, []
         decisions, self.pending_decisions = self.pending_decisions, []
         result = controller_step(
             self.state,
             self.slurm,
-            self._samples(),
+            scrape,
             pending,
             self.params,
             self.now,
             self.rng,
             gate_decisions=decisions,
         )
+        self.wake_at = result.wake_at if not result.plan.actions else -math.inf
+        if self.tick_log is not None:
+            self.tick_log.append((self.now, why, result))
         self.tick_s += _time.perf_counter() - t0
         self.ticks += 1
         self.state = result.state
         self.last_decisions = result.nodes
         if self.spares_on:
-            self.m["spare_node_ticks"] += sum(1 for d in result.nodes.values() if "fy_spare" in d.fy_features)
+            self.last_spares = sum(1 for d in result.nodes.values() if "fy_spare" in d.fy_features)
+            self.m["spare_node_ticks"] += self.last_spares
         plan = result.plan
         drains = plan.of_kind("drain")
         self.m["drains"] += len(drains)
@@ -1152,6 +1181,29 @@ class Simulation:
                     self.proposed[a.node] = self.now
                     self.push(self.now + self.cfg.human_delay_h * HOUR, APPROVE, a.node)
         self._want_sched()
+
+    def _skippable(self, why: str, scrape: FleetScrape) -> bool:
+        """Event mode: may this grid tick be skipped? Only a periodic tick before the last tick's
+        ``wake_at`` (that tick's plan without actions) with nothing the core reads changed since that tick but
+        the scrape's time (``core.loop.resample`` then moves the trend ring): no pushed event, approval or
+        canary result, every node's readings the very tuple it read (the simulator keeps an unchanged GPU's
+        reading), Slurm's node and job views the very objects (``SimSlurm`` keeps an unchanged view).
+        Records what a tick reads."""
+        readings = scrape.readings
+        nodes = self.slurm.read_nodes()
+        jobs = tuple(self.slurm.read_jobs())
+        seen, self.seen = self.seen, (dict(readings), dict(nodes), jobs)
+        if why != "periodic" or self.now >= self.wake_at or seen is None:
+            return False
+        if self.pending_events or self.pending_decisions or self.slurm.canaries:
+            return False
+        old_readings, old_nodes, old_jobs = seen
+        return (
+            _same(readings, old_readings)
+            and _same(nodes, old_nodes)
+            and len(jobs) == len(old_jobs)
+            and all(a is b for a, b in zip(jobs, old_jobs, strict=True))
+        )
 
     def _approve(self, node: str) -> None:
         """The simulated admin decides the node's open proposal; an approval goes into the next tick."""
@@ -1222,6 +1274,14 @@ class Simulation:
         m["gang_restart_wait_max_s"] = max(w, default=0.0)
         m["spares_mean"] = m.pop("spare_node_ticks") / self.ticks if self.ticks else 0.0
         return m
+
+
+def _same(now: Mapping[str, Any], then: Mapping[str, Any]) -> bool:
+    """The same keys, each with the very object it had."""
+    return len(now) == len(then) and all(then.get(k, _MISSING) is v for k, v in now.items())
+
+
+_MISSING = object()
 
 
 def _ettr_of(jobs: Iterable[_JobState], horizon: float) -> float:
@@ -1315,6 +1375,9 @@ def make_config(**kw: Any) -> SimConfig:
         "health_check_interval_s": cfg.health_check_interval_s > 0,
         "restart_s": cfg.restart_s >= 0,
     }
+    if cfg.tick_mode not in TICK_MODES:
+        known = ", ".join(TICK_MODES)
+        raise ValueError(f"simulation option tick_mode={cfg.tick_mode!r} is not one of {known}")
     if cfg.service_loss not in SERVICE_LOSS:
         known = ", ".join(SERVICE_LOSS)
         raise ValueError(f"simulation option service_loss={cfg.service_loss!r} is not one of {known}")

@@ -316,14 +316,14 @@ def test_fast_scorer_and_explain_path_agree_on_decayed_history():
 
 
 def test_history_due_is_no_later_than_the_next_change_of_the_history_inputs() -> None:
-    """Between a node's assessment and its due time (``risk._history_due``), the fatal events in the window
+    """Between a node's assessment and its due time (``risk.history_due``), the fatal events in the window
     and the single-fault decay (all that time changes in a node's risk) stay what they were; a due time
     later than a change would let the carried answer go stale."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
     from slurm_fleetyield.core.fatal_history import _fatal_events, history_decay
-    from slurm_fleetyield.core.risk import _history_due
+    from slurm_fleetyield.core.risk import history_due
 
     day = 86_400.0
     report = st.tuples(st.floats(0.0, 40 * day), st.sampled_from(["", "GPU-a", "GPU-b"]))
@@ -353,7 +353,7 @@ def test_history_due_is_no_later_than_the_next_change_of_the_history_inputs() ->
             return ev, history_decay(ev, p, t)
 
         events, _ = inputs(now)
-        due = _history_due(history, events, p, now)
+        due = history_due(history, events, p, now)
         assert due >= now
         until = min(due - 1.0, now + 100 * day)  # the carried answer is used while now < due - 1 s
         if until <= now:
