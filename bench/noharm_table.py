@@ -24,6 +24,12 @@ def _pct(c: dict | None) -> str:
     return f"{c['mean'] * 100:+.2f}% [{c['lo'] * 100:+.2f}, {c['hi'] * 100:+.2f}]"
 
 
+def _fleet(config: dict) -> str:
+    if "nodes" not in config or "days" not in config:
+        return "fleet size not recorded"
+    return f"{config['nodes']} nodes x {config['days']:g} days"
+
+
 def rows(root: Path) -> list[dict]:
     out = []
     for rep in sorted(root.glob("*/precursor_*/report.json")):
@@ -48,7 +54,7 @@ def rows(root: Path) -> list[dict]:
                 "no_harm": harmless,
                 "half_headroom": closes,
                 "seeds": len(json.loads(rep.read_text())["seeds"]),
-                "fleet": "{nodes} nodes x {days:g} days".format(**json.loads(rep.read_text())["config"]),
+                "fleet": _fleet(json.loads(rep.read_text()).get("config", {})),
             }
         )
     return sorted(out, key=lambda r: (r["workload"], r["load"], r["rate"], r["share"]))
