@@ -36,7 +36,8 @@ def rows(root: Path) -> list[dict]:
         m = re.match(r"(?P<w>.+)-load(?P<l>[0-9.]+)-rate(?P<r>[0-9.]+)$", rep.parent.parent.name)
         if not m:
             continue
-        p = json.loads(rep.read_text())["policies"]
+        report = json.loads(rep.read_text())
+        p = report["policies"]
         share = float(rep.parent.name.split("_", 1)[1])
         fy, aa, orc = (p.get(k, {}).get("net_vs_baseline") for k in ("fleetyield", "baseline_aa", "oracle"))
         harmless = fy is not None and fy["lo"] is not None and fy["lo"] >= -0.001
@@ -53,8 +54,8 @@ def rows(root: Path) -> list[dict]:
                 "oracle": orc,
                 "no_harm": harmless,
                 "half_headroom": closes,
-                "seeds": len(json.loads(rep.read_text())["seeds"]),
-                "fleet": _fleet(json.loads(rep.read_text()).get("config", {})),
+                "seeds": len(report["seeds"]),
+                "fleet": _fleet(report.get("config", {})),
             }
         )
     return sorted(out, key=lambda r: (r["workload"], r["load"], r["rate"], r["share"]))
