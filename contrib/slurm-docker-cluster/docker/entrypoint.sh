@@ -158,6 +158,28 @@ run_agent() {
     "${push[@]}" ${FLEETYIELD_AGENT_EXTRA_ARGS:-}
 }
 
+# A database server started in the background as PID: stop it on TERM/INT, and poll CMD... until it answers
+# (120 s; giving up when the server died). Then serve_database marks the container ready and waits for the
+# server, exiting with its status.
+await_database() { # name pid cmd...
+  local name=$1 pid=$2 deadline=$((SECONDS + 120))
+  shift 2
+  trap "kill -TERM $pid" TERM INT
+  until "$@" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { log "$name died"; exit 1; }
+    ((SECONDS < deadline)) || { log "$name did not answer"; exit 1; }
+    sleep 0.3
+  done
+}
+serve_database() { # name pid
+  local rc
+  log "$1 ready"
+  touch /run/fleetyield-ready
+  wait "$2"; rc=$?
+  while kill -0 "$2" 2>/dev/null; do wait "$2"; rc=$?; done
+  exit $rc
+}
+
 case "$ROLE" in
 postgres)
   # PostgreSQL from Debian: the shared store of the HA controllers (docker-compose.ha.yml), data on the
@@ -174,13 +196,7 @@ postgres)
   fi
   runuser -u postgres -- "$pgbin/postgres" -D "$PGDATA" -c listen_addresses='*' &
   db=$!
-  trap 'kill -TERM $db' TERM INT
-  deadline=$((SECONDS + 120))
-  until runuser -u postgres -- "$pgbin/pg_isready" -q -h /run/postgresql; do
-    kill -0 $db 2>/dev/null || { log "postgres died"; exit 1; }
-    ((SECONDS < deadline)) || { log "postgres did not answer"; exit 1; }
-    sleep 0.3
-  done
+  await_database postgres $db runuser -u postgres -- "$pgbin/pg_isready" -q -h /run/postgresql
   PG_PASS=${FLEETYIELD_PG_PASS:-fleetyield-test}
   runuser -u postgres -- psql -q -v ON_ERROR_STOP=1 -h /run/postgresql <<SQL
 DO \$\$ BEGIN
@@ -191,11 +207,7 @@ END \$\$;
 SELECT 'CREATE DATABASE fleetyield OWNER fleetyield' WHERE NOT EXISTS
   (SELECT FROM pg_database WHERE datname = 'fleetyield')\\gexec
 SQL
-  log "PostgreSQL ready"
-  touch /run/fleetyield-ready
-  wait $db; rc=$?
-  while kill -0 $db 2>/dev/null; do wait $db; rc=$?; done
-  exit $rc
+  serve_database PostgreSQL $db
   ;;
 mariadb)
   install -d -o mysql -g mysql /run/mysqld
@@ -207,24 +219,14 @@ mariadb)
   mariadbd --user=mysql --bind-address=0.0.0.0 --innodb-lock-wait-timeout=900 \
     --innodb-buffer-pool-size=512M --skip-name-resolve &
   db=$!
-  trap 'kill -TERM $db' TERM INT
-  deadline=$((SECONDS + 120))
-  until mariadb-admin ping --silent 2>/dev/null; do
-    kill -0 $db 2>/dev/null || { log "mariadbd died"; exit 1; }
-    ((SECONDS < deadline)) || { log "mariadbd did not answer"; exit 1; }
-    sleep 0.3
-  done
+  await_database mariadbd $db mariadb-admin ping --silent
   mariadb <<SQL
 CREATE DATABASE IF NOT EXISTS slurm_acct_db;
 CREATE USER IF NOT EXISTS 'slurm'@'%' IDENTIFIED BY '$DB_PASS';
 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'%';
 FLUSH PRIVILEGES;
 SQL
-  log "MariaDB ready"
-  touch /run/fleetyield-ready
-  wait $db; rc=$?
-  while kill -0 $db 2>/dev/null; do wait $db; rc=$?; done
-  exit $rc
+  serve_database MariaDB $db
   ;;
 slurmdbd)
   setup_munge
