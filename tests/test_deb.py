@@ -153,3 +153,12 @@ def test_maintainer_scripts_parse(deb: Path, tmp_path: Path) -> None:
         assert proc.returncode == 0, (script, proc.stderr)
     conffiles = (tmp_path / "DEBIAN/conffiles").read_text().split()
     assert conffiles == ["/etc/default/fleetyield-agent", "/etc/logrotate.d/fleetyield"]
+
+
+def test_inputs_cover_every_repo_file_the_package_ships() -> None:
+    """``build-deb.sh --inputs`` (what the docker cluster's up.sh stages for the image's package build)
+    names every path of the tree the package is made from: a file missing there breaks only the image."""
+    inputs = _run(BUILD, "--inputs").stdout.split()
+    assert inputs and all((ROOT / p).exists() for p in inputs), inputs
+    for source in SHARED.values():
+        assert any(source == p or source.startswith(f"{p}/") for p in inputs), source

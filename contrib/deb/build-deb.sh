@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build the FleetYield Debian package (what `make package` runs):
 #   contrib/deb/build-deb.sh [OUTDIR]          (default: dist/; prints the .deb's path on stdout)
+#   contrib/deb/build-deb.sh --inputs          (the tree's paths it reads, one a line: what the docker
+#                                               cluster's up.sh stages for the image's package build)
 # Environment: PYTHON (default /usr/bin/python3: the interpreter the target hosts run, Debian's own),
 #   VERSION (default: pyproject's), PIP_FIND_LINKS / PIP_NO_INDEX (pip's own variables: build offline from
 #   a wheelhouse, e.g. the docker cluster's contrib/slurm-docker-cluster/build/wheels/py3.11/deps, which also
@@ -22,6 +24,13 @@
 # staging path, and pip's RECORD does not list it): postinst compiles it in place, prerm removes it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Every path of the tree this script reads: the package's Python sources, then what step 3 installs.
+SOURCES=(pyproject.toml README.md slurm_fleetyield node_agent prolog_epilog)
+INPUTS=("${SOURCES[@]}" contrib/deb contrib/systemd contrib/logrotate contrib/fleetyield.example.toml
+  contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf contrib/slurm-docker-cluster/slurm/fleetyield-spares.conf
+  contrib/prometheus contrib/alertmanager contrib/grafana
+  docs/admin-guide.md docs/results.md docs/simulator.md docs/devlog.md)
+if [[ ${1:-} == --inputs ]]; then printf '%s\n' "${INPUTS[@]}"; exit 0; fi
 ROOT=$PWD
 OUT=${1:-$ROOT/dist}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -46,8 +55,7 @@ mkdir -p "$STAGE/DEBIAN" "$OUT"
 # 1. The project wheel from a clean copy of the sources (a build/ directory in the tree can hold stale
 #    modules), then the venv with it and its dependencies.
 mkdir -p "$WORK/src" "$WORK/wheel"
-tar -c --exclude=__pycache__ --exclude='*.pyc' pyproject.toml README.md slurm_fleetyield node_agent prolog_epilog \
-  | tar -x -C "$WORK/src"
+tar -c --exclude=__pycache__ --exclude='*.pyc' "${SOURCES[@]}" | tar -x -C "$WORK/src"
 "$PYTHON" -m venv "$VENV"
 # bin/python3 -> the versioned interpreter (/usr/bin/python3.X), not /usr/bin/python3: the site-packages
 # are python3.X's, and a host whose default python3 is another version still runs this venv.

@@ -117,13 +117,9 @@ PY
   log "staging the Debian package's sources"
   local src="$BUILD_DIR/deb/src"
   rm -rf "$BUILD_DIR/deb" && mkdir -p "$src"
-  # shellcheck disable=SC2046
-  (cd "$REPO_ROOT" && tar -c --exclude=__pycache__ --exclude='*.pyc' \
-      pyproject.toml README.md slurm_fleetyield node_agent prolog_epilog \
-      contrib/deb contrib/systemd contrib/logrotate contrib/fleetyield.example.toml \
-      contrib/slurm-docker-cluster/slurm/fleetyield-snippet.conf contrib/slurm-docker-cluster/slurm/fleetyield-spares.conf \
-      contrib/prometheus contrib/alertmanager contrib/grafana \
-      docs/admin-guide.md docs/results.md docs/simulator.md docs/devlog.md) | tar -x -C "$src"
+  local inputs
+  mapfile -t inputs < <("$REPO_ROOT/contrib/deb/build-deb.sh" --inputs)
+  (cd "$REPO_ROOT" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${inputs[@]}") | tar -x -C "$src"
 }
 
 build_image() {
