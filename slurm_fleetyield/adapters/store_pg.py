@@ -49,6 +49,19 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def identity(url: str) -> str:
+    """Which database ``url`` names, as ``host:port/dbname`` (no user, no password, no options): two URLs
+    with the same identity reach the same audit chain."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        info = conninfo_to_dict(url)
+    except Exception as e:  # psycopg.ProgrammingError: an unparsable URL
+        raise ValueError(f"{redact(url)}: not a PostgreSQL URL ({e})") from None
+    host = str(info.get("host") or info.get("hostaddr") or "localhost")
+    return f"{host}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+
+
 @lru_cache(maxsize=512)
 def translate(sql: str) -> str:
     """SQLite-flavoured DML -> PostgreSQL: ``?`` -> ``%s``, ``INSERT OR IGNORE`` -> ``ON CONFLICT DO

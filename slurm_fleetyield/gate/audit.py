@@ -43,7 +43,8 @@ Threat model, honestly:
 * On PostgreSQL the chain and its ``audit_head`` row live in a database both controllers (and its admins)
   write: anyone with write access to it can rewrite both consistently. Each controller host still writes
   its own ``audit.head`` file (what that host last committed; another host's file may be behind, which
-  verification accepts, and a host that never wrote has none, which is not an error there), but those files
+  verification accepts, and a host that never wrote has none, which is not an error there; its name names
+  the database, ``head_filename``), but those files
   are evidence only against a DB writer who cannot also reach every host. The only real defence is the
   same as above: ship the head off-host.
 """
@@ -67,6 +68,18 @@ from slurm_fleetyield.gate.errors import AuditIntegrityError
 
 GENESIS_HASH = "0" * 64
 HEAD_FILENAME = "audit.head"
+
+
+def head_filename(url: str | None = None) -> str:
+    """The head checkpoint file of a chain: ``audit.head`` for the host's own SQLite gate, and for a
+    PostgreSQL chain ``audit-<12 hex of its host:port/dbname>.head``. One file per chain, so a host that
+    moves between stores (SQLite to PostgreSQL and back, or to another database) never checks one chain
+    against another chain's checkpoint: that reads as a truncation and stops the gate."""
+    if url is None:
+        return HEAD_FILENAME
+    digest = hashlib.sha256(store_pg.identity(url).encode()).hexdigest()[:12]
+    return f"audit-{digest}.head"
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (

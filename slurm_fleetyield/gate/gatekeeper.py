@@ -49,11 +49,11 @@ from slurm_fleetyield.gate.approvals import (
     parse_envelope,
 )
 from slurm_fleetyield.gate.audit import (
-    HEAD_FILENAME,
     PG_SCHEMA,
     AuditLog,
     AuditReport,
     connect,
+    head_filename,
     immediate_transaction,
 )
 from slurm_fleetyield.gate.errors import (
@@ -241,10 +241,11 @@ class Gatekeeper:
     @classmethod
     def open(cls, state_dir: str | Path, *, url: str | None = None, **kwargs: Any) -> Gatekeeper:
         """``<state_dir>/gate.db`` with its head checkpoint ``<state_dir>/audit.head``; with ``url`` (a
-        PostgreSQL store) the database is that one and ``state_dir`` holds only this host's head file."""
+        PostgreSQL store) the database is that one and ``state_dir`` holds only this host's head file for
+        that database (``head_filename``)."""
         d = Path(state_dir)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return cls(url or d / DB_FILENAME, d / HEAD_FILENAME, **kwargs)
+        return cls(url or d / DB_FILENAME, d / head_filename(url), **kwargs)
 
     def close(self) -> None:
         self.conn.close()

@@ -15,7 +15,7 @@ import pytest
 from slurm_fleetyield.adapters.proposals import read_proposals
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.gate.approvals import sign_statement
-from slurm_fleetyield.gate.audit import read_head
+from slurm_fleetyield.gate.audit import head_filename, read_head
 from slurm_fleetyield.gate.errors import ApprovalRejected, AuditIntegrityError, GateError
 from slurm_fleetyield.gate.gatekeeper import Gatekeeper
 from slurm_fleetyield.gate.proposal import ProposalStatus
@@ -35,7 +35,9 @@ def test_a_proposal_raised_on_one_host_is_approved_on_the_other(tmp_path: Path, 
         assert rej.value.reason.value == "already_settled"
         assert b.verify_audit().ok
         assert b.audit.head_row() == b.audit.tail()
-    assert read_head(tmp_path / "a" / "audit.head").seq == 1  # a's file: what a last wrote (behind: fine)
+    assert (
+        read_head(tmp_path / "a" / head_filename(pg_url)).seq == 1
+    )  # a's file: what a last wrote (behind: fine)
     with Gatekeeper.open(tmp_path / "a", url=pg_url) as a:
         r = a.verify_audit()
         assert r.ok and r.last_seq == 3, r  # proposed, approved, rejected (the second envelope)
@@ -140,3 +142,31 @@ def test_a_newer_gate_schema_on_postgresql_is_refused_naming_the_database(tmp_pa
     raw.close()
     with pytest.raises(GateError, match="schema version 99, this build knows 1"):
         Gatekeeper.open(tmp_path, url=pg_url)
+
+
+def test_a_host_moving_between_sqlite_and_postgresql_keeps_one_checkpoint_per_chain(tmp_path: Path, pg_url):
+    """The HA fixture's path: a host's gate dir served an SQLite chain, then a PostgreSQL one (whose head
+    ran ahead), then SQLite again. Each chain is checked against its own checkpoint; neither reads as the
+    other's truncation."""
+    state = tmp_path / "gate"
+    with Gatekeeper.open(state) as g:
+        g.propose(make_proposal())
+    with Gatekeeper.open(state, url=pg_url) as g:
+        for i in range(3):
+            g.propose(make_proposal(id=f"p-00000000000{i}", node=f"n{i}", now=T0 + i))
+        assert g.audit.tail().seq == 3
+    with Gatekeeper.open(state) as g:  # before: "chain ends at seq 1 but the head checkpoint is at seq 3"
+        assert g.verify_audit().ok and g.audit.tail().seq == 1
+        g.propose(make_proposal(id="p-0000000000ff", node="n9", now=T0 + 9))
+    assert read_head(state / "audit.head").seq == 2
+    assert read_head(state / head_filename(pg_url)).seq == 3
+    with Gatekeeper.open(state, url=pg_url) as g:
+        assert g.verify_audit().ok
+
+
+def test_the_head_file_names_the_database_not_the_credentials():
+    a = head_filename("postgresql://fy:secret@db1:5432/fleetyield")
+    assert a == head_filename("postgresql://other:pw@db1/fleetyield?connect_timeout=3")
+    assert a != head_filename("postgresql://fy:secret@db2:5432/fleetyield")
+    assert a != head_filename("postgresql://fy:secret@db1:5432/other")
+    assert head_filename(None) == "audit.head" and a.startswith("audit-") and a.endswith(".head")
