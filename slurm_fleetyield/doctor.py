@@ -202,7 +202,9 @@ def check_slurmrest(ctx: Context) -> list[Finding]:
             )
         ]
     fallback = [w for w, ok in (("node update", api.node_update), ("requeue", api.requeue_path)) if not ok]
-    state = ", ".join(f"{p.get('hostname')} {p.get('ping')}" for p in pings if isinstance(p, dict))
+    state = ", ".join(
+        f"{p.get('hostname')} {p.get('pinged', p.get('ping'))}" for p in pings if isinstance(p, dict)
+    )
     detail = f"{cfg.slurm.rest_url}{api.prefix}: {state or 'no pings'} (as {cfg.slurm.rest_user})"
     if fallback:
         detail += f"; {' and '.join(fallback)} through scontrol (not in this API)"

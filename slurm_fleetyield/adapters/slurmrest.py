@@ -115,38 +115,53 @@ class ServedApi:
 
 
 def negotiate(paths: Mapping[str, Mapping[str, Any]]) -> ServedApi:
-    """OpenAPI ``paths`` -> the newest slurm plugin version serving nodes and jobs, and its write paths."""
+    """OpenAPI ``paths`` -> the slurm plugin version to use, and its write paths: the newest version this
+    adapter knows (``KNOWN_VERSIONS``) that serves nodes and jobs, else the newest that does (a later
+    Slurm; logged). Paths compare without a trailing slash: 22.05 writes ``/slurm/v0.0.38/nodes``, 24.11
+    ``/slurm/v0.0.41/nodes/`` (both answer either)."""
+    served = {p.rstrip("/"): ops for p, ops in paths.items()}
     versions: set[tuple[int, int, int]] = set()
-    for path in paths:
-        m = _SLURM_PATH.match(path)
+    for path in served:
+        m = _SLURM_PATH.match(path + "/")
         if m:
             versions.add((int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    for version in sorted(versions, reverse=True):
-        prefix = "/slurm/v{}.{}.{}".format(*version)
-        if f"{prefix}/nodes" in paths and f"{prefix}/jobs" in paths:
-            node = paths.get(f"{prefix}/node/{{node_name}}", {})
-            requeue = next(
-                (
-                    p
-                    for p, ops in paths.items()
-                    if p.startswith(prefix) and p.endswith("/requeue") and "post" in ops
-                ),
-                None,
-            )
-            return ServedApi(version, node_update="post" in node, requeue_path=requeue)
-    raise ValueError(f"no /slurm/vX.Y.Z/nodes and /jobs in the served OpenAPI (versions {sorted(versions)})")
+    usable = [
+        v
+        for v in sorted(versions, reverse=True)
+        if {"/slurm/v{}.{}.{}/nodes".format(*v), "/slurm/v{}.{}.{}/jobs".format(*v)} <= served.keys()
+    ]
+    if not usable:
+        raise ValueError(
+            f"no /slurm/vX.Y.Z/nodes and /jobs in the served OpenAPI (versions {sorted(versions)})"
+        )
+    known = [v for v in usable if v in KNOWN_VERSIONS]
+    version = known[0] if known else usable[0]
+    if not known:
+        log.warning(
+            "slurmrestd serves none of the API versions this adapter was tested on; using %s", version
+        )
+    prefix = "/slurm/v{}.{}.{}".format(*version)
+    node = served.get(f"{prefix}/node/{{node_name}}", {})
+    requeue = next(
+        (p for p, ops in served.items() if p.startswith(prefix) and p.endswith("/requeue") and "post" in ops),
+        None,
+    )
+    return ServedApi(version, node_update="post" in node, requeue_path=requeue)
 
 
 def api_errors(doc: object) -> str:
-    """The ``errors`` array of an answer as one line ('' when none)."""
+    """The ``errors`` array of an answer as one line ('' when none): each error's description, then
+    Slurm's error text where it says something else ("Failure to query nodes: Protocol authentication
+    error"), then its source."""
     if not isinstance(doc, dict):
         return ""
     parts = []
     for err in doc.get("errors") or ():
         if isinstance(err, dict):
-            text = err.get("description") or err.get("error") or json.dumps(err)
+            said = [str(t) for t in (err.get("description"), err.get("error")) if t]
+            text = ": ".join(dict.fromkeys(said)) or json.dumps(err)
             source = err.get("source")
-            parts.append(f"{text} ({source})" if source else str(text))
+            parts.append(f"{text} ({source})" if source else text)
         else:
             parts.append(str(err))
     return "; ".join(parts)
@@ -259,7 +274,21 @@ class SlurmRest:
         raise SlurmRestError("GET", "/slurm/vX/ping", None, f"no known API version answered ({last})")
 
     def ping(self) -> dict[str, Any]:
-        return self.request("GET", f"{self.api().prefix}/ping")
+        """``/ping``; an error unless some slurmctld answered UP. 24.11 (v0.0.41) answers HTTP 200 with
+        ``"pinged": "DOWN"`` when slurmctld refuses the JWT; 22.05 (v0.0.38: ``"ping"``) answers 500."""
+        endpoint = f"{self.api().prefix}/ping"
+        doc = self.request("GET", endpoint)
+        pings = [p for p in doc.get("pings") or [] if isinstance(p, dict)]
+        states = [str(p.get("pinged", p.get("ping", "?"))) for p in pings]
+        if "UP" not in states:
+            seen = ", ".join(f"{p.get('hostname', '?')} {st}" for p, st in zip(pings, states, strict=True))
+            raise SlurmRestError(
+                "GET",
+                endpoint,
+                200,
+                f"no slurmctld answered UP ({seen or 'no pings'}): slurmctld down, or it refused the token",
+            )
+        return doc
 
     # -- reads ----------------------------------------------------------------------------------------
 

@@ -108,6 +108,17 @@ def test_negotiation_picks_the_newest_version_22_05_serves_and_finds_no_writes()
     assert api == ServedApi((0, 0, 38), node_update=False, requeue_path=None)
 
 
+def test_negotiation_on_24_11_finds_node_update_behind_trailing_slashes() -> None:
+    """24.11's paths (captured: tests/adapters/data/slurmrest/openapi_v3_paths_24.11.json, the /slurm/
+    paths and methods) end in "/" (``/slurm/v0.0.41/nodes/``); once read as "no nodes", so every write
+    went through scontrol. It serves v0.0.40-v0.0.42: the newest this adapter knows is used."""
+    paths = json.loads((DATA / "openapi_v3_paths_24.11.json").read_text())["paths"]
+    assert "/slurm/v0.0.41/nodes/" in paths and "/slurm/v0.0.42/nodes/" in paths
+    assert negotiate(paths) == ServedApi((0, 0, 41), node_update=True, requeue_path=None)
+    later = {p.replace("v0.0.4", "v0.0.9"): ops for p, ops in paths.items()}  # a Slurm of the future
+    assert negotiate(later).version == (0, 0, 92)
+
+
 def test_negotiation_uses_node_update_and_requeue_where_a_newer_server_has_them() -> None:
     paths = dict(SPEC_38["paths"])
     paths["/slurm/v0.0.40/nodes"] = {"get": {}}
@@ -180,11 +191,33 @@ def test_api_errors_become_errors_naming_endpoint_status_and_message(server: Ser
     with pytest.raises(SlurmRestError) as exc:
         adapter(server, token).read_nodes()
     assert str(exc.value) == (
-        "slurmrestd GET /slurm/v0.0.38/nodes: HTTP 500: Unable to find JobId=999999 (slurm_load_job)"
+        "slurmrestd GET /slurm/v0.0.38/nodes: HTTP 500: Unable to find JobId=999999: Invalid job id specified"
+        " (slurm_load_job)"
     )
     server.routes["/slurm/v0.0.38/ping"] = captured("ping_bad_token.txt")  # what a bad JWT gets on 22.05
     with pytest.raises(SlurmRestError, match="HTTP 500: slurmctld config is unable to load"):
         adapter(server, token).ping()
+
+
+def test_on_24_11_a_refused_token_is_an_error_not_a_ping(server: Server, token: Path) -> None:
+    """Captured from the 24.11 cluster (v0.0.41): a bad JWT gets HTTP 200 with ``"pinged": "DOWN"`` on
+    /ping (once read as a working endpoint) and HTTP 511 on /nodes."""
+    server.routes["/openapi/v3"] = (200, json.dumps({"paths": {}}))  # probe the versions instead
+    server.routes["/slurm/v0.0.41/ping"] = captured("ping_v0.0.41.json")
+    assert adapter(server, token).ping()["pings"][0]["pinged"] == "UP"
+    server.routes["/slurm/v0.0.41/ping"] = captured("ping_v0.0.41_bad_token.json")
+    with pytest.raises(SlurmRestError) as exc:
+        adapter(server, token).ping()
+    assert str(exc.value) == (
+        "slurmrestd GET /slurm/v0.0.41/ping: HTTP 200: no slurmctld answered UP (slurmctld DOWN): "
+        "slurmctld down, or it refused the token"
+    )
+    server.routes["/slurm/v0.0.41/nodes"] = captured("nodes_v0.0.41_bad_token.txt")
+    with pytest.raises(SlurmRestError) as exc:
+        adapter(server, token).read_nodes()
+    assert str(exc.value).endswith(
+        "nodes: HTTP 511: Failure to query nodes: Protocol authentication error (_dump_nodes)"
+    )
 
 
 def test_an_unreachable_server_is_an_error_naming_the_endpoint(token: Path) -> None:
