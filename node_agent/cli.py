@@ -106,8 +106,9 @@ def _serve_options(f: Any) -> Any:
         ),
         click.option(
             "--outcomes-url",
-            default=None,
-            help="Where outcomes are POSTed (default: the push URL's listener, /v1/agent/outcomes).",
+            multiple=True,
+            help="Where outcomes are POSTed (default: /v1/agent/outcomes beside each push URL); repeat it "
+            "for two controllers: each record goes to the first that takes it.",
         ),
     ]
     for opt in reversed(opts):
@@ -118,8 +119,9 @@ def _serve_options(f: Any) -> Any:
 def _config(config_file: Path | None, flags: dict[str, Any]) -> Any:
     from node_agent.config import build_config
 
-    if flags.get("push_url") == ():  # --push-url not given: the config file's, if any
-        flags = {**flags, "push_url": None}
+    for key in ("push_url", "outcomes_url"):  # not given: the config file's, if any
+        if flags.get(key) == ():
+            flags = {**flags, key: None}
     try:
         return build_config(config_file, flags)
     except ValueError as exc:

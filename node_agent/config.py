@@ -49,7 +49,10 @@ class AgentConfig(BaseModel):
     push_secret_file: _PathLike | None = None
     scenario: _PathLike | None = None
     outcomes_dir: _PathLike | None = Path("/var/spool/fleetyield/outcomes")
-    outcomes_url: str | None = None
+    # Where outcomes go: by default the outcome endpoint beside each push URL. One controller answering
+    # 2xx is enough (in high availability both write the one PostgreSQL store), so they are tried in turn
+    # and the one that last answered goes first. TOML: a string or a list; the CLI: --outcomes-url repeated.
+    outcomes_url: list[str] | None = None
     outcomes_interval_s: float = Field(default=5.0, gt=0, le=3600)
     web_config_file: _PathLike | None = None  # exporter-toolkit web config: TLS, basic auth (webconfig.py)
     max_connections: int = Field(default=256, ge=16, le=65536)
@@ -58,9 +61,9 @@ class AgentConfig(BaseModel):
     push_basic_auth: BasicAuthConfig | None = None
     push_tls_config: TlsClientConfig | None = None
 
-    @field_validator("push_url", mode="before")
+    @field_validator("push_url", "outcomes_url", mode="before")
     @classmethod
-    def _push_urls(cls, value: Any) -> Any:
+    def _url_lists(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [value]
         if isinstance(value, tuple):
@@ -78,14 +81,25 @@ class AgentConfig(BaseModel):
                 raise ValueError(f"--push-url must be an http(s) URL, got {push!r}")
         if self.push_url is not None and len(set(self.push_url)) != len(self.push_url):
             raise ValueError(f"--push-url names a URL twice: {self.push_url!r}")
-        if self.outcomes_url and not self.outcomes_url.startswith(("http://", "https://")):
-            raise ValueError(f"--outcomes-url must be an http(s) URL, got {self.outcomes_url!r}")
-        for url in (*(self.push_url or []), self.outcomes_url):
+        for url in self.outcomes_url or []:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--outcomes-url must be an http(s) URL, got {url!r}")
+        if self.outcomes_url is not None and len(set(self.outcomes_url)) != len(self.outcomes_url):
+            raise ValueError(f"--outcomes-url names a URL twice: {self.outcomes_url!r}")
+        for url in (*(self.push_url or []), *(self.outcomes_url or [])):
             if self.push_tls_config is not None and url and not url.startswith("https://"):
                 raise ValueError(f"push_tls_config is set but {url!r} is not an https:// URL")
         if self.outcomes_url and not self.push_secret_file:
             raise ValueError("--outcomes-url needs --push-secret-file")
         return self
+
+    def outcome_urls(self) -> list[str]:
+        """``outcomes_url``, else the outcome endpoint beside each push URL."""
+        from node_agent.outcomes import outcomes_url_from_push
+
+        if self.outcomes_url:
+            return list(self.outcomes_url)
+        return [outcomes_url_from_push(u) for u in self.push_url or []]
 
     def push_client(self) -> HttpClientConfig | None:
         if self.push_basic_auth is None and self.push_tls_config is None:

@@ -33,7 +33,7 @@ from node_agent.config import AgentConfig
 from node_agent.exposition import CONTENT_TYPE, render
 from node_agent.host import HostCollector
 from node_agent.httpd import BoundedHTTPServer, Limits, ListenerCollector
-from node_agent.outcomes import OutcomeForwarder, outcomes_url_from_push
+from node_agent.outcomes import OutcomeForwarder
 from node_agent.protocol import CONTROL_RESET_PATH
 from node_agent.push import Pusher
 from node_agent.remote import MAX_BODY, ResetEndpoint
@@ -258,14 +258,12 @@ class Server:
             registry.register(ListenerCollector("fleetyield_agent", self._listeners))
             if secret:
                 self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
-            outcomes_url = cfg.outcomes_url
-            if outcomes_url is None and cfg.push_url:
-                outcomes_url = outcomes_url_from_push(cfg.push_url[0])
-            if outcomes_url and secret and cfg.outcomes_dir is not None:
+            outcome_urls = cfg.outcome_urls()
+            if outcome_urls and secret and cfg.outcomes_dir is not None:
                 self.forwarder = OutcomeForwarder(
                     cfg.outcomes_dir,
                     cfg.node_name(),
-                    outcomes_url,
+                    outcome_urls,
                     secret,
                     self.clock,
                     interval_s=cfg.outcomes_interval_s,

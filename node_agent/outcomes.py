@@ -1,12 +1,16 @@
 """Forward the Epilog's job-outcome records to the controller, signed, deleting each only after a 2xx.
 
 Input: ``<outcomes_dir>/*.json`` (written atomically by ``fleetyield-epilog``, which never does network
-I/O), the controller's outcome URL (``.../v1/agent/outcomes``), the shared push secret, a clock. Output:
-``POST`` of ``OutcomeBatch`` bodies (``protocol``); a record file is removed only after the controller
+I/O), the controllers' outcome URLs (``.../v1/agent/outcomes``), the shared push secret, a clock. Output:
+``POST`` of ``OutcomeBatch`` bodies (``protocol``); a record file is removed only after a controller
 answered 2xx, which it does only once the records are durable in its store. So a controller that is down,
 slow or refusing loses nothing: the files wait, and the next attempt (backoff ``backoff_initial_s``
 doubling to ``backoff_max_s``) sends them again. The controller is idempotent per record, so a reply lost
 after the commit only causes a duplicate it ignores.
+
+Several URLs (two controllers in high availability, one PostgreSQL store): one 2xx is enough, so each
+chunk goes to the URL that last answered and, when that fails, to the next; unlike fatal events (one spool
+per controller, ``node_agent/push.py``), an outcome is a row in the shared store, not a wake-up.
 
 A file that is not a JSON object with a ``job_id`` is renamed ``*.bad`` (kept for an operator, never sent);
 a record naming another node is sent anyway with its ``node`` left out so the controller sees this node.
@@ -20,8 +24,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from node_agent.httpclient import HttpClient
 from node_agent.protocol import MAX_OUTCOMES_PER_BATCH, OutcomeBatch
@@ -75,7 +80,7 @@ class OutcomeForwarder(SpoolSender):
         self,
         directory: Path,
         node: str,
-        url: str | None,
+        url: str | Sequence[str] | None,
         secret: bytes | None,
         clock: Callable[[], float] = time.time,
         *,
@@ -85,9 +90,10 @@ class OutcomeForwarder(SpoolSender):
         backoff_max_s: float = 60.0,
         client: HttpClient | None = None,
     ) -> None:
+        self.urls = [url] if isinstance(url, str) else list(url or [])
         super().__init__(
             node,
-            url,
+            self.urls[0] if self.urls else None,
             secret,
             clock,
             log=log,
@@ -110,6 +116,16 @@ class OutcomeForwarder(SpoolSender):
             chunk, items = items[:MAX_OUTCOMES_PER_BATCH], items[MAX_OUTCOMES_PER_BATCH:]
             records = [r if r.get("node") in (None, self.node) else {**r, "node": None} for _, r in chunk]
             body = OutcomeBatch(node=self.node, records=records).model_dump_json().encode()
-            if not self.send_chunk(chunk, body, "outcome forward to %s failed (%d record(s) kept): %s"):
+            if not self._send_anywhere(chunk, body):
                 return False
         return True
+
+    def _send_anywhere(self, chunk: Sequence[tuple[Path, Any]], body: bytes) -> bool:
+        """The chunk to ``self.url`` (the one that last answered), else to each other URL in turn; the
+        one that takes it goes first next time."""
+        for url in [self.url, *(u for u in self.urls if u != self.url)]:
+            self.url = url
+            if self.send_chunk(chunk, body, "outcome forward to %s failed (%d record(s) kept): %s"):
+                return True
+        self.url = self.urls[0]
+        return False

@@ -16,7 +16,9 @@ Keys (defaults)::
 
     agent_state_dir = /var/lib/fleetyield-agent    # holds the agent's fatal.json
     hpc_job_dir     = /run/fleetyield/hpc-jobs     # dcgm-exporter --hpc-job-mapping-dir
-    controller_url  =                              # e.g. http://fy-ctl:8700; empty: no gate query
+    controller_url  =                              # e.g. http://fy-ctl:8700; empty: no gate query;
+                                                   # several, comma-separated (two controllers in high
+                                                   # availability): asked in turn, the first answer counts
     timeout_ms      = 200                          # controller gate HTTP timeout
     hard_timeout_ms = 2000                         # whole-hook deadline, then exit 0
     spool_dir       = /var/spool/fleetyield        # outcomes/ and jobs/ live here
@@ -118,6 +120,11 @@ class HookConfig:
             setattr(self, key, values.pop(key, default))
         if values:
             raise TypeError(f"unknown config keys: {sorted(values)}")
+
+    @property
+    def controller_urls(self) -> list[str]:
+        """``controller_url`` split at commas: the controllers to ask, in order."""
+        return [u.strip() for u in str(self.controller_url).split(",") if u.strip()]
 
     @property
     def verdict_file(self) -> str:

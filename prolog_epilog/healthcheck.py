@@ -110,15 +110,20 @@ def controller_down_for(config: lib.HookConfig, now: float, log: lib.Logger) -> 
     """Seconds the controller has not answered /healthz (None: it answers; inf: none configured).
 
     The first unanswered run is remembered in ``<spool_dir>/healthcheck.json``; an answer removes it."""
-    if not config.controller_url:
+    urls = config.controller_urls
+    if not urls:
         return float("inf")
     path = os.path.join(config.spool_dir, STATE_FILE)
-    try:
-        status, _ = _http_get(f"{config.controller_url.rstrip('/')}/healthz", config.timeout_ms / 1000.0)
-    except Exception as exc:  # refused, slow, DNS: all "not answering"
-        status, why = 0, f"{type(exc).__name__}: {exc}"
-    else:
-        why = f"HTTP {status}"
+    status, why = 0, "no controller"
+    for url in urls:  # several (high availability): any healthy one is a controller at work
+        try:
+            status, _ = _http_get(f"{url.rstrip('/')}/healthz", config.timeout_ms / 1000.0)
+        except Exception as exc:  # refused, slow, DNS: all "not answering"
+            status, why = 0, f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"HTTP {status}"
+        if status == 200:
+            break
     if status == 200:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

@@ -22,7 +22,9 @@ ONLY when
   (loaded modules, kernel taint and knobs, ld.so.preload: ``attest_recheck``) no longer matches the
   digests that verdict passed (``attest_gate.recheck``), or
 * the controller answers ``GET {controller_url}/v1/nodes/{node}/gate`` with HTTP 200
-  and ``{"allow": false, ...}`` within ``timeout_ms``.
+  and ``{"allow": false, ...}`` within ``timeout_ms``. With several URLs (high availability: the
+  standby serves the gate from the shared store too) each is asked in turn with an equal share of what
+  is left of ``timeout_ms``; the first usable answer counts.
 
 Everything else allows the job: a missing, unreadable or corrupt ``fatal.json`` (logged:
 "no verdict"), a controller that is down, slow, erroring or answering garbage (the
@@ -99,17 +101,33 @@ def _describe(entry: dict) -> str:
     return f"{where}: {entry.get('message') or entry.get('kind') or 'fatal event'}"
 
 
-def query_gate(url: str, node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
-    """(allow, reason). Fail-open: anything but HTTP 200 + ``"allow": false`` allows."""
+def query_gate(urls: str | list[str], node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
+    """(allow, reason) from the first controller in ``urls`` that answers usably, each asked with an equal
+    share of what is left of ``timeout_s``. Fail-open: anything but HTTP 200 + ``"allow": false`` allows."""
+    todo = [urls] if isinstance(urls, str) else list(urls)
+    deadline = time.monotonic() + timeout_s
+    why = "no controller"
+    for i, url in enumerate(todo):
+        share = (deadline - time.monotonic()) / (len(todo) - i)
+        if share <= 0:
+            break
+        answer, why = _ask_gate(url, node, share)
+        if answer is not None:
+            return answer, why
+        more = "; asking the next" if i + 1 < len(todo) else "; fail-open, allowing"
+        log("WARNING", f"controller gate {why}{more}")
+    return True, f"controller {why}"
+
+
+def _ask_gate(url: str, node: str, timeout_s: float) -> tuple[bool | None, str]:
+    """(allow, reason) from one controller, or (None, why not) when it gave no usable answer."""
     safe_node = "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):02X}" for c in node)
     try:
         status, body = _http_get(f"{url.rstrip('/')}/v1/nodes/{safe_node}/gate", timeout_s)
     except Exception as exc:  # down, refused, slow, DNS, TLS, ... all mean "allow"
-        log("WARNING", f"controller gate unreachable ({type(exc).__name__}: {exc}); fail-open, allowing")
-        return True, "controller unreachable"
+        return None, f"unreachable at {url} ({type(exc).__name__}: {exc})"
     if status != 200:
-        log("WARNING", f"controller gate answered HTTP {status}; fail-open, allowing")
-        return True, f"controller HTTP {status}"
+        return None, f"at {url} answered HTTP {status}"
     try:
         doc = json.loads(body)
         allow = doc["allow"]
@@ -117,8 +135,7 @@ def query_gate(url: str, node: str, timeout_s: float, log: lib.Logger) -> tuple[
         if not isinstance(allow, bool):
             raise TypeError(f"'allow' is {type(allow).__name__}, not bool")
     except Exception as exc:
-        log("WARNING", f"controller gate answer unusable ({exc}); fail-open, allowing")
-        return True, "controller answer unusable"
+        return None, f"answer from {url} unusable ({exc})"
     return allow, reason
 
 
@@ -282,7 +299,7 @@ def run(env: Mapping[str, str], log: lib.Logger) -> int:
     if config.controller_url:
         budget = min(config.timeout_ms / 1000.0, deadline - time.monotonic() - 0.05)
         if budget > 0:
-            allow, reason = query_gate(config.controller_url, node, budget, log)
+            allow, reason = query_gate(config.controller_urls, node, budget, log)
             if not allow:
                 log("ERROR", f"DENY: controller quarantines {node}: {reason or 'no reason given'}")
                 return EXIT_DENY

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from receiver import wait_for
 from rig import AGENT, AgentProcess, free_port
 
@@ -156,3 +157,50 @@ def test_signed_reset_resets_and_refuses_replays_and_forgeries(tmp_path: Path) -
         assert CONTROL_RESET_PATH == "/v1/control/reset"
     finally:
         agent.close()
+
+
+def test_outcomes_go_to_whichever_controller_answers_and_stay_with_it(tmp_path: Path) -> None:
+    """Two controllers (high availability): the first URL's is dead; each record still lands once, in the
+    live one's store, and the next chunk goes straight to it (no timeout paid per chunk)."""
+    from node_agent.outcomes import OutcomeForwarder
+
+    store = Store(tmp_path / "fy.db")
+    live = IngestServer("127.0.0.1", 0, SECRET, store, threading.Event())
+    live.start()
+    dead = f"http://127.0.0.1:{free_port()}/v1/agent/outcomes"
+    up = f"http://127.0.0.1:{live.port}/v1/agent/outcomes"
+    spool = tmp_path / "outcomes"
+    spool.mkdir()
+    (spool / "201.json").write_text(json.dumps(record("201")))
+    fwd = OutcomeForwarder(spool, "gpu-01", [dead, up], SECRET, timeout_s=0.5)
+    try:
+        assert fwd.flush_once() is True
+        assert [r.job_id for r in store.pending_outcomes()] == ["201"] and not list(spool.glob("*.json"))
+        assert (fwd.url, fwd.failures) == (up, 1)
+        (spool / "202.json").write_text(json.dumps(record("202")))
+        assert fwd.flush_once() is True
+        assert sorted(r.job_id for r in store.pending_outcomes()) == ["201", "202"] and fwd.failures == 1
+    finally:
+        live.stop()
+        store.close()
+    (spool / "203.json").write_text(json.dumps(record("203")))
+    assert fwd.flush_once() is False and (spool / "203.json").exists()  # neither answers: kept
+    assert fwd.url == dead  # back to the first for the next round
+
+
+def test_outcome_urls_default_to_the_endpoint_beside_each_push_url(tmp_path: Path) -> None:
+    from node_agent.config import build_config
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    base = {"state_dir": str(tmp_path / "st"), "push_secret_file": str(secret)}
+    push = ["http://c1:9402/v1/agent/events", "http://c2:9402/v1/agent/events"]
+    assert build_config(None, {**base, "push_url": push}).outcome_urls() == [
+        "http://c1:9402/v1/agent/outcomes",
+        "http://c2:9402/v1/agent/outcomes",
+    ]
+    explicit = build_config(None, {**base, "push_url": push, "outcomes_url": "http://vip:9402/o"})
+    assert explicit.outcome_urls() == ["http://vip:9402/o"]
+    with pytest.raises(ValueError, match="twice"):
+        build_config(None, {**base, "outcomes_url": ["http://c1/o", "http://c1/o"]})

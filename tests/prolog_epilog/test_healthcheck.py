@@ -111,6 +111,23 @@ def test_the_grace_starts_at_the_first_silent_run_and_an_answer_or_a_clear_marke
     assert (proc.returncode, proc.stdout) == (0, "") and not state.exists(), proc.stderr
 
 
+def test_with_two_controllers_one_healthy_is_a_controller_at_work(node, dead_port: int, gate) -> None:
+    """High availability: the leader gone, the standby healthy: no outage is timed, nothing marks."""
+    node.write_fatal([XID79])
+    state = node.spool / STATE_FILE
+    urls = f"http://127.0.0.1:{dead_port},{gate.url}"
+    proc = report(node, controller_url=urls, healthcheck_grace_s=3600)
+    assert (proc.returncode, proc.stdout) == (0, "") and not state.exists(), proc.stderr
+    assert "/healthz" in gate.requests
+    gate.mode = "500"  # both silent now: the outage is timed; past the grace it marks
+    proc = report(node, controller_url=urls, healthcheck_grace_s=3600)
+    assert (proc.returncode, proc.stdout) == (0, "") and state.exists(), proc.stderr
+    since = json.loads(state.read_text())["controller_down_since"]
+    state.write_text(json.dumps({"controller_down_since": since - 3600}))
+    proc = report(node, controller_url=urls, healthcheck_grace_s=3600)
+    assert proc.returncode == 1 and proc.stdout.startswith("fleetyield: XID 79"), proc.stderr
+
+
 @pytest.mark.parametrize("args", [["--bogus"], ["--report", "x"]])
 def test_unexpected_arguments_change_nothing(node, args: list[str]) -> None:
     node.write_fatal([XID79])

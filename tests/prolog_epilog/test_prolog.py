@@ -141,6 +141,25 @@ def test_controller_slow_fails_open_within_timeout(node: Any, hook: Any, gate: A
     assert (node.map_dir / "0").exists()  # the job still gets its mapping
 
 
+def test_two_controllers_the_first_dead_the_second_answers(
+    node: Any, hook: Any, gate: Any, blackhole: str, dead_port: int
+) -> None:
+    """High availability: the dead leader's URL first; the standby's deny still counts, within the
+    budget, whether the dead one refuses at once or hangs (it gets an equal share of the timeout)."""
+    gate.mode = "deny"
+    for first in (f"http://127.0.0.1:{dead_port}", blackhole):
+        gate.requests.clear()
+        node.write_conf(controller_url=f"{first}, {gate.url}", timeout_ms=400)
+        res = hook("prolog", node.env())
+        assert res.rc != 0 and "quarantined: xid 79" in res.stderr, res.stderr
+        assert "unreachable at" in res.stderr and "asking the next" in res.stderr
+        assert gate.requests == ["/v1/nodes/gpu-node-07/gate"]
+    gate.mode = "allow"
+    node.write_conf(controller_url=f"{gate.url},http://127.0.0.1:{dead_port}")
+    res = hook("prolog", node.env())
+    assert res.rc == 0 and "WARNING" not in res.stderr, res.stderr  # the first answered: no second try
+
+
 def test_controller_wait_clamped_to_hard_deadline(node: Any, hook: Any, blackhole: str) -> None:
     # A controller timeout larger than the hard deadline: the gate query is cut short so
     # the prolog still finishes its own work (mapping) inside the deadline.
