@@ -35,10 +35,12 @@ up: $(STAMP)
 down:
 	$(CLUSTER)/down.sh
 
-# The slurmrestd adapter against the cluster's slurmrestd (auth/jwt), with the closed loop on
-# adapter = "rest" (CI runs the short ones; this runs them all). Needs `make up` first.
+# The slurmrestd adapter against the cluster's slurmrestd (auth/jwt): its own tests with the closed loop on
+# adapter = "rest", then every closed-loop test with the session's controller on adapter = "rest"
+# (CI runs the short ones on the CLI adapter; ~6 min). Needs `make up` first.
 test-rest: $(STAMP)
 	FLEETYIELD_REST_LOOP=1 $(VENV)/bin/pytest -m integration tests/integration/test_slurmrestd.py
+	FLEETYIELD_SLURM_ADAPTER=rest $(VENV)/bin/pytest -m integration tests/integration/test_closed_loop.py
 
 demo: up
 	$(CLUSTER)/demo.sh

@@ -68,6 +68,9 @@ class ControlRequest(BaseModel):
     nonce: str | None = None  # quote: the controller's nonce
     gpus: list[int] | None = None  # scrub: GPU indices (empty or unset: every GPU)
     job_id: str | None = None  # handover: the job that just ended (logged by the controller)
+    # handover on a shared node: the jobs still running here ({"job_id": "123", "uid": 1001}), whose
+    # tenants' files, IPC and processes are not leftovers (node_agent.attest.probes.CoResident)
+    co_resident: list[dict[str, Any]] | None = Field(default=None, max_length=1024)
     diag_level: int = Field(default=0, ge=0, le=4)  # check: dcgmi diag -r N on real GPUs (0: none)
 
 

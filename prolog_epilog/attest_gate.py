@@ -226,6 +226,39 @@ def _unlink_named(root: str, directory: str, name: str, removed: list[str]) -> N
         os.close(fd)
 
 
+def running_jobs(spool_dir: str | None, job_id: str) -> list[dict[str, Any]]:
+    """The other jobs the Prolog recorded on this node (``<spool>/jobs/*.json``, written by root):
+    ``{"job_id", "uid"}`` each, for the hand-over of a shared node. A record root did not write, or one
+    naming no job id or uid, is skipped: only the Prolog's own records may keep a tenant out of the check."""
+    if not spool_dir:
+        return []
+    out = []
+    jobs = os.path.join(spool_dir, "jobs")
+    try:
+        names = sorted(os.listdir(jobs))
+    except OSError:
+        return []
+    for name in names:
+        other = name[:-5] if name.endswith(".json") else None
+        if not other or other == job_id or not other.replace("_", "").isdigit():
+            continue
+        try:
+            fd = os.open(os.path.join(jobs, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                doc = json.loads(os.read(fd, 1 << 16))
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            continue
+        uid = str(doc.get("uid")) if isinstance(doc, dict) else ""  # the Prolog's $SLURM_JOB_UID
+        if uid.isdigit():
+            out.append({"job_id": other, "uid": int(uid)})
+    return out
+
+
 def other_jobs_of(spool_dir: str | None, uid: int, job_id: str) -> list[str]:
     """Ids of the other jobs of ``uid`` the Prolog recorded on this node (``<spool>/jobs/*.json``)."""
     if not spool_dir:
@@ -406,9 +439,18 @@ def invalidate_verdict(path: str) -> bool:
         return False
 
 
-def request_handover(agent_state_dir: str, job_id: str | None, timeout_s: float) -> dict[str, Any]:
-    """Ask the agent for the hand-over (nonce -> quote -> verdict file). Raises on any failure."""
-    return agent_call(agent_state_dir, {"op": "handover", "job_id": job_id}, timeout_s)
+def request_handover(
+    agent_state_dir: str,
+    job_id: str | None,
+    timeout_s: float,
+    co_resident: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Ask the agent for the hand-over (nonce -> quote -> verdict file). Raises on any failure.
+    ``co_resident``: the jobs still running on this shared node (``running_jobs``)."""
+    request: dict[str, Any] = {"op": "handover", "job_id": job_id}
+    if co_resident:
+        request["co_resident"] = co_resident
+    return agent_call(agent_state_dir, request, timeout_s)
 
 
 def canonical(doc: Any) -> bytes:

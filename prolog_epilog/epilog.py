@@ -51,7 +51,8 @@ writable places (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/dev/mqueue``, ``/run/l
 crontab, ``at`` jobs, linger flag, SysV IPC; ``attest_gate.wipe_tenant``, skipped while the uid runs another
 job here) is removed, and the agent scrubs the job's GPUs (all
 stopping ``WIPE_MARGIN_S`` before the deadline), and after the outcome record the agent is asked for a
-fresh hand-over, bounded by what is left of the deadline. None of it changes the exit status.
+fresh hand-over, bounded by what is left of the deadline, naming the other jobs the Prolog recorded here
+(a shared node: ``attest_gate.running_jobs``; their tenants are present, not left behind). None of it changes the exit status.
 
 Exit status: always 0. A failing Epilog sets the node DOWN, which is harsher than the
 prolog's drain and also hits every other job still running on a shared node; nothing
@@ -304,8 +305,9 @@ def _attest_handover(config: lib.HookConfig, job_id: str, deadline: float, log: 
     if left <= 0:
         log("WARNING", "no time left for the attestation hand-over; the next Prolog will deny")
         return
+    present = attest_gate.running_jobs(config.spool_dir, job_id)  # a shared node: still here
     try:
-        summary = attest_gate.request_handover(config.agent_state_dir, job_id, left)
+        summary = attest_gate.request_handover(config.agent_state_dir, job_id, left, present)
         status = summary.get("status") if isinstance(summary, dict) else summary
         log("INFO" if status == "pass" else "ERROR", f"attestation hand-over: {summary}")
     except lib.HookTimeout:

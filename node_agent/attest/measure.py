@@ -13,6 +13,8 @@ module names: the fake backend's implant file) and per-GPU reports (``gpu.gpu_re
     <persistence point>...  persistence  one record per configured path (places.PERSISTENCE)
     home/<user>...          home         per local passwd home: start-up files, .ssh, user units
     tenant/leftovers        tenant       entries owned by a tenant uid in places.TENANT_DIRS, job areas
+                                         (on a shared node not those of the jobs still running there:
+                                         ``present``, each a ``probes.CoResident``)
     tenant/ipc              tenant       SysV shm / msg / sem owned by a tenant uid
     tenant/processes        tenant       processes running as a tenant uid
     hooks/code              hooks        the installed prolog_epilog package (the Prolog gate itself)
@@ -266,8 +268,21 @@ def quick_records(spec: MeasureSpec, names: Iterable[str] = RECHECK) -> dict[str
     return out
 
 
-def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[Record]:
-    """All records, in the documented order, indices 0..n-1."""
+def live_co_residents(spec: MeasureSpec, present: Sequence[probes.CoResident]) -> list[probes.CoResident]:
+    """The co-resident jobs whose uid has a process on the node now (a running job does: its steps run as
+    the uid); the others are records of jobs that ended without their Epilog, and count for nothing."""
+    if not present:
+        return []
+    live = probes.process_uids(spec.root)
+    return [c for c in present if c.uid in live]
+
+
+def measure(
+    spec: MeasureSpec, gpu_reports: Sequence[dict], now: float, present: Sequence[probes.CoResident] = ()
+) -> list[Record]:
+    """All records, in the documented order, indices 0..n-1. ``present``: jobs still running on a shared
+    node (``probes.CoResident``): the tenant records leave out what is theirs, for those whose uid runs a
+    process here now (``live_co_residents``: a stale Prolog record keeps nobody out)."""
     records: list[Record] = []
     root = spec.root
     release = _read_text(spec.under_root("/proc/sys/kernel/osrelease"))
@@ -290,10 +305,13 @@ def measure(spec: MeasureSpec, gpu_reports: Sequence[dict], now: float) -> list[
     homes = probes.passwd_homes(root) if spec.homes is None else [(h, h) for h in spec.homes]
     for user, home in homes:
         _rec(records, "home", f"home/{user}", home_manifest(root, home))
-    leftovers = probes.tenant_leftovers(root, places.TENANT_DIRS, spec.areas, spec.tenant_uid_min, manifest)
+    uids = frozenset(c.uid for c in present)
+    leftovers = probes.tenant_leftovers(
+        root, places.TENANT_DIRS, spec.areas, spec.tenant_uid_min, manifest, present
+    )
     _rec(records, "tenant", "tenant/leftovers", leftovers)
-    _rec(records, "tenant", "tenant/ipc", probes.tenant_ipc(root, spec.tenant_uid_min))
-    _rec(records, "tenant", "tenant/processes", probes.tenant_processes(root, spec.tenant_uid_min))
+    _rec(records, "tenant", "tenant/ipc", probes.tenant_ipc(root, spec.tenant_uid_min, uids))
+    _rec(records, "tenant", "tenant/processes", probes.tenant_processes(root, spec.tenant_uid_min, uids))
     _rec(records, "hooks", "hooks/code", package_manifest(spec.hooks_package_dir))
     _rec(records, "hooks", "hooks/python", tree_manifest(root, spec.python_env, MAX_PYTHON_ENTRIES))
     _rec(records, "agent", "agent/code", package_manifest(spec.agent_package_dir))

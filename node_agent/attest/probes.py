@@ -13,13 +13,37 @@ import errno
 import fnmatch
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from node_agent.attest.chain import ABSENT
 
 MAX_TENANT_LINES = 2000
+_JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class CoResident:
+    """A job still running on a shared node when another ends: its uid's files, IPC and processes and its
+    own job areas are present by right, not left behind (the Epilog names them from the Prolog's records).
+    """
+
+    job_id: str
+    uid: int
+
+    def __post_init__(self) -> None:
+        if not _JOB_ID.fullmatch(self.job_id):
+            raise ValueError(f"co-resident job id {self.job_id!r} is not a Slurm job id")
+        if type(self.uid) is not int or self.uid < 0:
+            raise ValueError(f"co-resident uid {self.uid!r} is not a uid")
+
+    def line(self) -> str:
+        return f"job {self.job_id} uid {self.uid}"
+
+
 _KO_SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
 
 
@@ -149,9 +173,12 @@ def passwd_homes(root: Path) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------- tenants
-def _tenant_entries(root: Path, top: str, uid_min: int, manifest: Callable[[Path], str]) -> list[str]:
-    """Entries below ``top`` owned by a tenant uid; descends into sticky world-writable system dirs
-    (``/tmp/.X11-unix``) but not into a tenant's own tree (that is recorded whole by its manifest)."""
+def _tenant_entries(
+    root: Path, top: str, uid_min: int, manifest: Callable[[Path], str], present: frozenset[int] = frozenset()
+) -> list[str]:
+    """Entries below ``top`` owned by a tenant uid (not one of ``present``: a tenant with a job still running
+    here); descends into sticky world-writable system dirs (``/tmp/.X11-unix``) but not into a tenant's own
+    tree (that is recorded whole by its manifest)."""
     out: list[str] = []
     stack = [(_under(root, top), top)]
     while stack and len(out) < MAX_TENANT_LINES:
@@ -169,6 +196,8 @@ def _tenant_entries(root: Path, top: str, uid_min: int, manifest: Callable[[Path
             except OSError:
                 continue
             path = f"{shown.rstrip('/')}/{entry.name}"
+            if st.st_uid in present:
+                continue
             if st.st_uid >= uid_min:
                 digest = hashlib.sha256(manifest(Path(entry.path)).encode()).hexdigest()
                 out.append(f"{path} uid={st.st_uid} {digest}")
@@ -182,14 +211,27 @@ def _area_glob(template: str) -> str:
 
 
 def tenant_leftovers(
-    root: Path, dirs: Iterable[str], areas: Iterable[str], uid_min: int, manifest: Callable[[Path], str]
+    root: Path,
+    dirs: Iterable[str],
+    areas: Iterable[str],
+    uid_min: int,
+    manifest: Callable[[Path], str],
+    present: Iterable[CoResident] = (),
 ) -> str:
-    """What a tenant left in the shared writable places, and any job area still present (any owner)."""
+    """What a tenant left in the shared writable places, and any job area still present (any owner).
+    ``present``: the jobs still running on a shared node; their uids' entries and their own areas are not
+    leftovers (they are judged when that uid's last job here ends)."""
+    uids = frozenset(c.uid for c in present)
+    running = [_area_glob(t.replace("{job_id}", c.job_id)) for t in areas for c in present]
     lines: list[str] = []
     for top in dirs:
-        lines += _tenant_entries(root, top, uid_min, manifest)
+        lines += _tenant_entries(root, top, uid_min, manifest, uids)
     for template in areas:
-        lines += [f"area {p}" for p in _glob_under(root, _area_glob(template))]
+        lines += [
+            f"area {p}"
+            for p in _glob_under(root, _area_glob(template))
+            if not any(fnmatch.fnmatchcase(p, r) for r in running)
+        ]
     return "\n".join(sorted(set(lines)))
 
 
@@ -211,8 +253,9 @@ def _glob_under(root: Path, pattern: str) -> list[str]:
     return [c.rstrip("/") for c in current]
 
 
-def tenant_ipc(root: Path, uid_min: int) -> str:
-    """SysV shared memory, message queues and semaphores owned by a tenant uid (they outlive a job)."""
+def tenant_ipc(root: Path, uid_min: int, present: frozenset[int] = frozenset()) -> str:
+    """SysV shared memory, message queues and semaphores owned by a tenant uid (they outlive a job), but
+    not by one of ``present`` (a tenant with a job still running here)."""
     lines = []
     for kind in ("shm", "msg", "sem"):
         text = read_small(_under(root, f"/proc/sysvipc/{kind}"), 1 << 22)
@@ -226,13 +269,33 @@ def tenant_ipc(root: Path, uid_min: int) -> str:
         key_col = header.index("key") if "key" in header else 0
         for row in rows[1:]:
             cells = row.split()
-            if len(cells) > col and cells[col].isdigit() and int(cells[col]) >= uid_min:
+            uid = int(cells[col]) if len(cells) > col and cells[col].isdigit() else -1
+            if uid >= uid_min and uid not in present:
                 lines.append(f"{kind} key={cells[key_col]} uid={cells[col]}")
     return "\n".join(sorted(lines))
 
 
-def tenant_processes(root: Path, uid_min: int) -> str:
-    """``uid=<u> comm=<name>`` per process whose real uid is a tenant's (pids are not recorded)."""
+def process_uids(root: Path) -> frozenset[int]:
+    """The real uids of the processes running now."""
+    proc = _under(root, "/proc")
+    try:
+        pids = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return frozenset()
+    uids = set()
+    for pid in pids:
+        for line in read_small(proc / pid / "status", 1 << 16).splitlines():
+            if line.startswith("Uid:"):
+                fields = line.split()
+                if len(fields) > 1 and fields[1].isdigit():
+                    uids.add(int(fields[1]))
+                break
+    return frozenset(uids)
+
+
+def tenant_processes(root: Path, uid_min: int, present: frozenset[int] = frozenset()) -> str:
+    """``uid=<u> comm=<name>`` per process whose real uid is a tenant's, not one of ``present`` (a tenant
+    with a job still running here); pids are not recorded."""
     proc = _under(root, "/proc")
     lines = []
     try:
@@ -248,6 +311,6 @@ def tenant_processes(root: Path, uid_min: int) -> str:
                 uid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
             elif line.startswith("Name:"):
                 name = line.split(None, 1)[1] if " " in line or "\t" in line else ""
-        if uid is not None and uid >= uid_min:
+        if uid is not None and uid >= uid_min and uid not in present:
             lines.append(f"uid={uid} comm={name}")
     return "\n".join(sorted(lines))

@@ -54,7 +54,10 @@ def build_quote(
     key: Ed25519PrivateKey,
     now: float,
     tpm: dict[str, Any] | None = None,
+    co_resident: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """The signed quote. ``co_resident``: the jobs still running here whose tenant records were left out
+    (``job <id> uid <uid>`` lines; only on a shared node, so an exclusive node's quote is unchanged)."""
     doc: dict[str, Any] = {
         "version": QUOTE_VERSION,
         "node": node,
@@ -66,6 +69,8 @@ def build_quote(
     }
     if tpm is not None:
         doc["tpm"] = tpm
+    if co_resident:
+        doc["co_resident"] = list(co_resident)
     doc["signature"] = base64.b64encode(key.sign(signed_payload(doc))).decode("ascii")
     return doc
 

@@ -35,13 +35,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from node_agent.attest import keys as node_keys
 from node_agent.attest.config import VERDICT_FILE, AttestConfig
 from node_agent.attest.gpu import gpu_reports
-from node_agent.attest.measure import FAKE_MODULES_FILE, MeasureSpec, measure
+from node_agent.attest.measure import FAKE_MODULES_FILE, MeasureSpec, live_co_residents, measure
+from node_agent.attest.probes import CoResident
 from node_agent.attest.quote import NONCE_PATH, QUOTE_PATH, build_quote, check_nonce
 from node_agent.attest.tpm import Tpm
 from node_agent.httpclient import urlopen
@@ -88,14 +90,18 @@ class Attestor:
         return self._key
 
     # ------------------------------------------------------------------ quote
-    def quote(self, nonce: str, now: float | None = None) -> dict[str, Any]:
+    def quote(
+        self, nonce: str, now: float | None = None, present: Sequence[CoResident] = ()
+    ) -> dict[str, Any]:
         check_nonce(nonce)
         now = self.agent.clock() if now is None else now
         with self.agent.lock:
             reports = gpu_reports(self.agent.backend)
-        records = measure(self.spec, reports, now)
+        present = live_co_residents(self.spec, present)
+        records = measure(self.spec, reports, now, present)
         tpm = self.tpm.quote(records, nonce) if self.tpm is not None else None
-        return build_quote(self.agent.node, nonce, records, self.key(), now, tpm)
+        lines = sorted({c.line() for c in present})
+        return build_quote(self.agent.node, nonce, records, self.key(), now, tpm, lines)
 
     # ------------------------------------------------------------------ scrub
     def scrub(self, gpus: list[int] | None) -> dict[str, Any]:
@@ -143,8 +149,11 @@ class Attestor:
         return {"time": now, "gpus": indices, "method": "command", "scrubbed": not failed, "failed": failed}
 
     # ------------------------------------------------------------------ hand-over
-    def handover(self, job_id: str | None = None, secret: bytes | None = None) -> dict[str, Any]:
-        """Nonce -> quote -> verdict -> verified verdict file. Returns a summary; raises ``AttestError``."""
+    def handover(
+        self, job_id: str | None = None, secret: bytes | None = None, present: Sequence[CoResident] = ()
+    ) -> dict[str, Any]:
+        """Nonce -> quote -> verdict -> verified verdict file. Returns a summary; raises ``AttestError``.
+        ``present``: jobs still running on this (shared) node, whose tenants' records are theirs."""
         from node_agent.protocol import signed_headers
 
         secret = secret or self.secret
@@ -161,7 +170,7 @@ class Attestor:
             headers = signed_headers(secret, self.agent.node, int(self.agent.clock()), body)
             issued = self._post(url + NONCE_PATH, body, headers)
             nonce = check_nonce(str(issued.get("nonce", "")))
-            quote = self.quote(nonce)
+            quote = self.quote(nonce, present=present)
             qbody = json.dumps(quote).encode()
             verdict = self._post(url + QUOTE_PATH, qbody, {"Content-Type": "application/json"})
             write_verified_verdict(
@@ -173,6 +182,7 @@ class Attestor:
                 "verdict_file": str(self.verdict_path),
                 "differences": [d.get("name") for d in verdict.get("differences", [])],
                 "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+                **({"co_resident": quote["co_resident"]} if "co_resident" in quote else {}),
             }
 
     def _post(self, url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
@@ -237,10 +247,20 @@ def _control_op(attestor: Attestor, op: str, request: dict[str, Any]) -> Any:
         return attestor.scrub(gpus)
     if op == "handover":
         job_id = request.get("job_id")
-        return attestor.handover(str(job_id) if job_id is not None else None)
+        present = _co_resident(request.get("co_resident") or [])
+        return attestor.handover(str(job_id) if job_id is not None else None, present=present)
     if op == "pubkey":
         return {"line": node_keys.export_public(attestor.state_dir, attestor.agent.node)}
     raise ValueError(f"unknown attest op {op!r}")
+
+
+def _co_resident(items: list[Any]) -> list[CoResident]:
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"job_id", "uid"}:
+            raise ValueError(f"handover: co_resident entries are {{job_id, uid}} objects, got {item!r}")
+        out.append(CoResident(str(item["job_id"]), item["uid"]))
+    return out
 
 
 def http_quote(attestor: Attestor, query: str) -> tuple[int, dict[str, Any]]:

@@ -137,6 +137,10 @@ def attest_node(
         "digests": {r.name: r.digest for r in records} if authenticated and not reasons else {},
         "node_key_id": enrolment.key_id if enrolment else None,
     }
+    co_resident = quote.get("co_resident")
+    if authenticated and isinstance(co_resident, list) and co_resident:
+        # a shared node: these jobs' tenants were still here, their records left out (signed by the node)
+        doc["co_resident"] = [str(c) for c in co_resident[:1024]]
     signed = vd.sign(doc, key)
     if authenticated:
         store.save_verdict(signed)

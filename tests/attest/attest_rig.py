@@ -123,10 +123,10 @@ class Controller:
         b64, key_id = decode_pubkey_line(line)
         self.store.enroll(attestor.agent.node, b64, key_id, node_class, ak_pem, T0)
 
-    def handover(self, attestor: Attestor, now: float) -> dict[str, Any]:
+    def handover(self, attestor: Attestor, now: float, present: Any = ()) -> dict[str, Any]:
         """Nonce -> quote -> verdict in-process (the HTTP exchange is tested separately)."""
         nonce = self.service.issue_nonce(attestor.agent.node, now)["nonce"]
-        quote = attestor.quote(nonce, now)
+        quote = attestor.quote(nonce, now, present)
         return self.service.attest(attestor.agent.node, quote, now)
 
     def learn_from(self, attestor: Attestor, now: float, node_class: str = "h100") -> None:

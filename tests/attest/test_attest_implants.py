@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from attest_rig import MODULE_DIR, Clock, Controller
 
+from node_agent.attest.probes import CoResident
 from node_agent.attest.service import Attestor
 
 TENANT_UID = 1000
@@ -148,6 +149,39 @@ def test_tenant_ipc_and_processes_are_leftovers(ctl: Controller, attestor: Attes
     _write(root, "proc/4242/status", "Name:\tminer\nPid:\t4242\nUid:\t1000\t1000\t1000\t1000\n")
     v = ctl.handover(attestor, clock.now)
     assert sorted(d["name"] for d in v["differences"]) == ["tenant/ipc", "tenant/processes"]
+
+
+def test_on_a_shared_node_a_running_tenant_is_present_not_left_behind(
+    ctl: Controller, attestor: Attestor, clock: Clock
+) -> None:
+    """Job 41 of uid 1000 ends while job 42 of uid 1001 still runs here: 1001's files, IPC, processes and
+    job area are its own; 1000's are leftovers. A Prolog record of a job whose uid runs nothing here (it
+    ended without its Epilog) keeps nobody out. The verdict names who was still here."""
+    root = attestor.spec.root
+    _write(root, "tmp/fy-job-42/ckpt.bin", "mine\n")
+    _write(root, "dev/shm/nccl-42", "x", tenant=True)
+    if os.geteuid() == 0:
+        os.lchown(root / "dev/shm/nccl-42", 1001, 1001)
+    _append(root, "proc/sysvipc/shm", "  1234  7  600  4096  99  99  0  1001  1001  1001  1001\n")
+    _write(root, "proc/4243/status", "Name:\ttrain.py\nPid:\t4243\nUid:\t1001\t1001\t1001\t1001\n")
+    still_here = [CoResident("42", 1001)]
+    v = ctl.handover(attestor, clock.now, still_here)
+    assert (v["status"], v["differences"]) == ("pass", []), v["differences"]
+    assert v["co_resident"] == ["job 42 uid 1001"]
+    assert ctl.handover(attestor, clock.now + 1)["status"] == "fail"  # the same node judged as exclusive
+    _write(root, "tmp/miner", "#!/bin/sh\n", 0o755, tenant=True)  # uid 1000's, its job over
+    v = ctl.handover(attestor, clock.now + 2, still_here)
+    assert [d["name"] for d in v["differences"]] == ["tenant/leftovers"], v["differences"]
+    os.remove(root / "tmp/miner")
+    stale = [CoResident("42", 1001), CoResident("40", 1000)]  # 1000 runs nothing: not present
+    _write(root, "tmp/fy-job-40/x", "old\n")
+    v = ctl.handover(attestor, clock.now + 3, stale)
+    assert [d["name"] for d in v["differences"]] == ["tenant/leftovers"] and v["co_resident"] == [
+        "job 42 uid 1001"
+    ]
+    assert "area /tmp/fy-job-40" in (v["differences"][0]["actual_value"] or "")
+    with pytest.raises(ValueError, match="not a Slurm job id"):
+        CoResident("4*", 1001)
 
 
 def test_a_new_local_user_is_a_new_record_and_a_passwd_change(

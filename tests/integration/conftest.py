@@ -306,8 +306,19 @@ def _cluster_answers(docker: str) -> bool:
     return proc.returncode == 0 and all(node in proc.stdout for node in NODES)
 
 
+CONTROLLER_CONFIG = "/etc/fleetyield/fleetyield.toml"
+# FLEETYIELD_SLURM_ADAPTER=rest (`make test-rest`): the whole session's controller drives Slurm through
+# slurmrestd (auth/jwt) instead of the CLI, so the closed-loop tests run on that adapter too.
+REST_SLURM_TABLE = """[slurm]
+adapter = "rest"
+rest_url = "http://slurmctld:6820"
+rest_user = "root"
+rest_token_file = "/shared/slurmrest/token"
+"""
+
+
 @pytest.fixture(scope="session")
-def cluster() -> Cluster:
+def cluster() -> Iterator[Cluster]:
     if os.environ.get("FLEETYIELD_SKIP_INTEGRATION"):
         pytest.skip("FLEETYIELD_SKIP_INTEGRATION is set")
     docker = _docker_binary()
@@ -317,7 +328,24 @@ def cluster() -> Cluster:
         if proc.returncode != 0:
             pytest.fail(f"{CLUSTER_DIR}/up.sh failed with status {proc.returncode}")
         docker = _docker_binary()
-    return Cluster(docker=docker)
+    c = Cluster(docker=docker)
+    adapter = os.environ.get("FLEETYIELD_SLURM_ADAPTER", "cli")
+    if adapter == "cli":
+        yield c
+        return
+    assert adapter == "rest", f"FLEETYIELD_SLURM_ADAPTER must be cli or rest, not {adapter!r}"
+    original = c.sh(CONTROLLER, f"cat {CONTROLLER_CONFIG}")
+    new, n = re.subn(r"^\[slurm\]\n", REST_SLURM_TABLE, original, flags=re.MULTILINE)
+    assert n == 1, f"{CONTROLLER_CONFIG}: expected one [slurm] table, found {n}"
+    c.fy_service(CONTROLLER, "controller", "stop")
+    c.write_file(CONTROLLER, CONTROLLER_CONFIG, new)
+    try:
+        c.reset_world()  # the controller restarted on adapter = "rest"
+        yield c
+    finally:
+        c.fy_service(CONTROLLER, "controller", "stop")
+        c.write_file(CONTROLLER, CONTROLLER_CONFIG, original)
+        c.reset_world()
 
 
 @pytest.fixture

@@ -179,6 +179,9 @@ def test_a_bad_token_is_a_clear_error_naming_the_endpoint(quiet: Any) -> None:
 @pytest.fixture(scope="module")
 def rest_controller(cluster: Any) -> Iterator[Any]:
     original = cluster.sh(CTL, f"cat {CONFIG}")
+    if 'adapter = "rest"' in original:  # the session's controller is on it already (FLEETYIELD_SLURM_ADAPTER)
+        yield cluster
+        return
     table = re.compile(r"^\[slurm\]\n", re.MULTILINE)
     new, n = table.subn(REST, original)
     assert n == 1, f"{CONFIG}: expected one [slurm] table, found {n}"
