@@ -14,6 +14,7 @@ process's threads and FDs (before -> during). Output: a table on stdout, one lin
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -70,7 +71,18 @@ def _push_fatal(port: int, node: str) -> int:
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Controller tick interval (s).")
 @click.option("--hold", type=float, default=5.0, show_default=True, help="Seconds to count ticks under load.")
 @click.option("--scrapes", type=int, default=20, show_default=True)
-def main(count: int, mode: str, interval: float, hold: float, scrapes: int) -> None:
+@click.option(
+    "--pin",
+    default=None,
+    metavar="SERVER,FLOOD",
+    help="CPUs for this process (the servers and the scraping client) and for the flood, e.g. 1,0: the "
+    "flood's own connect/evict churn then competes for another core, as a remote attacker's would.",
+)
+def main(count: int, mode: str, interval: float, hold: float, scrapes: int, pin: str | None) -> None:
+    flood_cpu = None
+    if pin:
+        server_cpu, flood_cpu = (int(x) for x in pin.split(","))
+        os.sched_setaffinity(0, {server_cpu})
     raise_nofile(count + 4096)
     with TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -108,6 +120,8 @@ def main(count: int, mode: str, interval: float, hold: float, scrapes: int) -> N
             for (name, port), node in zip(targets, NODES, strict=True):
                 threads0, fds0 = me.num_threads(), me.num_fds()
                 args = [sys.executable, str(FLOOD), "--port", str(port), "-n", str(count), "--mode", mode]
+                if flood_cpu is not None:
+                    args = ["taskset", "-c", str(flood_cpu), *args]
                 proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                 assert proc.stdout is not None and proc.stdin is not None
                 ready = proc.stdout.readline().split()
