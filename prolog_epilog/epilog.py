@@ -52,7 +52,8 @@ crontab, ``at`` jobs, linger flag, SysV IPC; ``attest_gate.wipe_tenant``, skippe
 job here) is removed, and the agent scrubs the job's GPUs (all
 stopping ``WIPE_MARGIN_S`` before the deadline), and after the outcome record the agent is asked for a
 fresh hand-over, bounded by what is left of the deadline, naming the other jobs the Prolog recorded here
-(a shared node: ``attest_gate.running_jobs``; their tenants are present, not left behind). None of it changes the exit status.
+(a shared node: ``attest_gate.running_jobs``; their tenants are present, not left behind). None of it
+changes the exit status.
 
 Exit status: always 0. A failing Epilog sets the node DOWN, which is harsher than the
 prolog's drain and also hits every other job still running on a shared node; nothing

@@ -36,9 +36,9 @@ from slurm_fleetyield.core.params_place import (
     PremiumParams,
     PriceParams,
     ReclaimParams,
-    SpareParams,
     StakeParams,
 )
+from slurm_fleetyield.core.params_spares import SpareParams
 
 __all__ = [
     "DEFAULT_QUARANTINE_XIDS",
