@@ -398,11 +398,13 @@ def test_reconfigure_restores_features_and_weights_within_one_tick(world: Any) -
         interval=0.1,
         what="features and weights re-asserted after scontrol reconfigure",
     )
-    # It really was the controller that put them back (reconfigure resets them to slurm.conf's).
+    # It really was the controller that put them back (reconfigure resets them to slurm.conf's): a node
+    # update applied since, `scontrol update ... AvailableFeatures=` or (adapter = "rest", 24.11)
+    # `POST /slurm/v0.0.41/node/<name>`.
     applied = [
         e
         for e in world.api("/v1/events?limit=100")
-        if e["kind"] == "applied" and e["time"] >= t0 and "AvailableFeatures=" in e["message"]
+        if e["kind"] == "applied" and e["time"] >= t0 and e["data"].get("action") == "update"
     ]
     assert applied, "no feature update applied after the reconfigure"
 
