@@ -27,8 +27,9 @@ class PriceParams(BaseModel):
     premium_offset: int | None = Field(
         None,
         ge=0,
-        description="Override of the weight added to premium nodes (default in core/price.py: 1,000 with the "
-        "premium reservation or the old tier rule, else 0: no shadow price without a reservation).",
+        description="Override of the weight added to premium nodes (default in core/weights.py: 1,000 under "
+        "either rule, with or without the premium reservation: work that does not need premium GPUs takes "
+        "them last; 0: no premium shadow price).",
     )
 
     @field_validator("tier_weights")

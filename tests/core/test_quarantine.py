@@ -238,7 +238,7 @@ def test_held_evidence_is_kept_when_the_shell_hands_each_event_in_once():
     second = r.tick()
     assert [(h.node, h.rule) for h in second.plan.holds] == [("gpu010", "drain_cap")]
     assert "drain held" in second.nodes["gpu010"].reason  # not priced by risk as if nothing happened
-    assert second.nodes["gpu010"].weight == 5_000  # red weight (no premium offset without the reservation)
+    assert second.nodes["gpu010"].weight == 6_000  # red weight plus the premium offset (an H100 node)
     # the agent pushed it (its fatal marker: the Prolog refuses every job here): no class feature, tier kept
     fy = ("fy_hbm_full", "fy_nvlink_full", "fy_premium", "fy_tier_green")
     assert second.nodes["gpu010"].fy_features == fy
@@ -272,7 +272,7 @@ def test_a_held_node_on_its_agents_evidence_is_fenced_off_new_jobs_not_drained()
     assert res.plan.of_kind("drain") == ()  # the cap still governs the drain: running job 41 is not requeued
     d = res.nodes["gpu010"]
     assert not [x for x in d.fy_features if x.startswith("fy_ok_")], d.fy_features
-    assert "fy_tier_green" in d.fy_features and d.weight == 5_000  # last tier, red weight
+    assert "fy_tier_green" in d.fy_features and d.weight == 6_000  # last tier, red weight (+ premium offset)
     (u,) = [u for u in res.plan.of_kind("update") if "gpu010" in u.nodes]
     assert not [x for x in u.features if x.startswith("fy_ok_")], u.features
     f.slurm_update("gpu000", states=frozenset({"IDLE"}), reason="")  # room under the cap: drained at last
