@@ -171,7 +171,8 @@ class PremiumParams(BaseModel):
         "(openb 32x30 at 1 interruption per 1,000 node-days: -0.22% with it, +0.01% without, "
         "docs/results.md 'Stake'). Where premium work must come first, Slurm's own preemption says so "
         "(QOS with PreemptMode=REQUEUE: contrib/slurm-docker-cluster/slurm.conf). true: the reservation, "
-        "lent by premium widening (enabled).",
+        "lent by premium widening (enabled). The premium shadow price (price.premium_offset: "
+        "non-premium work takes premium GPUs last, an order, not a wall) applies either way.",
     )
     enabled: bool = Field(
         True,
