@@ -260,26 +260,8 @@ def running_jobs(spool_dir: str | None, job_id: str) -> list[dict[str, Any]]:
 
 
 def other_jobs_of(spool_dir: str | None, uid: int, job_id: str) -> list[str]:
-    """Ids of the other jobs of ``uid`` the Prolog recorded on this node (``<spool>/jobs/*.json``)."""
-    if not spool_dir:
-        return []
-    out = []
-    try:
-        names = os.listdir(os.path.join(spool_dir, "jobs"))
-    except OSError:
-        return []
-    for name in names:
-        other = name[:-5] if name.endswith(".json") else None
-        if not other or other == job_id:
-            continue
-        try:
-            with open(os.path.join(spool_dir, "jobs", name), encoding="utf-8") as fh:
-                doc = json.loads(fh.read(1 << 16))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and str(doc.get("uid")) == str(uid):
-            out.append(other)
-    return sorted(out)
+    """Ids of the other jobs of ``uid`` the Prolog recorded on this node (``running_jobs``)."""
+    return [j["job_id"] for j in running_jobs(spool_dir, job_id) if str(j["uid"]) == str(uid)]
 
 
 def wipe_tenant(
