@@ -275,42 +275,40 @@ def tenant_ipc(root: Path, uid_min: int, present: frozenset[int] = frozenset()) 
     return "\n".join(sorted(lines))
 
 
-def process_uids(root: Path) -> frozenset[int]:
-    """The real uids of the processes running now."""
+def _processes(root: Path) -> list[tuple[int | None, str | None]] | None:
+    """(real uid, name) of each process in ``/proc/<pid>/status``; None when ``/proc`` cannot be listed."""
     proc = _under(root, "/proc")
     try:
         pids = [n for n in os.listdir(proc) if n.isdigit()]
     except OSError:
-        return frozenset()
-    uids = set()
+        return None
+    out = []
     for pid in pids:
-        for line in read_small(proc / pid / "status", 1 << 16).splitlines():
-            if line.startswith("Uid:"):
-                fields = line.split()
-                if len(fields) > 1 and fields[1].isdigit():
-                    uids.add(int(fields[1]))
-                break
-    return frozenset(uids)
-
-
-def tenant_processes(root: Path, uid_min: int, present: frozenset[int] = frozenset()) -> str:
-    """``uid=<u> comm=<name>`` per process whose real uid is a tenant's, not one of ``present`` (a tenant
-    with a job still running here); pids are not recorded."""
-    proc = _under(root, "/proc")
-    lines = []
-    try:
-        pids = [n for n in os.listdir(proc) if n.isdigit()]
-    except OSError:
-        return ABSENT
-    for pid in pids:
-        status = read_small(proc / pid / "status", 1 << 16)
         uid = name = None
-        for line in status.splitlines():
+        for line in read_small(proc / pid / "status", 1 << 16).splitlines():
             if line.startswith("Uid:"):
                 fields = line.split()
                 uid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
             elif line.startswith("Name:"):
                 name = line.split(None, 1)[1] if " " in line or "\t" in line else ""
-        if uid is not None and uid >= uid_min and uid not in present:
-            lines.append(f"uid={uid} comm={name}")
+        out.append((uid, name))
+    return out
+
+
+def process_uids(root: Path) -> frozenset[int]:
+    """The real uids of the processes running now."""
+    return frozenset(uid for uid, _ in _processes(root) or () if uid is not None)
+
+
+def tenant_processes(root: Path, uid_min: int, present: frozenset[int] = frozenset()) -> str:
+    """``uid=<u> comm=<name>`` per process whose real uid is a tenant's, not one of ``present`` (a tenant
+    with a job still running here); pids are not recorded."""
+    procs = _processes(root)
+    if procs is None:
+        return ABSENT
+    lines = [
+        f"uid={uid} comm={name}"
+        for uid, name in procs
+        if uid is not None and uid >= uid_min and uid not in present
+    ]
     return "\n".join(sorted(lines))
