@@ -177,7 +177,7 @@ def check_slurmrest(ctx: Context) -> list[Finding]:
     cfg = ctx.config
     if cfg is None or cfg.slurm.adapter != "rest":
         return [Finding("slurmrest", "OK", "slurm.adapter = 'cli': slurmrestd not used")]
-    from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile
+    from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile, ping_states
 
     assert cfg.slurm.rest_url and cfg.slurm.rest_token_file  # required by the config validator
     rest = SlurmRest(
@@ -189,7 +189,7 @@ def check_slurmrest(ctx: Context) -> list[Finding]:
         retries=1,
     )
     try:
-        pings = rest.ping().get("pings") or []
+        pings = ping_states(rest.ping())
         api = rest.api()
     except SlurmCommandError as exc:
         return [
@@ -202,9 +202,7 @@ def check_slurmrest(ctx: Context) -> list[Finding]:
             )
         ]
     fallback = [w for w, ok in (("node update", api.node_update), ("requeue", api.requeue_path)) if not ok]
-    state = ", ".join(
-        f"{p.get('hostname')} {p.get('pinged', p.get('ping'))}" for p in pings if isinstance(p, dict)
-    )
+    state = ", ".join(f"{host} {st}" for host, st in pings)
     detail = f"{cfg.slurm.rest_url}{api.prefix}: {state or 'no pings'} (as {cfg.slurm.rest_user})"
     if fallback:
         detail += f"; {' and '.join(fallback)} through scontrol (not in this API)"

@@ -149,6 +149,15 @@ def negotiate(paths: Mapping[str, Mapping[str, Any]]) -> ServedApi:
     return ServedApi(version, node_update="post" in node, requeue_path=requeue)
 
 
+def ping_states(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(hostname, state) per slurmctld of a ``/ping`` answer: ``"pinged"`` from v0.0.40, ``"ping"`` before."""
+    return [
+        (str(p.get("hostname", "?")), str(p.get("pinged", p.get("ping", "?"))))
+        for p in doc.get("pings") or []
+        if isinstance(p, dict)
+    ]
+
+
 def api_errors(doc: object) -> str:
     """The ``errors`` array of an answer as one line ('' when none): each error's description, then
     Slurm's error text where it says something else ("Failure to query nodes: Protocol authentication
@@ -278,10 +287,9 @@ class SlurmRest:
         ``"pinged": "DOWN"`` when slurmctld refuses the JWT; 22.05 (v0.0.38: ``"ping"``) answers 500."""
         endpoint = f"{self.api().prefix}/ping"
         doc = self.request("GET", endpoint)
-        pings = [p for p in doc.get("pings") or [] if isinstance(p, dict)]
-        states = [str(p.get("pinged", p.get("ping", "?"))) for p in pings]
-        if "UP" not in states:
-            seen = ", ".join(f"{p.get('hostname', '?')} {st}" for p, st in zip(pings, states, strict=True))
+        states = ping_states(doc)
+        if not any(st == "UP" for _, st in states):
+            seen = ", ".join(f"{host} {st}" for host, st in states)
             raise SlurmRestError(
                 "GET",
                 endpoint,
