@@ -80,7 +80,7 @@ class OutcomeForwarder(SpoolSender):
         self,
         directory: Path,
         node: str,
-        url: str | Sequence[str] | None,
+        urls: Sequence[str],
         secret: bytes | None,
         clock: Callable[[], float] = time.time,
         *,
@@ -90,7 +90,7 @@ class OutcomeForwarder(SpoolSender):
         backoff_max_s: float = 60.0,
         client: HttpClient | None = None,
     ) -> None:
-        self.urls = [url] if isinstance(url, str) else list(url or [])
+        self.urls = list(urls)
         super().__init__(
             node,
             self.urls[0] if self.urls else None,

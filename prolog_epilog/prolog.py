@@ -101,20 +101,19 @@ def _describe(entry: dict) -> str:
     return f"{where}: {entry.get('message') or entry.get('kind') or 'fatal event'}"
 
 
-def query_gate(urls: str | list[str], node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
+def query_gate(urls: list[str], node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
     """(allow, reason) from the first controller in ``urls`` that answers usably, each asked with an equal
     share of what is left of ``timeout_s``. Fail-open: anything but HTTP 200 + ``"allow": false`` allows."""
-    todo = [urls] if isinstance(urls, str) else list(urls)
     deadline = time.monotonic() + timeout_s
     why = "no controller"
-    for i, url in enumerate(todo):
-        share = (deadline - time.monotonic()) / (len(todo) - i)
+    for i, url in enumerate(urls):
+        share = (deadline - time.monotonic()) / (len(urls) - i)
         if share <= 0:
             break
         answer, why = _ask_gate(url, node, share)
         if answer is not None:
             return answer, why
-        more = "; asking the next" if i + 1 < len(todo) else "; fail-open, allowing"
+        more = "; asking the next" if i + 1 < len(urls) else "; fail-open, allowing"
         log("WARNING", f"controller gate {why}{more}")
     return True, f"controller {why}"
 
