@@ -11,6 +11,7 @@ runs it around each test that asks for it (test_closed_loop.py, test_rehab_gate_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,6 +51,13 @@ CLEAN_FEATURES = {
 }
 CLEAN_WEIGHT = {"h100": "1100", "l40s": "100"}  # green 100 + premium offset 1000 on the H100s
 UP_TIMEOUT_S = float(os.environ.get("FLEETYIELD_UP_TIMEOUT", "1500"))
+CONTROLLER_CONFIG = "/etc/fleetyield/fleetyield.toml"
+REST_SLURM_TABLE = """[slurm]
+adapter = "rest"
+rest_url = "http://slurmctld:6820"
+rest_user = "root"
+rest_token_file = "/shared/slurmrest/token"
+"""
 
 T = TypeVar("T")
 
@@ -191,6 +199,27 @@ class Cluster:
     def features(self, node: str) -> str:
         return self.node_info()[node]["AvailableFeatures"]
 
+    @contextlib.contextmanager
+    def on_rest_adapter(self) -> Iterator[None]:
+        """The controller on ``adapter = "rest"`` (its config's ``[slurm]`` table swapped, the controller
+        restarted with an empty store) until the block ends, then the config back and a clean world again.
+        Nothing to do when it is on it already (the session's FLEETYIELD_SLURM_ADAPTER=rest)."""
+        original = self.sh(CONTROLLER, f"cat {CONTROLLER_CONFIG}")
+        if 'adapter = "rest"' in original:
+            yield
+            return
+        new, n = re.subn(r"^\[slurm\]\n", REST_SLURM_TABLE, original, flags=re.MULTILINE)
+        assert n == 1, f"{CONTROLLER_CONFIG}: expected one [slurm] table, found {n}"
+        self.fy_service(CONTROLLER, "controller", "stop")
+        self.write_file(CONTROLLER, CONTROLLER_CONFIG, new)
+        try:
+            self.reset_world()  # the controller restarted on adapter = "rest"
+            yield
+        finally:
+            self.fy_service(CONTROLLER, "controller", "stop")
+            self.write_file(CONTROLLER, CONTROLLER_CONFIG, original)
+            self.reset_world()
+
     def reset_world(self, timeout: float = 120) -> None:
         """Back to a clean cluster: no jobs, no faults, no drains, features/weights of a healthy fleet
         written by a controller with an empty store.  ~3 s."""
@@ -306,17 +335,6 @@ def _cluster_answers(docker: str) -> bool:
     return proc.returncode == 0 and all(node in proc.stdout for node in NODES)
 
 
-CONTROLLER_CONFIG = "/etc/fleetyield/fleetyield.toml"
-# FLEETYIELD_SLURM_ADAPTER=rest (`make test-rest`): the whole session's controller drives Slurm through
-# slurmrestd (auth/jwt) instead of the CLI, so the closed-loop tests run on that adapter too.
-REST_SLURM_TABLE = """[slurm]
-adapter = "rest"
-rest_url = "http://slurmctld:6820"
-rest_user = "root"
-rest_token_file = "/shared/slurmrest/token"
-"""
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     if os.environ.get("FLEETYIELD_SKIP_INTEGRATION"):
@@ -329,23 +347,12 @@ def cluster() -> Iterator[Cluster]:
             pytest.fail(f"{CLUSTER_DIR}/up.sh failed with status {proc.returncode}")
         docker = _docker_binary()
     c = Cluster(docker=docker)
+    # FLEETYIELD_SLURM_ADAPTER=rest (`make test-rest`): the whole session's controller drives Slurm through
+    # slurmrestd (auth/jwt) instead of the CLI, so the closed-loop tests run on that adapter too.
     adapter = os.environ.get("FLEETYIELD_SLURM_ADAPTER", "cli")
-    if adapter == "cli":
+    assert adapter in ("cli", "rest"), f"FLEETYIELD_SLURM_ADAPTER must be cli or rest, not {adapter!r}"
+    with c.on_rest_adapter() if adapter == "rest" else contextlib.nullcontext():
         yield c
-        return
-    assert adapter == "rest", f"FLEETYIELD_SLURM_ADAPTER must be cli or rest, not {adapter!r}"
-    original = c.sh(CONTROLLER, f"cat {CONTROLLER_CONFIG}")
-    new, n = re.subn(r"^\[slurm\]\n", REST_SLURM_TABLE, original, flags=re.MULTILINE)
-    assert n == 1, f"{CONTROLLER_CONFIG}: expected one [slurm] table, found {n}"
-    c.fy_service(CONTROLLER, "controller", "stop")
-    c.write_file(CONTROLLER, CONTROLLER_CONFIG, new)
-    try:
-        c.reset_world()  # the controller restarted on adapter = "rest"
-        yield c
-    finally:
-        c.fy_service(CONTROLLER, "controller", "stop")
-        c.write_file(CONTROLLER, CONTROLLER_CONFIG, original)
-        c.reset_world()
 
 
 @pytest.fixture

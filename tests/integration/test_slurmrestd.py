@@ -20,15 +20,7 @@ from test_closed_loop import job_fields, sbatch, wait_ran
 pytestmark = pytest.mark.integration
 
 CTL = "fleetyield"
-CONFIG = "/etc/fleetyield/fleetyield.toml"
 NODE = "gpu-l40s-2"
-REST = """[slurm]
-adapter = "rest"
-rest_url = "http://slurmctld:6820"
-rest_user = "root"
-rest_token_file = "/shared/slurmrest/token"
-"""
-
 PRELUDE = """
 import dataclasses, json, sys
 from slurm_fleetyield.adapters.slurm import SlurmCli
@@ -178,23 +170,9 @@ def test_a_bad_token_is_a_clear_error_naming_the_endpoint(quiet: Any) -> None:
 
 @pytest.fixture(scope="module")
 def rest_controller(cluster: Any) -> Iterator[Any]:
-    original = cluster.sh(CTL, f"cat {CONFIG}")
-    if 'adapter = "rest"' in original:  # the session's controller is on it already (FLEETYIELD_SLURM_ADAPTER)
+    with cluster.on_rest_adapter():
         yield cluster
-        return
-    table = re.compile(r"^\[slurm\]\n", re.MULTILINE)
-    new, n = table.subn(REST, original)
-    assert n == 1, f"{CONFIG}: expected one [slurm] table, found {n}"
-    cluster.fy_service(CTL, "controller", "stop")
-    cluster.write_file(CTL, CONFIG, new)
-    try:
-        cluster.reset_world()  # restarts the controller (empty store) on adapter = "rest"
-        yield cluster
-    finally:
-        cluster.fy_service(CTL, "controller", "stop")
-        cluster.write_file(CTL, CONFIG, original)
-        cluster.reset_world()
-        cluster._fy_clean = True
+    cluster._fy_clean = True
 
 
 @pytest.mark.skipif(
