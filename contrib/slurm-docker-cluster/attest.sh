@@ -86,10 +86,14 @@ sys.exit(0 if r.get("verdict") == "pass" and (r.get("verdict_time") or 0) >= flo
 
 off() {
   local n
+  # The agent stops before its config changes: a running agent that re-attests (its periodic hand-over, an
+  # Epilog) after the edit quotes the new agent/config against the old policy, and that failing verdict
+  # stays the node's latest: the next `attest.sh on` would quarantine the node on it.
   for n in "${NODES[@]}"; do
+    dx "$n" fy-service agent stop
     dx "$n" fy-attest node off
-    dx "$n" fy-service agent restart
     dx "$n" rm -f "$AGENT_STATE/attest-verdict.json" "$AGENT_STATE/attest-verdict.json.prev"
+    dx "$n" fy-service agent start
   done
   dx "$CTL" fy-attest controller off
   dx "$CTL" fy-service controller restart

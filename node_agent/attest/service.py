@@ -170,18 +170,27 @@ class Attestor:
             headers = signed_headers(secret, self.agent.node, int(self.agent.clock()), body)
             issued = self._post(url + NONCE_PATH, body, headers)
             nonce = check_nonce(str(issued.get("nonce", "")))
+            t_nonce = time.monotonic()
             quote = self.quote(nonce, present=present)
             qbody = json.dumps(quote).encode()
+            t_quote = time.monotonic()
             verdict = self._post(url + QUOTE_PATH, qbody, {"Content-Type": "application/json"})
             write_verified_verdict(
                 verdict, self.agent.node, nonce, self.cfg.controller_pubkey, self.verdict_path
             )
+            done = time.monotonic()
             return {
                 "status": verdict.get("status"),
                 "nonce": nonce,
                 "verdict_file": str(self.verdict_path),
                 "differences": [d.get("name") for d in verdict.get("differences", [])],
-                "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+                "elapsed_ms": round((done - started) * 1000, 1),
+                # where the time went: nonce round trip, measure + sign, quote POST + verdict check + file
+                "phases_ms": {
+                    "nonce": round((t_nonce - started) * 1000, 1),
+                    "quote": round((t_quote - t_nonce) * 1000, 1),
+                    "verdict": round((done - t_quote) * 1000, 1),
+                },
                 **({"co_resident": quote["co_resident"]} if "co_resident" in quote else {}),
             }
 

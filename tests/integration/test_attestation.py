@@ -257,6 +257,10 @@ def test_clean_jobs_back_to_back_are_all_attested(world: Any) -> None:
         "handover_ms_p50": statistics.median(ms),
         "handover_ms_p95": ms[int(0.95 * (len(ms) - 1))],
         "handover_ms_max": ms[-1],
+        "phases_ms_p50": {
+            k: statistics.median(h["phases_ms"][k] for h in handovers.values())
+            for k in ("nonce", "quote", "verdict")
+        },
         "agent_rss_mb": {n: round(kb / 1024, 1) for n, kb in rss_kb.items()},
     }
     OUT_DIR.mkdir(parents=True, exist_ok=True)
