@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=30  # the 30 slowest in the log: where CI time goes
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -m 'not integration'
