@@ -70,12 +70,14 @@ FAKE_MODULES_FILE = "fake-modules"
 RECHECK = ("kernel/modules", "kernel/tainted", "kernel/knobs", "/etc/ld.so.preload")
 """What can change between quotes without a reboot and is cheap (< 10 ms): the Prolog's re-check."""
 MAX_CACHED = 200_000
-_DIGESTS: dict[tuple[str, int, int, int, int, int], str] = {}
-"""Content digests of this process's earlier walks, keyed by path, device, inode, size, mtime and ctime.
+_VALUES: dict[tuple[str, int, int, int, int, int, int, int, int], str] = {}
+"""What this process's earlier walks recorded for an entry (``<sha256> <mode> <uid>:<gid>``, ``link:...``,
+``dir ...``), keyed by path, device, inode, size, mtime, ctime, mode, uid and gid.
 Why a cache: the Python environment and /boot are ~100-300 MB on a node, seconds of sha256 per quote; a
 long-running agent re-hashes only what changed. Any write to a file moves its ctime, which no unprivileged
 call can set back (only root, by resetting the clock, could hide a rewrite from it; a fresh agent, e.g.
-after the reboot a failed verdict leads to, hashes everything). The Prolog's short-lived re-check does not
+after the reboot a failed verdict leads to, hashes everything). Every entry is still lstat'ed on every walk:
+the cache saves the hashing and the formatting, never the look. The Prolog's short-lived re-check does not
 benefit and does not need it (its records are small)."""
 _HOOKS_DIR = Path(__file__).resolve().parent.parent.parent / "prolog_epilog"
 
@@ -114,20 +116,24 @@ def module_names(spec: MeasureSpec) -> list[str]:
     return [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
-def _file_line(rel: str, path: Path | str, st: os.stat_result) -> str:
+def _entry_value(path: str, st: os.stat_result) -> str:
+    """What the manifest records for one entry after its relative path (see the module docstring)."""
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid)
+    key += (st.st_gid,)
+    value = _VALUES.get(key)
+    if value is not None:
+        return value
     mode = f"{stat.S_IMODE(st.st_mode):04o} {st.st_uid}:{st.st_gid}"
     if stat.S_ISLNK(st.st_mode):
         try:
-            return f"{rel} link:{os.readlink(path)} {mode}"
+            value = f"link:{os.readlink(path)} {mode}"
         except OSError as exc:
-            return f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
-    if stat.S_ISDIR(st.st_mode):
-        return f"{rel} dir {mode}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{rel} type:{stat.S_IFMT(st.st_mode):o} {mode}"
-    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    digest = _DIGESTS.get(key)
-    if digest is None:
+            return f"unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
+    elif stat.S_ISDIR(st.st_mode):
+        value = f"dir {mode}"
+    elif not stat.S_ISREG(st.st_mode):
+        value = f"type:{stat.S_IFMT(st.st_mode):o} {mode}"
+    else:
         h = hashlib.sha256()
         try:
             # O_NOFOLLOW|O_NONBLOCK: a file swapped for a link or a FIFO after the lstat: not followed
@@ -137,17 +143,18 @@ def _file_line(rel: str, path: Path | str, st: os.stat_result) -> str:
                     h.update(chunk)
             finally:
                 os.close(fd)
-        except OSError as exc:
-            return f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
-        digest = h.hexdigest()
-        if len(_DIGESTS) >= MAX_CACHED:
-            _DIGESTS.clear()
-        _DIGESTS[key] = digest
-    return f"{rel} {digest} {mode}"
+        except OSError as exc:  # not cached: the next walk tries again
+            return f"unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')} {mode}"
+        value = f"{h.hexdigest()} {mode}"
+    if len(_VALUES) >= MAX_CACHED:
+        _VALUES.clear()
+    _VALUES[key] = value
+    return value
 
 
-def manifest(path: Path | str, limit: int = MAX_ENTRIES) -> str:
-    """The manifest of one persistence point (see the module docstring); ``absent`` when missing."""
+def manifest(path: Path | str, limit: int = MAX_ENTRIES, label: str = "") -> str:
+    """The manifest of one persistence point (see the module docstring); ``absent`` when missing.
+    ``label``: a prefix for every line (``tree_manifest``'s path)."""
     try:
         top = os.lstat(path)
     except FileNotFoundError:
@@ -155,19 +162,20 @@ def manifest(path: Path | str, limit: int = MAX_ENTRIES) -> str:
     except OSError as exc:
         return f"unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}"
     if not stat.S_ISDIR(top.st_mode):
-        return _file_line(".", path, top)
+        return f"{label}. {_entry_value(str(path), top)}"
     lines: list[str] = []
-    stack = [(str(path), "")]
+    stack = [(str(path), label)]
     while stack:
         directory, prefix = stack.pop()
         try:
             entries = list(os.scandir(directory))
         except OSError as exc:
-            lines.append(f"{prefix or '.'} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
+            where = prefix if prefix != label else f"{label}."
+            lines.append(f"{where} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
             continue
         for entry in entries:
             if len(lines) >= limit:
-                lines.append(f"... truncated after {limit} entries")
+                lines.append(f"{label}... truncated after {limit} entries")
                 stack.clear()
                 break
             rel = f"{prefix}{entry.name}"
@@ -176,10 +184,11 @@ def manifest(path: Path | str, limit: int = MAX_ENTRIES) -> str:
             except OSError as exc:
                 lines.append(f"{rel} unreadable:{errno.errorcode.get(exc.errno or 0, 'EIO')}")
                 continue
-            lines.append(_file_line(rel, entry.path, st))  # str paths: pathlib costs 2x the walk
+            lines.append(f"{rel} {_entry_value(entry.path, st)}")  # str paths: pathlib costs 2x the walk
             if stat.S_ISDIR(st.st_mode):
                 stack.append((entry.path, rel + "/"))
-    return "\n".join(sorted(lines))
+    lines.sort()
+    return "\n".join(lines)
 
 
 def package_manifest(package_dir: Path) -> str:
@@ -209,8 +218,10 @@ def tree_manifest(root: Path, paths: Iterable[str], limit: int = MAX_ENTRIES) ->
     """One manifest over several absolute paths (each under ``root``), prefixed by the path."""
     parts = []
     for p in paths:
-        body = manifest(root / p.lstrip("/"), limit)
-        parts.append("\n".join(f"{p} {line}" for line in body.splitlines()) if body else f"{p} (empty)")
+        body = manifest(root / p.lstrip("/"), limit, label=f"{p} ")
+        if body == ABSENT or body.startswith("unreadable:"):
+            body = f"{p} {body}"
+        parts.append(body or f"{p} (empty)")
     return "\n".join(parts)
 
 
