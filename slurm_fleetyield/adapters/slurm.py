@@ -353,6 +353,7 @@ class _RawJob:
     gpus: int
     gres_detail: tuple[str, ...] = ()  # squeue --json: one "gpu:h100:2(IDX:0-1)" per allocated node
     qos: str = ""  # Slurm's QOS (squeue --json ``qos``, squeue -o %q)
+    restarts: int = 0  # squeue --json ``restart_cnt``; the fallback: scontrol show job's ``Restarts=``
 
 
 _IDX_RE = re.compile(r"\(IDX:([0-9,\-]*)\)")
@@ -414,6 +415,7 @@ def parse_jobs_json(text: str) -> list[_RawJob]:
                 gpus=_gpus_from_tres(raw.get("tres_alloc_str") or raw.get("tres_req_str")),
                 gres_detail=tuple(str(d) for d in detail) if isinstance(detail, list) else (),
                 qos=str(raw.get("qos") or ""),
+                restarts=_int(raw.get("restart_cnt")),
             )
         )
     return jobs
@@ -449,6 +451,16 @@ def parse_jobs_text(text: str) -> list[_RawJob]:
             )
         )
     return jobs
+
+
+def parse_restarts(text: str) -> dict[int, int]:
+    """``scontrol show job -o``: JobId -> Restarts=N (how often Slurm requeued and restarted the job)."""
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        fields = parse_kv_line(line)
+        if "JobId" in fields:
+            out[_int(fields["JobId"])] = _int(fields.get("Restarts", "0"))
+    return out
 
 
 def parse_requeue_flags(text: str) -> dict[int, bool]:
@@ -714,9 +726,19 @@ class SlurmCli:
             except ValueError as err:
                 raise SlurmCommandError(command, 0, f"unparsable output: {err}") from None
             if raw:
-                flags = parse_requeue_flags(self._run("scontrol", "show", "job", "-o"))
+                shown = self._run("scontrol", "show", "job", "-o")
+                flags, restarts = parse_requeue_flags(shown), parse_restarts(shown)
                 raw = [
-                    _RawJob(j.job_id, j.state, j.nodelist, flags.get(j.job_id), j.comment, j.gpus, qos=j.qos)
+                    _RawJob(
+                        j.job_id,
+                        j.state,
+                        j.nodelist,
+                        flags.get(j.job_id),
+                        j.comment,
+                        j.gpus,
+                        qos=j.qos,
+                        restarts=restarts.get(j.job_id, 0),
+                    )
                     for j in raw
                 ]
         return job_views(raw, self.expand_hostlists(j.nodelist for j in raw))
@@ -967,6 +989,7 @@ def job_views(raw: Sequence[_RawJob], expanded: Mapping[str, tuple[str, ...]]) -
                 gpus=j.gpus,
                 gpu_index=job_gpu_index(nodes, j.gres_detail),
                 qos=j.qos,
+                restarts=j.restarts,
             )
         )
     return views

@@ -149,6 +149,9 @@ class JobView:
     # listed: unknown (the text fallback, or no File= in gres.conf), treated as holding every GPU
     gpu_index: tuple[tuple[str, tuple[int, ...]], ...] = ()
     qos: str = ""  # Slurm's QOS ("" unknown); the preemptible one's jobs may be evicted (core/spares.py)
+    # Slurm's restart count (squeue --json ``restart_cnt``; 0 where unknown, the squeue -o fallback): a
+    # pending gang that ran before is about to restart and keeps its hot spares (core/spares.py)
+    restarts: int = 0
 
     def holds_gpu(self, node: str, gpus: frozenset[int]) -> bool:
         """Does the job hold any of ``gpus`` on ``node``? True when its indices there are unknown."""

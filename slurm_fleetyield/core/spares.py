@@ -18,12 +18,17 @@ Rule, per tick (only with ``spares.enabled``):
 2. the expected gang-node faults within a refill: ``Lambda = sum over the nodes running gangs of the node's
    fatal hazard per second x refill_s``; the hazard is absolute (``-ln(1 - p) / horizon``, core/stake.py),
    not in excess of the fleet's base: a spare serves any fault, expected or not; a node of unknown risk
-   counts at the base risk of its size under the learned multiplier, and so does each node a pending gang
-   needs (it is about to run: a gang requeued by a fault keeps the spares it will need once restarted);
-3. the k-th spare (k = 1, 2, ...) is held iff ``P(Poisson(Lambda) >= k) x gang GPUs x restart_wait_s >= node
-   GPUs x refill_s``: the gang GPU-seconds it saves (it is used only when at least k faults hit gangs
-   within a refill) against the GPU-seconds it stands idle. Gang GPUs: those of the gang a fault hits, in
-   expectation (the gangs' GPUs weighted by their share of Lambda); node GPUs: the candidates' median;
+   counts at the base risk of its size under the learned multiplier, and so does each node a requeued
+   pending gang needs (Slurm's restart count above 0: it is about to restart and keeps the spares it will
+   need). A gang that never ran is not counted: a pending job cannot lose a node, and on a deep queue it
+   may wait for days (openb at load 0.9: ~200 pending gangs held a spare for two weeks, for nothing). A
+   node certain to fail (risk 1: a known fatal fault under a gang) is one fault, not a rate: it adds
+   one to ``certain`` instead of an infinite hazard to Lambda;
+3. the k-th spare (k = 1, 2, ...) is held iff ``P(certain + Poisson(Lambda) >= k) x gang GPUs x
+   restart_wait_s >= node GPUs x refill_s``: the gang GPU-seconds it saves (it is used only when at least
+   k faults hit gangs within a refill) against the GPU-seconds it stands idle. Gang GPUs: those of the
+   gang a fault hits, in expectation (the gangs' GPUs weighted by their share of the expected faults);
+   node GPUs: the candidates' median;
 4. at least ``spares.min`` while a gang runs or pends; at most ``spares.max_fraction`` of the managed
    nodes, and never so many that spares plus the stake rule's withheld nodes exceed
    ``stake.withhold_cap_fraction`` of the in-service GPUs (a spare withholds every class feature: the
@@ -57,7 +62,8 @@ class Spares:
     nodes: Mapping[str, str] = field(default_factory=dict)  # spare -> why (route appends it to the reason)
     wanted: int = 0  # spares by rules 3-4 before the candidates ran out
     cap: int = 0  # rule 4's cap
-    lam: float = 0.0  # expected gang-node faults within a refill
+    lam: float = 0.0  # expected gang-node faults within a refill, beyond the certain ones
+    certain: int = 0  # gang nodes certain to fail (risk 1): one fault each
     gangs: int = 0  # gang jobs running or pending
     gang_gpus: float = 0.0  # GPUs of the gang a fault hits, in expectation
     node_gpus: int = 0  # a spare's GPUs (the candidates' median)
@@ -79,12 +85,19 @@ def poisson_tail(lam: float, k: int) -> float:
 
 
 def wanted(
-    lam: float, gang_gpus: float, node_gpus: int, restart_wait_s: float, refill_s: float, cap: int
+    lam: float,
+    gang_gpus: float,
+    node_gpus: int,
+    restart_wait_s: float,
+    refill_s: float,
+    cap: int,
+    certain: int = 0,
 ) -> int:
-    """Rule 3: the largest k <= cap whose spare saves at least what it stands idle (the tail falls with k)."""
+    """Rule 3: the largest k <= cap whose spare saves at least what it stands idle (the tail falls with k);
+    ``certain`` faults come on top of the Poisson ones."""
     idle = node_gpus * refill_s
     k = 0
-    while k < cap and poisson_tail(lam, k + 1) * gang_gpus * restart_wait_s >= idle:
+    while k < cap and poisson_tail(lam, k + 1 - certain) * gang_gpus * restart_wait_s >= idle:
         k += 1
     return k
 
@@ -106,25 +119,34 @@ def spares(
     horizon = params.risk.horizon_days * 86_400.0
     multiplier = wh.multiplier
     gang_nodes: set[str] = set()
-    per_gang: list[tuple[float, int]] = []  # (the gang's share of Lambda, its GPUs)
-    n_gangs = 0
+    per_gang: list[tuple[float, int]] = []  # (the gang's expected faults, its GPUs)
+    n_gangs = certain = 0
+    lam = 0.0
     for j in obs.jobs:
         if j.state == "RUNNING" and len(j.nodes) >= sp.gang_min_nodes:
             n_gangs += 1
-            lam_j = 0.0
+            lam_j, sure = 0.0, 0
             for n in j.nodes:
                 gang_nodes.add(n)
-                lam_j += _hazard(obs, priced, n, horizon, multiplier, params) * sp.refill_s
-            per_gang.append((lam_j, j.gpus))
-        elif j.state == "PENDING" and -(-j.gpus // max_gpn) >= sp.gang_min_nodes:
+                h = _hazard(obs, priced, n, horizon, multiplier, params)
+                if math.isinf(h):
+                    sure += 1
+                else:
+                    lam_j += h * sp.refill_s
+            lam += lam_j
+            certain += sure
+            per_gang.append((lam_j + sure, j.gpus))
+        elif j.state == "PENDING" and j.restarts > 0 and -(-j.gpus // max_gpn) >= sp.gang_min_nodes:
             n_gangs += 1
             need = -(-j.gpus // max_gpn)
             base = hazard_per_s(base_risk(max_gpn, multiplier, params), horizon)
-            per_gang.append((min(base, 1.0) * need * sp.refill_s, j.gpus))
+            lam_j = min(base, 1.0) * need * sp.refill_s
+            lam += lam_j
+            per_gang.append((lam_j, j.gpus))
     if not n_gangs:
         return Spares()
-    lam = sum(x for x, _ in per_gang)
-    gang_gpus = sum(x * g for x, g in per_gang) / lam if lam > 0 else 0.0
+    faults = sum(x for x, _ in per_gang)
+    gang_gpus = sum(x * g for x, g in per_gang) / faults if faults > 0 else 0.0
     busy = _busy(obs, sp.preemptible_qos)
     cands = []
     for name, pn in priced.nodes.items():
@@ -145,10 +167,11 @@ def spares(
     if wh.service_gpus:
         room = params.stake.withhold_cap_fraction * wh.service_gpus - sum(wh.gpus.get(n, 0) for n in wh.nodes)
         cap = min(cap, max(0, int(room // g)))
-    k = min(max(wanted(lam, gang_gpus, g, sp.restart_wait_s, sp.refill_s, cap), sp.min), cap)
+    k = min(max(wanted(lam, gang_gpus, g, sp.restart_wait_s, sp.refill_s, cap, certain), sp.min), cap)
     chosen = cands[:k]
     why = (
-        f"P(>= k gang-node faults within {sp.refill_s / 3600:g} h refill; expected {lam:.2f}) x "
+        f"P(>= k gang-node faults within {sp.refill_s / 3600:g} h refill; {certain} certain + expected "
+        f"{lam:.2f}) x "
         f"{gang_gpus:.0f} gang GPUs x {sp.restart_wait_s / 3600:g} h restart wait >= {g} GPUs x "
         f"{sp.refill_s / 3600:g} h idle"
     )
@@ -162,10 +185,17 @@ def spares(
                 "",
                 "spares",
                 f"hot spares {before} -> {len(nodes)} ({n_gangs} gang(s); {why}; cap {cap})",
-                {"spares": len(nodes), "before": before, "lambda": lam, "gang_gpus": gang_gpus, "cap": cap},
+                {
+                    "spares": len(nodes),
+                    "before": before,
+                    "lambda": lam,
+                    "certain": certain,
+                    "gang_gpus": gang_gpus,
+                    "cap": cap,
+                },
             ),
         )
-    return Spares(nodes, k, cap, lam, n_gangs, gang_gpus, g, events)
+    return Spares(nodes, k, cap, lam, certain, n_gangs, gang_gpus, g, events)
 
 
 def _hazard(
@@ -175,7 +205,7 @@ def _hazard(
     p = pn.risk if pn is not None else math.nan
     if math.isnan(p):
         p = base_risk(node_gpus(obs, node), multiplier, params)
-    return min(hazard_per_s(p, horizon), 1.0)  # a certain fault: at most one per second (keeps Lambda finite)
+    return hazard_per_s(p, horizon)  # inf: a certain fault (rule 2 counts it as one)
 
 
 def _busy(obs: Observations, preemptible: str) -> dict[str, float]:

@@ -562,8 +562,9 @@ class Simulation:
     def _view(self, j: traces.Job) -> JobView:
         v = self._views.get(j.job_id)
         if v is None:
+            restarts = self.jobs[j.job_id].restarts if j.job_id in self.jobs else 0
             v = self._views[j.job_id] = new_job_view(
-                j.job_id, "PENDING", (), _requeueable(j), WORKLOAD_CLASS[j.workload], j.gpus
+                j.job_id, "PENDING", (), _requeueable(j), WORKLOAD_CLASS[j.workload], j.gpus, (), "", restarts
             )
         return v
 
@@ -831,6 +832,7 @@ class Simulation:
         self.m["requeues"] += 1
         if j.nodes >= self.gang_min:
             self.gang_requeued[jid] = self.now
+        self._views.pop(jid, None)  # squeue shows the new restart count
         self._enqueue(js)
 
     def _signal(self, jid: int, signal: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from slurm_fleetyield.adapters.slurm import (
     parse_kv_line,
     parse_nodes_text,
     parse_reason,
+    parse_restarts,
     parse_states,
     parse_version,
     run_command,
@@ -305,7 +307,7 @@ def test_read_jobs_falls_back_to_squeue_format_and_scontrol_requeue():
             ),
             ("scontrol", "show", "job", "-o"): ok(
                 "JobId=7 JobName=a UserId=u(1) Requeue=0 Restarts=0 JobState=RUNNING Comment=fy:batch|x\n"
-                "JobId=8 JobName=b UserId=u(1) Requeue=1 Restarts=0 JobState=PENDING\n"
+                "JobId=8 JobName=b UserId=u(1) Requeue=1 Restarts=2 JobState=PENDING\n"
             ),
         }
     )
@@ -314,7 +316,19 @@ def test_read_jobs_falls_back_to_squeue_format_and_scontrol_requeue():
     assert jobs[7].workload is WorkloadClass.BATCH
     assert jobs[8].requeue and jobs[8].nodes == () and jobs[8].gpus == 0
     assert jobs[7].qos == "fy_preemptible" and jobs[8].qos == ""
+    assert jobs[7].restarts == 0 and jobs[8].restarts == 2  # scontrol's Restarts=
     assert ("squeue", "-h", "-o", "%A|%T|%N|%b|%q|%k") in runner.calls
+
+
+def test_squeue_json_restart_count():
+    """``restart_cnt`` (every squeue --json since 21.08): a requeued pending gang keeps its hot spares."""
+    doc = json.loads(fixture("squeue_json_22.05_docker.json"))
+    assert [j["restart_cnt"] for j in doc["jobs"]] == [0, 0]  # the real document carries the field
+    doc["jobs"][1]["restart_cnt"] = 3
+    runner = Recorder({("squeue", "--json"): ok(json.dumps(doc))})
+    jobs = SlurmCli(runner=runner, version=(22, 5, 8)).read_jobs()
+    assert [j.restarts for j in jobs] == [0, 3]
+    assert parse_restarts("JobId=5 Restarts=1\nJobId=6 JobName=x\nnot a job\n") == {5: 1, 6: 0}
 
 
 # ------------------------------------------------------------------------------------------------------

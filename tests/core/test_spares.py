@@ -81,10 +81,26 @@ def test_small_gangs_at_low_hazard_get_none_and_the_floor_applies_while_a_gang_r
     f.jobs = [_gang(2, 2 * i, i + 1) for i in range(10)]  # openb-like: 2-node gangs
     assert not _run(f, _priced(64, 0.01), _params()).nodes
     assert len(_run(f, _priced(64, 0.01), _params(min=2)).nodes) == 2
-    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 16)]  # 16 GPUs: two 8-GPU nodes
+    # a requeued gang (Slurm's restart count > 0) is about to restart: it keeps the floor
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 16, restarts=1)]  # two 8-GPU nodes
     assert len(_run(f, _priced(64, 0.01), _params(min=2)).nodes) == 2
-    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 8)]  # fits one node: not a gang
+    # a gang that never ran cannot lose a node: a deep queue of them holds no spare
+    f.jobs = [JobView(i, "PENDING", (), True, WorkloadClass.PRETRAIN, 512) for i in range(1, 200)]
     assert not _run(f, _priced(64, 0.01), _params(min=2)).nodes
+    f.jobs = [JobView(1, "PENDING", (), True, WorkloadClass.PRETRAIN, 8, restarts=1)]  # fits one node
+    assert not _run(f, _priced(64, 0.01), _params(min=2)).nodes
+
+
+def test_a_node_certain_to_fail_under_a_gang_is_one_fault_not_an_infinite_rate():
+    f = _fleet(100)
+    f.jobs = [_gang(4)]
+    nodes = dict(_priced(100, 0.0).nodes)
+    nodes["n00"] = PricedNode("n00", Tier.GREEN, 100, "", (), True, risk=1.0)  # a known fatal fault
+    sp = _run(f, Priced(nodes), _params())
+    # one certain fault: P(N >= 1) = 1, 32 gang GPUs x 1 h >= 8 GPUs x 4 h -> one spare, not the cap (5)
+    assert sp.certain == 1 and sp.lam == 0.0 and math.isclose(sp.gang_gpus, 32)
+    assert len(sp.nodes) == 1 and sp.cap == 5
+    assert "1 certain + expected 0.00" in next(iter(sp.nodes.values()))
 
 
 def test_the_cap_and_the_stake_breaker_bound_the_spares():
