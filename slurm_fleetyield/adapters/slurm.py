@@ -453,24 +453,16 @@ def parse_jobs_text(text: str) -> list[_RawJob]:
     return jobs
 
 
-def parse_restarts(text: str) -> dict[int, int]:
-    """``scontrol show job -o``: JobId -> Restarts=N (how often Slurm requeued and restarted the job)."""
-    out: dict[int, int] = {}
+def parse_show_jobs(text: str) -> dict[int, tuple[bool, int]]:
+    """``scontrol show job -o``: JobId -> (Requeue=1, Restarts=N: how often Slurm requeued and restarted
+    the job)."""
+    out: dict[int, tuple[bool, int]] = {}
     for line in text.splitlines():
         fields = parse_kv_line(line)
         if "JobId" in fields:
-            out[_int(fields["JobId"])] = _int(fields.get("Restarts", "0"))
+            requeue = fields.get("Requeue", "1").strip() == "1"
+            out[_int(fields["JobId"])] = (requeue, _int(fields.get("Restarts", "0")))
     return out
-
-
-def parse_requeue_flags(text: str) -> dict[int, bool]:
-    """``scontrol show job -o``: JobId -> Requeue=1."""
-    flags: dict[int, bool] = {}
-    for line in text.splitlines():
-        fields = parse_kv_line(line)
-        if "JobId" in fields:
-            flags[_int(fields["JobId"])] = fields.get("Requeue", "1").strip() == "1"
-    return flags
 
 
 def _sacct_time(text: str) -> float | None:
@@ -726,18 +718,17 @@ class SlurmCli:
             except ValueError as err:
                 raise SlurmCommandError(command, 0, f"unparsable output: {err}") from None
             if raw:
-                shown = self._run("scontrol", "show", "job", "-o")
-                flags, restarts = parse_requeue_flags(shown), parse_restarts(shown)
+                shown = parse_show_jobs(self._run("scontrol", "show", "job", "-o"))
                 raw = [
                     _RawJob(
                         j.job_id,
                         j.state,
                         j.nodelist,
-                        flags.get(j.job_id),
+                        shown[j.job_id][0] if j.job_id in shown else None,
                         j.comment,
                         j.gpus,
                         qos=j.qos,
-                        restarts=restarts.get(j.job_id, 0),
+                        restarts=shown[j.job_id][1] if j.job_id in shown else 0,
                     )
                     for j in raw
                 ]

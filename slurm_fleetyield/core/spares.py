@@ -145,7 +145,7 @@ def spares(
             per_gang.append((lam_j, j.gpus))
     if not n_gangs:
         return Spares()
-    faults = sum(x for x, _ in per_gang)
+    faults = lam + certain
     gang_gpus = sum(x * g for x, g in per_gang) / faults if faults > 0 else 0.0
     busy = _busy(obs, sp.preemptible_qos)
     cands = []
@@ -170,10 +170,9 @@ def spares(
     k = min(max(wanted(lam, gang_gpus, g, sp.restart_wait_s, sp.refill_s, cap, certain), sp.min), cap)
     chosen = cands[:k]
     why = (
-        f"P(>= k gang-node faults within {sp.refill_s / 3600:g} h refill; {certain} certain + expected "
-        f"{lam:.2f}) x "
-        f"{gang_gpus:.0f} gang GPUs x {sp.restart_wait_s / 3600:g} h restart wait >= {g} GPUs x "
-        f"{sp.refill_s / 3600:g} h idle"
+        f"P(>= k gang-node faults within {sp.refill_s / 3600:g} h refill; {certain} certain + "
+        f"expected {lam:.2f}) x {gang_gpus:.0f} gang GPUs x {sp.restart_wait_s / 3600:g} h restart wait >= "
+        f"{g} GPUs x {sp.refill_s / 3600:g} h idle"
     )
     nodes = {c[3]: f"hot spare ({i} of {len(chosen)}: {why})" for i, c in enumerate(chosen, 1)}
     before = sum(1 for s in obs.slurm.values() if SPARE in s.available_features)

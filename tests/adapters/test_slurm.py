@@ -19,7 +19,7 @@ from slurm_fleetyield.adapters.slurm import (
     parse_kv_line,
     parse_nodes_text,
     parse_reason,
-    parse_restarts,
+    parse_show_jobs,
     parse_states,
     parse_version,
     run_command,
@@ -328,7 +328,10 @@ def test_squeue_json_restart_count():
     runner = Recorder({("squeue", "--json"): ok(json.dumps(doc))})
     jobs = SlurmCli(runner=runner, version=(22, 5, 8)).read_jobs()
     assert [j.restarts for j in jobs] == [0, 3]
-    assert parse_restarts("JobId=5 Restarts=1\nJobId=6 JobName=x\nnot a job\n") == {5: 1, 6: 0}
+    assert parse_show_jobs("JobId=5 Restarts=1 Requeue=0\nJobId=6 JobName=x\nnot a job\n") == {
+        5: (False, 1),
+        6: (True, 0),
+    }
 
 
 # ------------------------------------------------------------------------------------------------------
