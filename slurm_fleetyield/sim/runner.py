@@ -70,7 +70,8 @@ checkpoint write blocks training for the job's ``ckpt_write_s`` every ``checkpoi
 a job holds without progress (hang, restart) counts as wasted, with the progress it loses (``stalled_gpu_h``
 is that part). ``ettr``: the training gangs' effective training time ratio (``_ettr_of``).
 A quiet corruption (SDC) is not seen by anyone: it costs the affected jobs one checkpoint
-interval of redone work (whole run when not checkpointable) and counts as a failure hitting a job.
+interval of redone work (whole run when not checkpointable; a decode service under ``"inflight"`` the
+requests in flight, as at an interruption) and counts as a failure hitting a job.
 """
 
 from __future__ import annotations
@@ -880,7 +881,7 @@ class Simulation:
             for jid in jobs:
                 js = self.jobs[jid]
                 j = js.job
-                redo = j.checkpoint_s or js.progress(self.now)
+                redo = self._quiet_redo(js)
                 js.extra += redo
                 self.m["wasted_gpu_h"] += j.gpus * redo / HOUR
                 self.m["failures_hitting_jobs"] += 1
@@ -924,6 +925,16 @@ class Simulation:
                 )
             )
             self._tick("push")
+
+    def _quiet_redo(self, js: _JobState) -> float:
+        """Seconds of work a quiet corruption makes the job redo: one checkpoint interval if it checkpoints;
+        an inference service under ``service_loss="inflight"`` the requests in flight, as at an interruption
+        (what it served before is served); any other job its whole run so far."""
+        j = js.job
+        progress = js.progress(self.now)
+        if j.workload == "decode" and self.cfg.service_loss == "inflight":
+            return min(progress, SERVICE_INFLIGHT_S)
+        return j.checkpoint_s or progress
 
     def _hang(self, js: _JobState) -> None:
         """The job's GPU died under it: a job of more than one GPU waits in its next collective until the

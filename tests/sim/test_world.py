@@ -208,3 +208,31 @@ def test_usr1_checkpoints_now_and_requeues_usr2_checkpoints_and_keeps_running() 
     sim.now = 2.75 * H
     sim._interrupt(1)
     assert js.done > sim.jobs[1].done == pytest.approx(2 * H)  # without the signal: the last periodic one
+
+
+def _quiet(t: float, node: str = "n0000") -> fm.Fault:
+    return fm.Fault(0, t, node, 0, "sdc", None, False)
+
+
+@pytest.mark.parametrize(
+    ("job", "service_loss", "redo_s"),
+    [
+        (traces.Job(1, 0.0, 10 * H, 1, 8, "pretrain", 3600.0), "inflight", 3600.0),  # one checkpoint interval
+        (traces.Job(1, 0.0, 10 * H, 1, 8, "finetune", None), "inflight", 2 * H),  # no checkpoint: all of it
+        (traces.Job(1, 0.0, 10 * H, 1, 8, "decode", None), "inflight", runner.SERVICE_INFLIGHT_S),
+        (traces.Job(1, 0.0, 10 * H, 1, 8, "decode", None), "run", 2 * H),  # the earlier assumption
+    ],
+)
+def test_a_quiet_corruption_costs_what_an_interruption_would_have_kept(
+    job: traces.Job, service_loss: str, redo_s: float
+) -> None:
+    """A silent corruption 2 h into the run: a checkpointing job redoes one interval, a job that cannot
+    checkpoint its whole run, and an inference service (``service_loss="inflight"``) only the requests in
+    flight -- what it served before is served, as when it is interrupted."""
+    sim, m = _sim("baseline", [job], [_quiet(2 * H)], restart_s=0.0, service_loss=service_loss)
+    clean, _ = _sim("baseline", [job], [], restart_s=0.0, service_loss=service_loss)
+    started = clean.jobs[1].ended - job.duration  # its first scheduling pass, seconds in
+    assert 0.0 <= started <= clean.cfg.sched_interval_s
+    assert m["quiet_faults"] == 1 and m["failures_hitting_jobs"] == 1
+    assert m["wasted_gpu_h"] == pytest.approx(8 * min(redo_s, 2 * H - started) / H)
+    assert m["jobs_completed"] == 1
