@@ -229,7 +229,7 @@ def test_a_quiet_corruption_costs_what_an_interruption_would_have_kept(
     """A silent corruption 2 h into the run: a checkpointing job redoes one interval, a job that cannot
     checkpoint its whole run, and an inference service (``service_loss="inflight"``) only the requests in
     flight -- what it served before is served, as when it is interrupted."""
-    sim, m = _sim("baseline", [job], [_quiet(2 * H)], restart_s=0.0, service_loss=service_loss)
+    _, m = _sim("baseline", [job], [_quiet(2 * H)], restart_s=0.0, service_loss=service_loss)
     clean, _ = _sim("baseline", [job], [], restart_s=0.0, service_loss=service_loss)
     started = clean.jobs[1].ended - job.duration  # its first scheduling pass, seconds in
     assert 0.0 <= started <= clean.cfg.sched_interval_s
