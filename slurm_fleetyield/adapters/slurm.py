@@ -21,7 +21,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass
 from slurm_fleetyield.core.plan import (
@@ -720,17 +720,9 @@ class SlurmCli:
             if raw:
                 shown = parse_show_jobs(self._run("scontrol", "show", "job", "-o"))
                 raw = [
-                    _RawJob(
-                        j.job_id,
-                        j.state,
-                        j.nodelist,
-                        shown[j.job_id][0] if j.job_id in shown else None,
-                        j.comment,
-                        j.gpus,
-                        qos=j.qos,
-                        restarts=shown[j.job_id][1] if j.job_id in shown else 0,
-                    )
+                    replace(j, requeue=requeue, restarts=restarts)
                     for j in raw
+                    for requeue, restarts in [shown.get(j.job_id, (None, 0))]
                 ]
         return job_views(raw, self.expand_hostlists(j.nodelist for j in raw))
 

@@ -818,7 +818,7 @@ class Simulation:
         self._stalled(j.gpus, min(js.startup, ran) + hang)
         if keep_progress:
             retained = progress
-        elif j.workload == "decode" and self.cfg.service_loss == "inflight":
+        elif self._keeps_served(j):
             retained = max(0.0, progress - SERVICE_INFLIGHT_S)  # a service keeps what it served
         elif j.checkpoint_s:
             retained = max(math.floor(progress / j.checkpoint_s) * j.checkpoint_s, min(js.saved, progress))
@@ -932,9 +932,14 @@ class Simulation:
         (what it served before is served); any other job its whole run so far."""
         j = js.job
         progress = js.progress(self.now)
-        if j.workload == "decode" and self.cfg.service_loss == "inflight":
+        if self._keeps_served(j):
             return min(progress, SERVICE_INFLIGHT_S)
         return j.checkpoint_s or progress
+
+    def _keeps_served(self, j: traces.Job) -> bool:
+        """An inference service under ``service_loss="inflight"``: what it served is served, whatever
+        interrupts or corrupts it; it loses only the requests in flight."""
+        return j.workload == "decode" and self.cfg.service_loss == "inflight"
 
     def _hang(self, js: _JobState) -> None:
         """The job's GPU died under it: a job of more than one GPU waits in its next collective until the
