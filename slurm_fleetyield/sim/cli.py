@@ -206,23 +206,19 @@ def run_cmd(**kw: object) -> None:
 def sweep_cmd(shares: str, **kw: object) -> None:
     """Repeat the comparison for each precursor observability share."""
     r, cfg = _split(dict(kw))
-    rows = []
-    for s in (float(x) for x in shares.split(",")):
-        out = Path(r["out_dir"]) / f"precursor_{s:g}"
-        try:
-            rep = runner.main_simulate(
-                out,
-                r["seeds"],
-                r["first_seed"],
-                r["policies"],
-                r["workers"],
-                not r["no_plots"],
-                precursor_share=s,
-                **cfg,
-            )
-        except (TraceError, ValueError) as exc:
-            raise click.ClickException(str(exc)) from None
-        rows.append((s, rep))
+    try:
+        rows = runner.main_sweep(
+            r["out_dir"],
+            [float(x) for x in shares.split(",")],
+            r["seeds"],
+            r["first_seed"],
+            r["policies"],
+            r["workers"],
+            not r["no_plots"],
+            **cfg,
+        )
+    except (TraceError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     text = report.sweep_table(rows)
     Path(r["out_dir"]).mkdir(parents=True, exist_ok=True)
     (Path(r["out_dir"]) / "sweep.txt").write_text(text)

@@ -32,6 +32,26 @@ def test_sweep_json_is_sweep_json(tmp_path: Path) -> None:
     assert set(json.loads(result.stdout)) == {"0", "0.5"}
 
 
+def test_a_sweep_reuses_bare_runs_only_where_a_fresh_run_agrees(tmp_path: Path) -> None:
+    """The sweep simulates unmodified Slurm at the first share only (runner.main_sweep): every report of
+    the sweep equals a fresh ``run`` at that share, unmodified Slurm's rows included."""
+    fleet = ["--nodes", "16", "--days", "10", "--seeds", "1", "--no-plots", "--workload", "synthetic",
+             "--node-rate", "100", "--policies", "baseline,fleetyield"]  # fmt: skip
+    sweep = CliRunner().invoke(simulate, ["sweep", *fleet, "--shares", "0,1", "--out", str(tmp_path / "s")])
+    assert sweep.exit_code == 0, sweep.output
+    fy = []
+    for share in ("0", "1"):
+        out = tmp_path / f"r{share}"
+        run = CliRunner().invoke(simulate, ["run", *fleet, "--precursor-share", share, "--out", str(out)])
+        assert run.exit_code == 0, run.output
+        fresh = json.loads((out / "report.json").read_text())
+        swept = json.loads((tmp_path / "s" / f"precursor_{share}" / "report.json").read_text())
+        assert swept["per_seed"] == fresh["per_seed"] and swept["policies"] == fresh["policies"]
+        assert swept["config"]["faults"]["precursor_share"] == float(share)
+        fy.append(fresh["per_seed"]["0"]["fleetyield"])
+    assert fy[0] != fy[1]  # FleetYield sees the precursors: its runs are not reused across shares
+
+
 def test_bad_workload_is_a_json_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope.csv"
     args = ["run", *SMALL[:-1], str(missing), "--out", str(tmp_path), "--json"]
