@@ -56,6 +56,7 @@ from slurm_fleetyield.core.model import (
 from slurm_fleetyield.core.quarantine import ATTESTATION_FAILED
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.executor import Executor, GateAccess
+from slurm_fleetyield.gcpolicy import collect_after
 from slurm_fleetyield.lease import Leader, Leadership, SoleLeadership
 from slurm_fleetyield.ports import ActionResult, ApplyReport, SensePort, SlurmPort
 
@@ -524,7 +525,8 @@ class Daemon:
                             }
                         },
                     )
-                self.tick_once(push=push)
+                with collect_after():  # the collector runs after the tick, not inside it (gcpolicy.py)
+                    self.tick_once(push=push)
             except Exception as exc:
                 delay = backoff.failure()
                 self.stats.record_failure()

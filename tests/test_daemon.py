@@ -6,6 +6,7 @@ recorded commands did. No sleeps: everything polls with a deadline.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -203,6 +204,36 @@ def test_run_backs_off_on_errors_and_resets(tmp_path):
     store.close()
 
 
+def test_the_loop_ticks_with_the_collector_paused_and_collects_after(tmp_path):
+    """gcpolicy.collect_after around every tick of the loop: no collection inside a tick."""
+    cmds = FakeCommands()
+    cmds.nodes["gpu-01"] = node_line("gpu-01")
+    cfg = config(tmp_path, free_port())
+    store = Store(cfg.store.path)
+    daemon = Daemon(cfg, SlurmCli(runner=cmds), AgentScraper(cfg.sense.url_template, 1.0, 2), store)
+    real = daemon.tick_once
+    enabled_in_tick = []
+
+    def observed(push=False):
+        enabled_in_tick.append(gc.isenabled())
+        out = real(push)
+        daemon.stop()
+        return out
+
+    daemon.tick_once = observed
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        runner = threading.Thread(target=daemon.run, daemon=True)
+        runner.start()
+        runner.join(15)
+        assert not runner.is_alive()
+        assert enabled_in_tick == [False] and gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+        store.close()
+
+
 def test_backoff_sequence():
     b = Backoff(1.0, 5.0, 2.0)
     assert [b.failure() for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
@@ -225,6 +256,7 @@ def test_cli_run_once_and_sigterm(tmp_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
+
         def ticked() -> bool:
             db = tmp_path / "fy.db"
             if not db.exists() or db.stat().st_size == 0:  # created, schema not written yet
