@@ -16,7 +16,8 @@ thousands of XID 95s for one fault). The scrape's XID counters still count every
 reset or ``fault clear`` ends the GPU's folds: an XID after it is new evidence.
 
 Backend calls at scrape time and resets go through ``guard`` (``node_agent.supervise.Guard``): each has a
-deadline, and a hung one makes ``health()`` report the node's GPU data stale.
+deadline, and a hung one makes ``health()`` report the node's GPU data stale. The backend's own loops (NVML's
+slow-counter refresher and XID thread) are watched by their heartbeats: ``health()`` names a stale one.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class Agent:
             return self._attestor
 
     def health(self) -> list[str]:
-        """What is wrong now (empty: healthy): a stuck backend call, a supervised thread failing or dead."""
+        """What is wrong now (empty: healthy): a stuck backend call, a supervised thread failing or dead, a
+        backend loop that finished no round for too long."""
         problems = []
         stuck = self.guard.stuck()
         if stuck:
@@ -99,6 +101,7 @@ class Agent:
                 problems.append(f"{sup.name} is not running ({sup.last_error or 'stopped'})")
             elif sup.failing:
                 problems.append(f"{sup.name} failing, restarted {sup.restarts}x: {sup.last_error}")
+        problems.extend(why for beat in self.backend.heartbeats() if (why := beat.stale()))
         return problems
 
     # ------------------------------------------------------------ lifecycle

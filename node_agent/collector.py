@@ -5,7 +5,9 @@ Input: a ``Backend`` (read at scrape time), the node name, a clock and options (
 on every ``collect()``: the DCGM_FI_* fields (HELP/TYPE text from dcgm-exporter's
 etc/default-counters.csv as of 4.4+: violation times in ns, the clocks-event-reasons name, the five default
 profiling fields; units as DCGM reports them), ``DCGM_EXP_XID_ERRORS_COUNT`` (a gauge, as that CSV types it),
-``fleetyield_gpu_xid_errors_total`` and the ``fleetyield_agent_*`` gauges.
+``fleetyield_gpu_xid_errors_total`` and the ``fleetyield_agent_*`` gauges. A backend loop gone stale
+(``node_agent.supervise.Heartbeat``) fails ``collect()`` with ``BackendStuck``: no stale counter is served as
+fresh (the exporter answers 503, the controller reads the node UNKNOWN).
 
 Label order (dcgm-exporter's GPU template): ``gpu, UUID, pci_bus_id, device, modelName,
 Hostname`` then label fields (``DCGM_FI_DRIVER_VERSION``) then attributes in key order
@@ -25,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from node_agent.backends.base import Backend, GpuSample
 from node_agent.faults import xid_text
+from node_agent.supervise import BackendStuck
 from node_agent.version import __version__
 
 # (field, prometheus type, help) -- help strings as dcgm-exporter's counters CSV writes them.
@@ -174,6 +177,9 @@ class GpuCollector(Collector):
         )
 
     def collect(self) -> Iterator[Metric]:
+        stale = [why for beat in self.backend.heartbeats() if (why := beat.stale())]
+        if stale:
+            raise BackendStuck("; ".join(stale))
         now = self.clock()
         samples = self.call(self.backend.sample, now)
         driver = self.call(self.backend.driver_version)
@@ -242,7 +248,9 @@ class GpuCollector(Collector):
 
 class ThreadCollector(Collector):
     """``fleetyield_agent_thread_up`` and ``fleetyield_agent_thread_restarts_total`` per supervised thread
-    of the backend (the NVML XID thread: ``node_agent.supervise.Supervised``)."""
+    of the backend (the NVML XID thread: ``node_agent.supervise.Supervised``), and
+    ``fleetyield_agent_loop_round_age_seconds`` per backend loop (``Heartbeat``; served only while no loop
+    is stale, as a stale one fails the scrape: an alert can watch it grow)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -264,5 +272,13 @@ class ThreadCollector(Collector):
         for sup in self.backend.supervised():
             up.add_sample(up.name, {"thread": sup.name}, float(sup.up and not sup.failing))
             restarts.add_sample(restarts.name + "_total", {"thread": sup.name}, sup.restarts)
+        age = Metric(
+            "fleetyield_agent_loop_round_age_seconds",
+            "Seconds since a backend loop last finished a round (stale past 3x its interval).",
+            "gauge",
+        )
+        for beat in self.backend.heartbeats():
+            age.add_sample(age.name, {"loop": beat.name}, beat.age())
         yield up
         yield restarts
+        yield age

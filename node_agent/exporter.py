@@ -2,9 +2,9 @@
 
 Input: an ``AgentConfig``, a clock, the ``[attest]`` settings (``node_agent.attest.config``). Output: a
 running server (``Server.start()`` / ``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from
-a non-global ``CollectorRegistry`` (503 while a GPU backend call is stuck: ``node_agent.supervise``),
-``GET /healthz`` and ``GET /health`` (dcgm-exporter's path; both 503 naming what is wrong: a stuck backend
-call, a failing or dead supervised thread)
+a non-global ``CollectorRegistry`` (503 while a GPU backend call is stuck or a backend loop is stale:
+``node_agent.supervise``), ``GET /healthz`` and ``GET /health`` (dcgm-exporter's path; both 503 naming what is
+wrong: a stuck backend call, a failing or dead supervised thread, a stale backend loop)
 and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
 for a controller that pulls; ``node_agent.attest.service.http_quote``). With ``attest.controller_url`` and
 a push secret, a ``HandoverLoop`` re-attests at start and every 15 minutes. ``run_forever`` installs

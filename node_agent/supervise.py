@@ -10,6 +10,20 @@ deadline (a hung NVML call: a wedged GPU or driver) makes the guard *stuck*: tha
 thread and every later call fails at once with ``BackendStuck`` until it returns, so a hung device costs one
 thread, not one per scrape, and the agent lock is held at most one deadline. /metrics then answers 503 (the
 controller's scrape fails: the node is UNKNOWN, never healthy on stale numbers) and /healthz says why.
+
+``Heartbeat``: the NVML backend's own loops (the slow-counter refresher, the XID event wait) call NVML on
+their threads, outside the guard: a call that hangs there would serve the last counters as if fresh, or
+stop XID delivery, while every scrape answers 200. Each loop ``beat()``s when it finishes a round (an
+injectable monotonic clock); one that has not for ``STALE_FACTOR`` times its interval is *stale*. A stale
+loop is reported by ``Agent.health`` (/healthz 503) and fails the scrape like a stuck guard does
+(``GpuCollector`` raises ``BackendStuck``, /metrics answers 503). Why 503 and not dropping the stale series:
+the controller reads a failed scrape as UNKNOWN (adapters/scrape.py, core/sense.py), but a missing series
+as "no contribution" from a node that is otherwise fresh, so the risk signals the slow counters feed
+(PCIe replays, thermal and power throttling) and the XID counters would go quiet on a node still read as
+healthy. A hung NVML call is a wedged GPU or driver: no number from that node is evidence. XIDs that the
+event thread already delivered are pushed regardless; the loop's recovery (its call returns) beats again
+and the next scrape is fresh. ``pause()``: a ``Supervised`` thread waiting out its backoff is idle on
+purpose and reported as failing instead, not as stale.
 """
 
 from __future__ import annotations
@@ -30,6 +44,50 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 CALL_TIMEOUT_S = 5.0
 """A read of every GPU takes ~6 ms per GPU on an H200 (bench/bench_nvml_calls.py): 5 s is a hung call."""
+STALE_FACTOR = 3.0
+"""A loop is stale after this many of its intervals without a finished round: one slow round (a busy CPU,
+a scrape holding the agent lock) is not a hang, three in a row are."""
+
+
+class Heartbeat:
+    """When a backend loop last finished a round, and whether that is too long ago (module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        feeds: str,
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        factor: float = STALE_FACTOR,
+    ) -> None:
+        self.name = name
+        self.feeds = feeds  # what goes stale with it, for the message
+        self.stale_after_s = factor * interval_s
+        self._clock = clock
+        self._last = clock()
+        self._paused = False
+
+    def beat(self) -> None:
+        self._last = self._clock()
+        self._paused = False
+
+    def pause(self) -> None:
+        """Idle on purpose until the next ``beat()`` (a supervised thread's backoff): not stale meanwhile."""
+        self._paused = True
+
+    def age(self) -> float:
+        """Seconds since the last finished round."""
+        return max(0.0, self._clock() - self._last)
+
+    def stale(self) -> str | None:
+        """Why the loop's data is stale ("... no round for 42 s"), or None."""
+        age = self.age()
+        if self._paused or age <= self.stale_after_s:
+            return None
+        return (
+            f"{self.name} finished no round for {age:.0f} s (stale after {self.stale_after_s:g} s): "
+            f"{self.feeds} stale"
+        )
 
 
 class Supervised:
@@ -42,8 +100,10 @@ class Supervised:
         *,
         initial_s: float = BACKOFF_INITIAL_S,
         max_s: float = BACKOFF_MAX_S,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.name = name
+        self.heartbeat = heartbeat  # beaten at each (re)start, paused during a backoff
         self._target = target
         self._initial_s = initial_s
         self._max_s = max_s
@@ -71,10 +131,14 @@ class Supervised:
 
     def _run(self) -> None:
         while not self.stop_event.is_set():
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
             try:
                 self._target(self.stop_event)
                 return  # a target that returns has finished (stop asked)
             except Exception as exc:
+                if self.heartbeat is not None:  # out of its round: failing, not stale
+                    self.heartbeat.pause()
                 self.restarts += 1
                 self.failing = True
                 self.last_error = f"{type(exc).__name__}: {exc}"

@@ -34,8 +34,22 @@ unfinished (the crash came between) is checked against what the world shows was 
 - GPU reset: sent again with the same ``request_id`` (derived from the intent): the agent keeps the ids it
   has executed (``node_agent/remote.py``) and answers 409 to a second one -> done; else it never arrived.
   Past ``AGENT_REMEMBERS_S`` the agent may have forgotten the id: reported failed (outcome unknown);
-- power cycle: a BootTime after the intent -> done; else it was cut short mid-cycle: reported failed
-  (outcome unknown), never repeated; the lifecycle's next rung decides what follows.
+- power cycle: a BootTime after the intent -> done. Else, when the intent was marked sent (``mark_intent``,
+  committed once the action is admitted, before the worker may reach the BMC): the BMC may have cycled the
+  node, which shows in Slurm only once it has booted, minutes later: reported ok (outcome unknown), never
+  repeated; the node's samples after ``reboot_settle_s`` or the remediation timeout judge it, as for a cycle
+  whose result was lost. Reporting it failed would send the lifecycle to its next rung at once, and with a
+  ladder ending in power_cycle that is a second cycle of a node still booting from the first. Not marked:
+  nothing reached the BMC (the crash came between recording the intent and admitting it), so it is started
+  now. A crash between the mark and the BMC's first request loses the cycle (at most once, never twice).
+
+Left unguarded, idempotent in effect: ``scontrol requeue`` (a drain's ``requeue_jobs``, ``RequeueJobs``) and
+``scancel --signal`` (``SignalJobs``). A replayed tick decides them from the jobs it reads from Slurm at its
+start, after the crashed tick's requeue: a requeued job is PENDING (Slurm refuses to requeue a pending job
+and changes nothing: ``plan.RequeueJobs``), or running elsewhere, off the node the replay acts on; only a job
+still running on that node is requeued, which is the decision itself, not a repeat. A second checkpoint
+signal to a job still running costs one more checkpoint write (USR2), or, for USR1, a second self-requeue
+request that Slurm refuses as above.
 """
 
 from __future__ import annotations
@@ -76,6 +90,8 @@ MAX_EVIDENCE_CHARS = 64 * 1024
 ONCE = (ResetGpu, RebootNode, PowerCycle)
 """Not idempotent: acted on once per ``intent`` (see the module's docstring)."""
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
+POWER_CYCLE_SENT = "admitted; may have reached the BMC"
+"""An unfinished power cycle intent's detail once admitted (``Store.mark_intent``; module docstring)."""
 CONFLICT = 409  # the agent's answer to a request_id it has already executed
 AGENT_REMEMBERS_S = RESET_RESEND_WINDOW_S
 """An unfinished reset intent older than this is not sent again. The agent keeps executed request ids
@@ -260,7 +276,7 @@ class Executor:
             if isinstance(action, ResetGpu):
                 results[i] = self._reset(action, resent=i in resent)
             elif isinstance(action, PowerCycle):
-                results[i] = self._power_cycle(action)
+                results[i] = self._power_cycle(action, marks=i in once)
             else:
                 results[i] = self._gate(action, now)
         for i in once:
@@ -306,13 +322,15 @@ class Executor:
             result = ActionResult(action, True, command, f"not repeated: {seen}")
             self._finish(result, now)
             return result
-        if isinstance(action, PowerCycle):
-            result = ActionResult(
-                action, False, command, "interrupted by a controller restart (outcome unknown): not repeated"
+        if isinstance(action, PowerCycle) and prior.detail == POWER_CYCLE_SENT:
+            why = (
+                "sent to the BMC before a controller restart, no new boot shows yet (outcome unknown): "
+                "not repeated; the node's samples or the remediation timeout judge it"
             )
+            result = ActionResult(action, True, command, why)
             self._finish(result, now)
             return result
-        return None  # a reboot nothing shows was issued: issue it
+        return None  # a reboot nothing shows was issued, a power cycle never sent: act now
 
     def _done_in_slurm(self, action: RebootNode | PowerCycle, prior: Intent) -> str | None:
         if self._slurm_now is None:
@@ -358,14 +376,16 @@ class Executor:
             return ActionResult(action, False, command, exc.detail)
         return ActionResult(action, True, command, f"reset gpus {answer.get('gpus')}")
 
-    def _power_cycle(self, action: PowerCycle) -> ActionResult:
+    def _power_cycle(self, action: PowerCycle, *, marks: bool) -> ActionResult:
         # A failure comes back as ok=False; the next tick turns it into REMEDIATION_FAILED (next rung, or
         # NEEDS_HUMAN after max_remediation_attempts), so an unreachable BMC never leaves a node in limbo.
         if self.redfish is None:
             return ActionResult(
                 action, False, ("redfish", "power_cycle", action.node), "no Redfish adapter configured"
             )
-        return self.redfish.start(action)
+        if not marks:  # no intent recorded (none given, or dry-run)
+            return self.redfish.start(action)
+        return self.redfish.start(action, lambda: self.store.mark_intent(action.intent, POWER_CYCLE_SENT))
 
     def background(self) -> tuple[frozenset[str], tuple[ActionResult, ...]]:
         """(nodes with a power action still running, results finished since the last call)."""

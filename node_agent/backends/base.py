@@ -65,6 +65,10 @@ class Backend(abc.ABC):
         """The backend's supervised threads (``node_agent.supervise.Supervised``), for health and metrics."""
         return []
 
+    def heartbeats(self) -> list[Any]:
+        """The backend's loops (``node_agent.supervise.Heartbeat``): a stale one fails the scrape."""
+        return []
+
     def infos(self) -> list[GpuInfo]:
         """Identity of every GPU the backend knows (visible or not); empty where it cannot say."""
         return []

@@ -22,6 +22,13 @@ ones (dcgm-exporter itself serves what DCGM sampled at its collect interval, 30 
 controller turns these counters into rates over minutes, so a value up to 10 s old moves a rate by a
 few percent at most. ``slow_interval_s`` = 0 reads everything on every ``sample()``.
 
+Stale loops. The refresher and the XID thread call NVML outside the agent's guard; each records a
+``Heartbeat`` (``node_agent.supervise``, on the injectable ``monotonic`` clock) when it finishes a round:
+the refresher after each full refresh (stale after 3 x ``slow_interval_s``), the XID thread after each
+return of its 1 s event wait and the delivery of what it brought (a round: that wait plus the agent lock,
+which a scrape holds at most ``CALL_TIMEOUT_S``; stale after 3 x 6 s). A stale loop fails the scrape (503:
+the controller reads the node UNKNOWN) and /healthz says which; ``heartbeats()`` lists them.
+
 GPU reset: ``nvmlDeviceResetGpuLockedClocks`` only unlocks clocks and is NOT a reset. A
 real reset needs ``nvidia-smi --gpu-reset -i N`` (root, no processes on the GPU, and on
 NVLink systems often all GPUs of the baseboard); ``reset_gpu`` runs exactly that with a
@@ -43,12 +50,15 @@ from typing import Any
 from node_agent.backends.base import Backend, BackendError, GpuInfo, GpuSample
 from node_agent.backends.gpm import Gpm
 from node_agent.protocol import AgentEvent
-from node_agent.supervise import Supervised
+from node_agent.supervise import CALL_TIMEOUT_S, Heartbeat, Supervised
 from node_agent.xid_catalog import fatal_xids, xid_text
 
 log = logging.getLogger(__name__)
 RESET_TIMEOUT_S = 120
 XID_LOG_MAX = 1000
+XID_WAIT_MS = 1000
+XID_ROUND_S = XID_WAIT_MS / 1000 + CALL_TIMEOUT_S
+"""The XID thread's longest healthy round: one event wait, then delivery behind a bounded scrape's lock."""
 
 
 def _s(value: Any) -> str:
@@ -64,12 +74,16 @@ class NvmlBackend(Backend):
         clock: Callable[[], float] = time.time,
         nvml: Any = None,
         slow_interval_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.node = node
         self.clock = clock
         self._nvml = nvml  # injectable for tests; pynvml imported lazily otherwise
         self.slow_interval_s = slow_interval_s
+        self.monotonic = monotonic  # the loops' heartbeats (injectable for tests)
+        self._slow_beat: Heartbeat | None = None
+        self._xid_beat: Heartbeat | None = None
         self._slow: dict[int, dict[str, float]] = {}  # GPU index -> last slow counters (refresher thread)
         self._slow_lock = threading.Lock()
         self._slow_thread: threading.Thread | None = None
@@ -130,6 +144,12 @@ class NvmlBackend(Backend):
         self._start_xid_thread()
         if self.slow_interval_s > 0:
             self.refresh_slow()  # the first scrape already has them
+            self._slow_beat = Heartbeat(
+                "fleetyield-nvml-slow",
+                "energy, power/thermal violation and PCIe replay counters",
+                self.slow_interval_s,
+                self.monotonic,
+            )
             self._slow_thread = threading.Thread(
                 target=self._slow_loop, name="fleetyield-nvml-slow", daemon=True
             )
@@ -148,7 +168,10 @@ class NvmlBackend(Backend):
             try:
                 self.refresh_slow()
             except Exception:  # never let the refresher die silently; the next pass tries again
-                log.exception("refreshing the slow NVML counters failed")
+                log.exception("refreshing the slow NVML counters failed")  # no beat: stale if it persists
+            else:
+                assert self._slow_beat is not None
+                self._slow_beat.beat()
 
     def _static(self, h: Any) -> dict[str, str]:
         nv = self._nvml
@@ -177,11 +200,15 @@ class NvmlBackend(Backend):
             return
         # supervised: an exception (the callback's EMFILE or ENOSPC writing fatal.json or the spool, or
         # anything NVML raises) restarts the loop with backoff; the events it was delivering go first
-        self._xid = Supervised("fleetyield-nvml-xid", self._xid_loop)
+        self._xid_beat = Heartbeat("fleetyield-nvml-xid", "XID events", XID_ROUND_S, self.monotonic)
+        self._xid = Supervised("fleetyield-nvml-xid", self._xid_loop, heartbeat=self._xid_beat)
         self._xid.start()
 
     def supervised(self) -> list[Supervised]:
         return [self._xid] if self._xid is not None else []
+
+    def heartbeats(self) -> list[Heartbeat]:
+        return [b for b in (self._slow_beat, self._xid_beat) if b is not None]
 
     def _deliver(self, events: list[AgentEvent]) -> None:
         """Hand events to the callback; on failure they stay undelivered and the exception propagates."""
@@ -192,29 +219,27 @@ class NvmlBackend(Backend):
 
     def _xid_loop(self, stop: threading.Event) -> None:
         nv = self._nvml
-        sup = self._xid
+        sup, beat = self._xid, self._xid_beat
+        assert sup is not None and beat is not None  # set before the thread starts
         uuid_to_index = {info.uuid: info.index for info in self._infos}
         if self._undelivered:
             self._deliver([])
         while not (stop.is_set() or self._stop.is_set()):
             try:
-                data = nv.nvmlEventSetWait(self._event_set, 1000)
+                data = nv.nvmlEventSetWait(self._event_set, XID_WAIT_MS)
             except nv.NVMLError as exc:
-                if isinstance(exc, getattr(nv, "NVMLError_Timeout", ())):
-                    if sup is not None:
-                        sup.ok()
-                    continue
-                raise
-            if data.eventType != nv.nvmlEventTypeXidCriticalError:
-                continue
-            xid = int(data.eventData)
-            try:
-                index = uuid_to_index.get(_s(nv.nvmlDeviceGetUUID(data.device)))
-            except nv.NVMLError:
-                index = None
-            self._deliver(self.record_xid(index, xid, self.clock()))
-            if sup is not None:
-                sup.ok()
+                if not isinstance(exc, getattr(nv, "NVMLError_Timeout", ())):
+                    raise
+                data = None  # no event within the wait: a round all the same
+            if data is not None and data.eventType == nv.nvmlEventTypeXidCriticalError:
+                xid = int(data.eventData)
+                try:
+                    index = uuid_to_index.get(_s(nv.nvmlDeviceGetUUID(data.device)))
+                except nv.NVMLError:
+                    index = None
+                self._deliver(self.record_xid(index, xid, self.clock()))
+            sup.ok()
+            beat.beat()
 
     def record_xid(self, index: int | None, xid: int, now: float) -> list[AgentEvent]:
         """Book an XID (from the event thread) and return the events to publish."""

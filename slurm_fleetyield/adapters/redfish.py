@@ -722,8 +722,10 @@ class RedfishExecutor:
             return ActionResult(action, False, command, str(exc))
         return _done(action, command, result)
 
-    def start(self, action: PowerCycle) -> ActionResult:
-        """Admit here, perform in a worker thread; the result comes later through ``collect``."""
+    def start(self, action: PowerCycle, sent: Callable[[], None] | None = None) -> ActionResult:
+        """Admit here, perform in a worker thread; the result comes later through ``collect``. ``sent``:
+        called once admitted, before the worker may reach the BMC (the executor records it in the action's
+        intent); if it raises, nothing is sent."""
         command = self.command(action)
         skipped = self._not_run(action, command)
         if skipped is not None:
@@ -742,6 +744,12 @@ class RedfishExecutor:
         except BaseException:
             self._release(action.node)
             raise
+        if sent is not None:
+            try:
+                sent()
+            except Exception as exc:  # no record that it was sent, no sending
+                self._perform_failed(action, command, admitted, f"cannot record the start: {exc}")
+                return ActionResult(action, False, command, f"cannot record the start: {exc}")
         try:
             self._spawn(lambda: self._perform(action, command, admitted))
         except Exception as exc:  # no thread: the audited "started" gets its result here

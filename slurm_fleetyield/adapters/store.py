@@ -950,6 +950,14 @@ class Store:
                 (key, node, kind, now),
             )
 
+    def mark_intent(self, key: str, detail: str) -> None:
+        """Committed just before an unfinished intent's action reaches a system whose effect shows only
+        later (a BMC's power cycle): a replay then knows it may have been done though nothing shows it."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE intents SET detail = ? WHERE key = ? AND done_at IS NULL", (detail[:1000], key)
+            )
+
     def finish_intent(self, key: str, ok: bool, detail: str, now: float) -> None:
         with self._write() as conn:
             conn.execute(

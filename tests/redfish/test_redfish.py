@@ -370,3 +370,24 @@ def test_start_failures_refused_at_once_or_reported_when_done(emulator: Emulator
     assert not done.ok and done.detail.startswith("BmcTimeout: power_cycle on gpu-stuck")
     assert done.action.kind == "power_cycle"  # the daemon feeds it back: REMEDIATION_FAILED
     assert stuck.close(timeout_s=0) == frozenset()
+
+
+def test_start_records_that_it_is_sent_before_any_worker_runs_and_sends_nothing_without(
+    emulator: Emulator, creds_file: Path
+) -> None:
+    """``sent`` (the executor marks the intent) runs once admitted, before the worker may reach the BMC; a
+    record that fails sends nothing (a replay would start it again: it must not have run)."""
+    audit = RecordingAudit()
+    spawn = QueuedSpawn()
+    ex = RedfishExecutor(make_controller(make_config(emulator, creds_file), audit=audit), spawn=spawn)
+    marks: list[int] = []
+    assert ex.start(PowerCycle("gpu-09", "r"), lambda: marks.append(len(spawn.work))).ok
+    assert marks == [0] and len(spawn.work) == 1  # recorded before the worker was handed over
+
+    def full() -> None:
+        raise OSError("disk full")
+
+    r = ex.start(PowerCycle("gpu-10", "r"), full)
+    assert not r.ok and r.detail == "cannot record the start: disk full"
+    assert len(spawn.work) == 1 and ex.in_flight() == frozenset({"gpu-09"})  # gpu-10: nothing left behind
+    assert audit.results("gpu-10") == ["started", "error:NotStarted"] and ex.power.bmc_calls == 0
