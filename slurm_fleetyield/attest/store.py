@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fleetyield.adapters import store_pg
+from slurm_fleetyield.adapters.sqlite_check import quick_check
 
 DEFAULT_DB = "/var/lib/fleetyield/attest.db"
 NONCE_TTL_S = 60.0
@@ -60,7 +61,8 @@ class Enrolment:
 
 
 class AttestStoreError(Exception):
-    """The database cannot be read (``open_readonly``): absent, or not an attestation database."""
+    """The database cannot be used: absent (``open_readonly``), not an attestation database, or damaged
+    (a page fails SQLite's ``quick_check`` when a writer opens it). ``str()`` names the file."""
 
 
 PG_MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _SCHEMA),)
@@ -89,8 +91,16 @@ class AttestStore:
         if not self.path.exists():
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(_SCHEMA)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            quick_check(self.db)  # a damaged page stops the open, not a later nonce or verdict write
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged header, schema or data page
+            self.db.close()
+            raise AttestStoreError(
+                f"{self.path}: not a usable attestation database ({exc}); restore it from backup, or move "
+                "it away to start fresh (enrolments must then be made again)"
+            ) from None
 
     @classmethod
     def open_readonly(cls, path: str | Path) -> AttestStore:
