@@ -3,8 +3,9 @@
 Input: an ``AgentConfig``, a clock, the ``[attest]`` settings (``node_agent.attest.config``). Output: a
 running server (``Server.start()`` / ``Server.stop()``) serving ``GET /metrics`` (text format 0.0.4) from
 a non-global ``CollectorRegistry`` (503 while a GPU backend call is stuck or a backend loop is stale:
-``node_agent.supervise``), ``GET /healthz`` and ``GET /health`` (dcgm-exporter's path; both 503 naming what is
-wrong: a stuck backend call, a failing or dead supervised thread, a stale backend loop)
+``node_agent.supervise``; the requests the listener and the signed reset refuse are counted there too:
+``node_agent.unauthenticated``), ``GET /healthz`` and ``GET /health`` (dcgm-exporter's path; both 503 naming
+what is wrong: a stuck backend call, a failing or dead supervised thread, a stale backend loop)
 and ``GET /v1/attest/quote?nonce=HEX`` (a signed quote
 for a controller that pulls; ``node_agent.attest.service.http_quote``). With ``attest.controller_url`` and
 a push secret, a ``HandoverLoop`` re-attests at start and every 15 minutes. ``run_forever`` installs
@@ -40,6 +41,7 @@ from node_agent.remote import MAX_BODY, ResetEndpoint
 from node_agent.scenario import load_scenario
 from node_agent.state import ServeLock
 from node_agent.supervise import BackendStuck
+from node_agent.unauthenticated import Unauthenticated
 
 log = logging.getLogger(__name__)
 AGENT_QUOTE_PATH = "/v1/attest/quote"  # = attest.quote.AGENT_QUOTE_PATH (that module loads cryptography)
@@ -208,6 +210,7 @@ class Server:
         self.pusher: Pusher | None = None
         self.forwarder: OutcomeForwarder | None = None
         self.agent: Agent | None = None
+        self.unauthenticated = Unauthenticated()  # refused requests, on /metrics
 
     @property
     def port(self) -> int:
@@ -256,8 +259,15 @@ class Server:
             registry = make_registry(self.agent, cfg)
             self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, registry, limits, web)
             registry.register(ListenerCollector("fleetyield_agent", self._listeners))
+            registry.register(self.unauthenticated)
+            self.http.on_unauthorized = lambda: self.unauthenticated.add("metrics", "basic_auth")
             if secret:
-                self.http.reset_endpoint = ResetEndpoint(self.agent, secret, self.clock)
+                self.http.reset_endpoint = ResetEndpoint(
+                    self.agent,
+                    secret,
+                    self.clock,
+                    on_refused=lambda reason: self.unauthenticated.add("reset", reason),
+                )
             outcome_urls = cfg.outcome_urls()
             if outcome_urls and secret and cfg.outcomes_dir is not None:
                 self.forwarder = OutcomeForwarder(

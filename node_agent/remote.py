@@ -42,11 +42,15 @@ class ResetEndpoint:
         clock: Callable[[], float],
         *,
         max_skew_s: float = 300.0,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_refused(reason)``: a request refused for its authentication (``bad_signature``, the 401) or
+        its addressee (``wrong_node``, the 403); the agent counts them (``node_agent.unauthenticated``)."""
         self.agent = agent
         self.secret = secret
         self.clock = clock
         self.max_skew_s = max_skew_s
+        self.on_refused = on_refused
         self._lock = threading.Lock()
         self._path = Path(agent.state_dir) / NONCE_FILE
         self._seen: dict[str, float] = self._load()
@@ -78,12 +82,14 @@ class ResetEndpoint:
         try:
             node = verify_signed(self.secret, headers, body, now, self.max_skew_s)
         except SignatureError as exc:
+            self._refused("bad_signature")
             return 401, {"error": str(exc)}
         try:
             req = ResetRequest.model_validate_json(body)
         except ValidationError as exc:
             return 400, {"error": f"malformed body: {exc.errors()[0]['msg']}"}
         if req.node != node or node != self.agent.node:
+            self._refused("wrong_node")
             return 403, {"error": f"request for {req.node!r} (header {node!r}), this is {self.agent.node!r}"}
         if not self._remember(req.request_id, now):
             return 409, {"error": f"request_id {req.request_id} was already used (replay)"}
@@ -97,6 +103,10 @@ class ResetEndpoint:
             return 500, {"error": str(exc), "request_id": req.request_id, "done": results}
         log.info("remote reset %s: gpus %s", req.request_id, gpus)
         return 200, {"request_id": req.request_id, "node": node, "gpus": gpus, "results": results}
+
+    def _refused(self, reason: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(reason)
 
     def _all_gpus(self) -> list[int]:
         state = getattr(self.agent.backend, "state", None)

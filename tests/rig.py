@@ -5,7 +5,8 @@ optionally pushing to a controller with a shared secret; ``ready()`` polls it, `
 ``FakeCommands``: the subprocess seam of ``SlurmCli`` (``runner=``): answers ``scontrol``/``squeue`` reads
 like Slurm 22.05 from ``nodes`` (one ``node_line`` a node) and ``jobs``, records every command; ``on_update``
 lets a rig apply the ``scontrol update``s it is given. ``wait_for`` polls with a deadline (never a fixed
-sleep); ``free_port``. The fake BMC: ``system_uuid`` (its system ids), ``start_fake_bmc``, ``stop_group``.
+sleep); ``free_port``; ``damage_btree_page`` (one SQLite page made unreadable, the rest intact). The fake
+BMC: ``system_uuid`` (its system ids), ``start_fake_bmc``, ``stop_group``.
 ``approval_listener``: the real approval listener and the fy.toml an admin's CLI reads
 (tests/test_gate_cli.py, tests/sim/test_equivalence_gate.py). Used by tests/test_daemon.py,
 tests/web/webharness.py, tests/attest/wiring_rig.py, tests/node_agent/test_outcomes_remote.py and the Redfish
@@ -14,10 +15,12 @@ rigs (tests/conftest.py puts this directory on ``sys.path``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -117,6 +120,38 @@ def write_secret(path: Path, secret: bytes) -> Path:
     path.write_bytes(secret)
     path.chmod(0o600)
     return path
+
+
+BTREE_PAGE_TYPES = (2, 5, 10, 13)  # interior index, interior table, leaf index, leaf table
+
+
+def damage_btree_page(db: Path, page: int = 4) -> None:
+    """Flip (XOR 0xFF) the 8-byte b-tree header of ``page`` (1-based) of the SQLite file ``db``, as a bad disk
+    sector would. The file header and the schema (page 1) stay intact, so SQLite still opens the file and
+    answers every query that misses that page; only a check of every page (``PRAGMA quick_check``) or a read
+    of that table finds it. The WAL is checkpointed first so the page lives in the file; asserts that the
+    file is big enough (>= 5 pages), that the page is a b-tree page, and that ``quick_check`` detects it."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    data = bytearray(db.read_bytes())
+    assert data[:16] == b"SQLite format 3\x00", f"{db} is not an SQLite file"
+    raw = int.from_bytes(data[16:18], "big")
+    page_size = 65536 if raw == 1 else raw  # the header's encoding of 64 KiB
+    pages = len(data) // page_size
+    assert pages >= 5 and 2 <= page <= pages, f"{db}: {pages} pages of {page_size} bytes, damaging {page}"
+    start = (page - 1) * page_size  # page 1 alone has the 100-byte file header before its b-tree header
+    assert data[start] in BTREE_PAGE_TYPES, f"{db}: page {page} is not a b-tree page (type {data[start]})"
+    data[start : start + 8] = bytes(b ^ 0xFF for b in data[start : start + 8])
+    db.write_bytes(bytes(data))
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # still opens: the schema is intact
+        try:
+            (check,) = conn.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as exc:  # "database disk image is malformed": detected too
+            check = str(exc)
+    assert check != "ok", f"{db}: quick_check misses the damage to page {page}"
 
 
 def approval_listener(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rig import AgentProcess, FakeCommands, free_port, node_line, wait_for
+from rig import AgentProcess, FakeCommands, damage_btree_page, free_port, node_line, wait_for
 
 from slurm_fleetyield.adapters.ingest import IngestServer
 from slurm_fleetyield.adapters.metrics import make_registry
@@ -442,14 +442,12 @@ def test_run_refuses_an_empty_store_file(tmp_path):
     assert (tmp_path / "fy.db").read_bytes() == b""
 
 
-def test_run_refuses_a_gate_whose_audit_chain_was_edited(tmp_path):
-    import sqlite3
-
+def _gate_with_proposals(gate_dir: Path, n: int = 3) -> None:
+    """A gate state dir holding ``n`` pending proposals (and their ``n`` audit rows)."""
     from slurm_fleetyield.gate import Gatekeeper, Proposal
 
-    gate_dir = tmp_path / "gate"
     with Gatekeeper.open(gate_dir) as gk:
-        for i in range(3):
+        for i in range(n):
             gk.propose(
                 Proposal.new(
                     id=f"p-00000000000{i}",
@@ -462,6 +460,15 @@ def test_run_refuses_a_gate_whose_audit_chain_was_edited(tmp_path):
                     ttl_s=3600,
                 )
             )
+
+
+def test_run_refuses_a_gate_whose_audit_chain_was_edited(tmp_path):
+    import sqlite3
+
+    from slurm_fleetyield.gate import Gatekeeper
+
+    gate_dir = tmp_path / "gate"
+    _gate_with_proposals(gate_dir)
     conn = sqlite3.connect(gate_dir / "gate.db", isolation_level=None)
     conn.execute("DROP TRIGGER IF EXISTS audit_no_update")
     conn.execute("""UPDATE audit SET actor = 'mallory' WHERE seq = 2""")  # an edited middle row
@@ -471,6 +478,19 @@ def test_run_refuses_a_gate_whose_audit_chain_was_edited(tmp_path):
     assert "audit" in out.output and "seq 2" in out.output and str(gate_dir) in out.output
     with Gatekeeper.open(gate_dir) as gk:  # nothing appended to the tampered log
         assert [e.seq for e in gk.audit.entries()] == [1, 2, 3]
+
+
+def test_run_refuses_a_gate_db_with_a_damaged_page(tmp_path):
+    # issue #27: header and schema intact, one b-tree page damaged: the file opened, the chain (other pages)
+    # verified, and `run --once` ticked; only a later read of that table said "malformed"
+    db = tmp_path / "gate" / "gate.db"
+    _gate_with_proposals(db.parent)
+    damage_btree_page(db, page=4)
+    damaged = db.read_bytes()
+    out = _run_once(tmp_path)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), (repr(out.exception), out.output)
+    assert str(db) in out.output and "integrity check failed" in out.output, out.output
+    assert "tick 1" not in out.output and db.read_bytes() == damaged  # refused before any write
 
 
 def test_a_capacity_breaker_is_logged_stored_and_exported(tmp_path, agent, monkeypatch, caplog):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from rig import approval_listener
+from rig import approval_listener, damage_btree_page
 
 from slurm_fleetyield.adapters.store import Store
 from slurm_fleetyield.cli import main
@@ -332,6 +332,16 @@ def test_audit_verify_on_a_corrupt_gate_db_is_a_clear_error(rig, damage: str) ->
     out = CliRunner().invoke(main, ["audit", "verify", "--config", str(rig.cfg)])
     _clean_failure(out)
     assert str(db) in out.output, out.output
+
+
+def test_audit_verify_on_a_gate_db_with_a_damaged_page_fails_clearly(rig) -> None:
+    # issue #27: a damaged b-tree page behind an intact header and schema: `audit verify` said ok
+    db = rig.gate_dir / "gate.db"
+    damage_btree_page(db, page=4)
+    out = CliRunner().invoke(main, ["audit", "verify", "--config", str(rig.cfg)])
+    _clean_failure(out)
+    assert str(db) in out.output and "integrity check failed" in out.output, out.output
+    assert "ok:" not in out.output
 
 
 def test_audit_verify_of_a_non_utf8_export_names_it(tmp_path: Path) -> None:

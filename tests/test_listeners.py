@@ -8,18 +8,30 @@ the bench's job: the deadlines here are generous and everything polls, nothing s
 
 On the ThreadingHTTPServers these replaced, each held connection was a thread (2,000 threads), so every
 test here failed on its thread bound.
+
+The fuzz test sends ``FY_FUZZ_N`` mutated requests (default 2,000) to each port, one connection each, from
+a fixed seed per port (``zlib.crc32`` of its name, printed; ``FY_FUZZ_SEED`` replaces it) so a failure
+replays; the issue's figure is ``FY_FUZZ_N=10000 pytest tests/test_listeners.py -k fuzz``. The controller
+runs a real gate (an authorized-keys file with one admin key), so ``/v1/approvals`` authenticates every
+envelope, and after the fuzz no durable row may have appeared: gate.db's audit chain, proposals and
+nonces, the store's inbox, outcomes, seen agent events and its log rows written outside a tick.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import resource
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +46,7 @@ from slurm_fleetyield.adapters.scrape import AgentScraper
 from slurm_fleetyield.adapters.slurm import SlurmCli
 from slurm_fleetyield.config import from_mapping
 from slurm_fleetyield.daemon import Runtime, build
+from slurm_fleetyield.gate import Gatekeeper, Proposal, keygen
 
 FLOOD = Path(__file__).parents[1] / "bench" / "flood.py"
 N = 2000
@@ -118,10 +131,37 @@ def test_agent_metrics_port_stays_bounded_and_answers(agent: Server, mode: str) 
 
 
 # ------------------------------------------------------------------------------------------ the controller
+def _gate(tmp_path: Path) -> tuple[Path, Path]:
+    """A real gate: ``authorized_keys`` with admin alice's key (``keys/``: alice's and mallory's, who is not
+    authorized), and a gate dir whose audit chain is not empty (one proposal, withdrawn: nothing the daemon
+    acts on). Returns (gate dir, authorized_keys)."""
+    _, alice_pub = keygen("alice", tmp_path / "keys")
+    keygen("mallory", tmp_path / "keys")
+    auth = tmp_path / "authorized_keys"
+    auth.write_text(alice_pub.read_text())
+    auth.chmod(0o644)
+    gate_dir = tmp_path / "gate"
+    with Gatekeeper.open(gate_dir) as gk:
+        p = Proposal.new(
+            id=PID,
+            node="gpu-01",
+            gpus=(3,),
+            risk=0.8,
+            evidence="e",
+            affected_jobs=(),
+            now=time.time(),
+            ttl_s=3600,
+        )
+        gk.propose(p)
+        gk.withdraw(p.id, "seeded by the test", time.time())
+    return gate_dir, auth
+
+
 @pytest.fixture
 def controller(tmp_path: Path, agent: Server) -> Iterator[tuple[Runtime, FakeCommands]]:
     cmds = FakeCommands()
     cmds.nodes["gpu-01"] = node_line("gpu-01")
+    gate_dir, auth = _gate(tmp_path)
     cfg = from_mapping(
         {
             "store": {"path": str(tmp_path / "fy.db")},
@@ -129,6 +169,7 @@ def controller(tmp_path: Path, agent: Server) -> Iterator[tuple[Runtime, FakeCom
             "loop": {"interval_s": 0.2, "seed": 1},
             "push": {"secret_file": str(write_secret(tmp_path / "secret", SECRET)), "port": 0},
             "api": {"port": 0},
+            "gate": {"state_dir": str(gate_dir), "authorized_keys": str(auth)},
         }
     )
     rt = build(cfg, slurm=SlurmCli(runner=cmds), sense=AgentScraper(cfg.sense.url_template, 5.0, 4))
@@ -204,13 +245,43 @@ def test_controller_listener_flood_leaves_ticks_scrapes_and_pushes(
 
 
 # -------------------------------------------------------------------------------------------------- fuzz
-FUZZ_N = 2000
-SEEDS = [
-    b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
-    b'POST /v1/agent/events HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\n{"events": []}',
-    b"POST /v1/approvals HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
-    b"GET /v1/nodes/gpu-01/explain?limit=5 HTTP/1.0\r\n\r\n",
-]
+FUZZ_N = int(os.environ.get("FY_FUZZ_N", "2000"))
+PID = "p-0123456789ab"
+
+
+def _request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    head = [f"{method} {path} HTTP/1.1", "Host: x", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    if method == "POST":
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _seeds(keys: Path) -> list[bytes]:
+    """Requests the mutations start from. Each is unauthenticated by construction, and no mutation can make
+    one authentic (that would need a signature by alice's key or an HMAC with the push secret): envelopes
+    signed by mallory (not authorized) or carrying alice's key id under another statement's signature, a
+    push signed with another secret."""
+    from slurm_fleetyield.gate import sign_statement
+
+    class Ref:
+        id, node = PID, "gpu-01"
+
+    ref = Ref()
+    unknown_key = sign_statement(keys / "mallory.key", ref, "approve").encode()
+    good = json.loads(sign_statement(keys / "alice.key", ref, "approve"))
+    good["signature"] = json.loads(sign_statement(keys / "alice.key", ref, "deny"))["signature"]
+    bad_signature = json.dumps(good, sort_keys=True, separators=(",", ":")).encode()
+    push = json.dumps({"node": "gpu-01", "events": [{"event_id": "e-1", "node": "gpu-01", "fatal": True}]})
+    wrong_secret = signed_headers(b"not-the-push-secret", "gpu-01", int(time.time()), push.encode())
+    return [
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        b'POST /v1/agent/events HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\n{"events": []}',
+        b"POST /v1/approvals HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        b"GET /v1/nodes/gpu-01/explain?limit=5 HTTP/1.0\r\n\r\n",
+        _request("POST", "/v1/approvals", unknown_key, {"Content-Type": "application/json"}),
+        _request("POST", "/v1/approvals", bad_signature, {"Content-Type": "application/json"}),
+        _request("POST", EVENTS_PATH, push.encode(), wrong_secret),
+    ]
 
 
 def _mutate(rng, seed: bytes) -> bytes:  # type: ignore[no-untyped-def]
@@ -233,8 +304,19 @@ def _mutate(rng, seed: bytes) -> bytes:  # type: ignore[no-untyped-def]
     return bytes(data)
 
 
-def _fuzz(port: int, n: int, seed: int) -> dict[int, int]:
-    """``n`` mutated requests, one connection each; the status codes answered (0: none, closed)."""
+def _mutate_body(rng, seed: bytes) -> bytes:  # type: ignore[no-untyped-def]
+    """The body mutated under an intact head whose Content-Length still fits: the request reaches its
+    handler (JSON parsing, authentication) instead of dying in the framing, as most raw mutations do."""
+    head, sep, body = seed.partition(b"\r\n\r\n")
+    if not body:
+        return _mutate(rng, seed)
+    body = _mutate(rng, body)
+    return re.sub(rb"Content-Length: \d+", b"Content-Length: %d" % len(body), head) + sep + body
+
+
+def _fuzz(port: int, n: int, seed: int, seeds: list[bytes]) -> dict[int, int]:
+    """``n`` mutated requests, one connection each, half of them mutated anywhere, half in the body only;
+    the status codes answered (0: none, closed)."""
     import random
     import socket
 
@@ -242,31 +324,65 @@ def _fuzz(port: int, n: int, seed: int) -> dict[int, int]:
     statuses: dict[int, int] = {}
     for _ in range(n):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(_mutate(rng, rng.choice(SEEDS)))
+            mutate = _mutate if rng.random() < 0.5 else _mutate_body
+            s.sendall(mutate(rng, rng.choice(seeds)))
             s.shutdown(socket.SHUT_WR)
             reply = b""
             while chunk := s.recv(65536):
                 reply += chunk
         code = int(reply[9:12]) if reply.startswith(b"HTTP/1.") and reply[9:12].isdigit() else 0
-        if code == 503 and b"gate_not_configured" in reply:
-            code = 1503  # configuration, not a bug: this rig runs no gate (authorized_keys unset)
         statuses[code] = statuses.get(code, 0) + 1
     return statuses
 
 
-def test_fuzzed_requests_on_every_port_get_no_5xx_and_write_nothing(controller, agent: Server) -> None:
+def fuzz_seed(name: str) -> int:
+    """The port's seed: fixed (not ``hash()``, which PYTHONHASHSEED changes in every process), printed, and
+    replaced by ``FY_FUZZ_SEED`` to replay a failure."""
+    return int(os.environ.get("FY_FUZZ_SEED") or zlib.crc32(name.encode()))
+
+
+def durable_rows(tmp_path: Path) -> dict[str, list[tuple]]:
+    """Every row a request could have made durable: the gate's (audit chain, proposals, nonces) and the
+    store's (inbox, outcomes, agent events seen, log rows written outside a tick: ticks log their own)."""
+    queries = {
+        "gate.db": {
+            "audit": "SELECT seq, kind, subject, hash FROM audit ORDER BY seq",
+            "proposals": "SELECT id, status FROM proposals ORDER BY id",
+            "nonces": "SELECT nonce FROM nonces ORDER BY nonce",
+        },
+        "fy.db": {
+            "inbox": "SELECT id FROM inbox ORDER BY id",
+            "outcomes": "SELECT key FROM outcomes ORDER BY key",
+            "agent_seen": "SELECT id FROM agent_seen ORDER BY id",
+            "events": "SELECT seq, kind, node FROM events WHERE tick IS NULL ORDER BY seq",
+        },
+    }
+    rows: dict[str, list[tuple]] = {}
+    for db, tables in queries.items():
+        path = tmp_path / "gate" / db if db == "gate.db" else tmp_path / db
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as conn:
+            rows.update({f"{db}:{t}": conn.execute(q).fetchall() for t, q in tables.items()})
+    return rows
+
+
+def test_fuzzed_requests_on_every_port_get_no_5xx_and_write_nothing(
+    controller, agent: Server, tmp_path: Path
+) -> None:
     rt, _ = controller
     ingest, api = rt.servers
-
-    def pushed() -> tuple[list[str], dict]:  # rows a request could have written (ticks write their own)
-        kinds = [e.get("kind", "") for e in rt.store.events(limit=10_000)]
-        return [k for k in kinds if k.startswith(("agent_", "approval", "alert"))], rt.store.inbox_counts()
-
-    rows0 = pushed()
+    seeds = _seeds(tmp_path / "keys")
+    rows0 = durable_rows(tmp_path)
+    assert len(rows0["gate.db:audit"]) == 2 and rows0["gate.db:proposals"] == [(PID, "withdrawn")]
     for name, port in (("agent", agent.port), ("api", api.port), ("ingest", ingest.port)):
-        statuses = _fuzz(port, FUZZ_N, seed=hash(name) & 0xFFFF)
-        assert not [c for c in statuses if 500 <= c < 600], (name, statuses)
+        seed = fuzz_seed(name)
+        t0 = time.monotonic()
+        statuses = _fuzz(port, FUZZ_N, seed, seeds)
+        took = time.monotonic() - t0
+        replay = f"{name}: FY_FUZZ_SEED={seed} FY_FUZZ_N={FUZZ_N}"
+        assert not [c for c in statuses if 500 <= c < 600], (replay, statuses)
         assert sum(statuses.values()) == FUZZ_N
-        print(name, dict(sorted(statuses.items())))
-    assert pushed() == rows0
+        print(f"{replay}: {took:.1f} s, statuses {dict(sorted(statuses.items()))}")
+    rows = durable_rows(tmp_path)
+    assert rows == rows0, {k: (rows0[k], v) for k, v in rows.items() if v != rows0[k]}
     assert rt.store.pending() == []
+    print(f"durable rows written: 0 ({', '.join(f'{k} {len(v)}' for k, v in rows.items())})")

@@ -8,8 +8,10 @@ exporter call (see the wiring notes in the report; no existing module is edited 
 
 The hand-over exchange (agent -> controller, stdlib HTTP):
 
-1. ``POST {controller_url}/v1/attest/nonce`` body ``{"node": N}``, signed with the agent's push secret
-   exactly like event pushes (``protocol.signed_headers``) -> ``{"node", "nonce", "expires_at"}``;
+1. ``POST {controller_url}/v1/attest/nonce`` body ``{"node": N, "job_id": J, "request_id": R}`` (R random:
+   the controller answers a replay or retry of this request with the same nonce and no new row), signed
+   with the agent's push secret exactly like event pushes (``protocol.signed_headers``) -> ``{"node",
+   "nonce", "expires_at"}``;
 2. measure, quote (Ed25519 node key; plus the TPM section when ``tpm_tcti`` is set);
 3. ``POST {controller_url}/v1/attest/quote`` body = the quote (self-authenticating: the controller checks
    it against the *enrolled* node key) -> the verdict signed by the controller key;
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import threading
 import time
@@ -166,7 +169,8 @@ class Attestor:
             raise AttestError("attest.controller_pubkey is not set: a verdict could not be verified")
         with self._lock:  # one hand-over at a time per node
             started = time.monotonic()
-            body = json.dumps({"node": self.agent.node, "job_id": job_id}).encode()
+            request_id = secrets.token_hex(16)
+            body = json.dumps({"node": self.agent.node, "job_id": job_id, "request_id": request_id}).encode()
             headers = signed_headers(secret, self.agent.node, int(self.agent.clock()), body)
             issued = self._post(url + NONCE_PATH, body, headers)
             nonce = check_nonce(str(issued.get("nonce", "")))

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_fleetyield.adapters import store_pg
+from slurm_fleetyield.adapters.sqlite_check import quick_check
 from slurm_fleetyield.core.explain import explain_text
 from slurm_fleetyield.core.model import FatalEvent
 from slurm_fleetyield.core.state import ControllerState
@@ -424,9 +425,7 @@ class Store:
         """Connect; the writer also checks every page (``quick_check``) and brings the schema up to date."""
         conn = self._conn()
         if not readonly:
-            (check,) = conn.execute("PRAGMA quick_check(1)").fetchone()
-            if check != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+            quick_check(conn)
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in KNOWN_SCHEMAS:
                 raise StoreError(f"{self.path}: schema version {version}, this build knows {SCHEMA_VERSION}")

@@ -40,6 +40,17 @@ def _read_json(path: Path) -> Any:
         raise click.ClickException(f"{path}: {exc}") from None
 
 
+def _open_store(db_path: Path) -> Any:
+    """The attestation store for a verb that writes; an unusable or damaged file is a clear refusal
+    (exit 2) naming it, not a traceback."""
+    from slurm_fleetyield.attest.store import AttestStore, AttestStoreError
+
+    try:
+        return AttestStore(db_path)
+    except AttestStoreError as exc:
+        raise CliError(str(exc), exit_code=2) from None
+
+
 _out = emit
 # These verbs print JSON in any case; ``--json`` is taken by each (scripts pass it uniformly) and makes the
 # errors JSON too.
@@ -80,7 +91,6 @@ def enroll_cmd(
     node: str, pubkey_file: Path, node_class: str, ak_file: Path | None, db_path: Path, as_json: bool
 ) -> None:
     """Enrol NODE's public key (explicit admin step; re-enrolling replaces the key)."""
-    from slurm_fleetyield.attest.store import AttestStore
     from slurm_fleetyield.attest.verify import decode_pubkey_line
     from slurm_fleetyield.gate.errors import KeyFileError
 
@@ -91,7 +101,7 @@ def enroll_cmd(
         raise click.ClickException(f"{pubkey_file}: {exc}") from None
     if ak_pem is not None and "BEGIN PUBLIC KEY" not in ak_pem:
         raise click.ClickException(f"{ak_file}: not a PEM public key")
-    e = AttestStore(db_path).enroll(node, b64, key_id, node_class, ak_pem, time.time())
+    e = _open_store(db_path).enroll(node, b64, key_id, node_class, ak_pem, time.time())
     _out({"node": e.node, "key_id": e.key_id, "class": e.node_class, "tpm": bool(e.ak_pem)})
 
 
@@ -101,9 +111,8 @@ def enroll_cmd(
 @JSON
 def revoke_cmd(node: str, db_path: Path, as_json: bool) -> None:
     """Forget NODE's enrolment (its quotes fail from now on)."""
-    from slurm_fleetyield.attest.store import AttestStore
 
-    if not AttestStore(db_path).revoke(node):
+    if not _open_store(db_path).revoke(node):
         raise click.ClickException(f"node {node!r} is not enrolled")
     _out({"revoked": node})
 
@@ -188,9 +197,8 @@ def verify_cmd(verdict_file: Path, key_file: Path, require_pass: bool, as_json: 
 @JSON
 def nonce_cmd(node: str, ttl: float, db_path: Path, as_json: bool) -> None:
     """Issue a nonce for NODE (manual hand-over: fleetyield-agent quote --nonce ...)."""
-    from slurm_fleetyield.attest.store import AttestStore
 
-    nonce, expires = AttestStore(db_path).issue_nonce(node, time.time(), ttl)
+    nonce, expires = _open_store(db_path).issue_nonce(node, time.time(), ttl)
     _out({"node": node, "nonce": nonce, "expires_at": expires})
 
 
@@ -206,7 +214,6 @@ def check_quote_cmd(
 ) -> None:
     """Verify a quote as the listener would and print the signed verdict (exit 1 on fail)."""
     from slurm_fleetyield.attest.policy import PolicyError, load_policy
-    from slurm_fleetyield.attest.store import AttestStore
     from slurm_fleetyield.attest.verify import attest_node
     from slurm_fleetyield.gate.errors import KeyFileError
     from slurm_fleetyield.gate.keys import load_private_key
@@ -218,7 +225,7 @@ def check_quote_cmd(
     except (PolicyError, KeyFileError) as exc:
         raise click.ClickException(str(exc)) from None
     doc = attest_node(
-        str(quote.get("node")), quote, time.time(), store=AttestStore(db_path), policy=policy, key=key
+        str(quote.get("node")), quote, time.time(), store=_open_store(db_path), policy=policy, key=key
     )
     _out(doc)
     sys.exit(0 if doc["status"] == "pass" else 1)

@@ -6,6 +6,17 @@ row, so verdicts and enrolments survive a takeover by the standby.
 Output: ``Enrolment`` rows by node; nonces that are issued for one node with an expiry and consumed at
 most once (``consume`` raises ``NonceError`` naming
 why: unknown, expired, already used, other node); the latest verdict per node (what the gate API serves).
+
+The nonce table stays bounded. A nonce asked by a signed request (``POST /v1/attest/nonce``) is keyed by
+the request's own id (``request_id``, random, in the signed body, as a push's events carry ``event_id``):
+the same request again, a replay inside the signature's skew window or a retry, gets the nonce it got
+before and adds no row (as a replayed push adds no log row, ``agent_seen``). Not the signature as the
+key: it covers the body and the timestamp in whole seconds, so two hand-overs of one node in one second
+would get one nonce and the second quote would fail as replayed. Fresh requests can only come from a
+holder of the push secret; even so at most ``MAX_NONCES_PER_NODE`` rows per node are kept (the oldest go
+first), and rows expired for an hour are pruned. Why not the cap alone: replays would push the node's own
+outstanding nonce out, and its quote would then fail as ``unknown``: a drain by replay. A request without
+an id (an agent from before it sent one) still gets a new row each time, under the cap.
 Every write is one transaction; ``BEGIN IMMEDIATE`` (SQLite) or ``SELECT ... FOR UPDATE`` on the nonce
 row (PostgreSQL) makes nonce consumption atomic across processes and controllers.
 """
@@ -22,11 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from slurm_fleetyield.adapters import store_pg
+from slurm_fleetyield.adapters.sqlite_check import quick_check
 
 DEFAULT_DB = "/var/lib/fleetyield/attest.db"
 NONCE_TTL_S = 60.0
+MAX_NONCES_PER_NODE = 32
+"""Nonce rows kept per node. A node asks one per hand-over (each Epilog, and the agent's re-attestation every
+15 minutes) and spends it within seconds of its 60 s TTL: 32 is far above what it ever holds, and bounds the
+table at 32 rows a node whatever a sender holding the push secret does."""
 PG_VERSION_TABLE = "attest_schema_version"
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS enrolment (
@@ -38,6 +54,12 @@ CREATE TABLE IF NOT EXISTS nonce (
 CREATE INDEX IF NOT EXISTS nonce_expiry ON nonce(expires_at);
 CREATE TABLE IF NOT EXISTS verdict (node TEXT PRIMARY KEY, time REAL NOT NULL, status TEXT NOT NULL,
     doc TEXT NOT NULL);
+"""
+_NONCE_REQUEST = "ALTER TABLE nonce ADD COLUMN request TEXT"
+"""Schema 2: the ``request_id`` of the signed request a nonce answered; NULL without one."""
+_NONCE_INDEXES = """
+CREATE UNIQUE INDEX IF NOT EXISTS nonce_request ON nonce(node, request);
+CREATE INDEX IF NOT EXISTS nonce_by_node ON nonce(node, issued_at);
 """
 
 
@@ -60,11 +82,13 @@ class Enrolment:
 
 
 class AttestStoreError(Exception):
-    """The database cannot be read (``open_readonly``): absent, or not an attestation database."""
+    """The database cannot be used: absent (``open_readonly``), not an attestation database, or damaged
+    (a page fails SQLite's ``quick_check`` when a writer opens it). ``str()`` names the file."""
 
 
-PG_MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _SCHEMA),)
-"""The attestation tables on PostgreSQL (``store_pg.migrate``; types through ``store_pg.ddl``)."""
+PG_MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _SCHEMA), (2, f"{_NONCE_REQUEST};{_NONCE_INDEXES}"))
+"""The attestation tables on PostgreSQL (``store_pg.migrate``; types through ``store_pg.ddl``). 2: the nonce's
+request key (module docstring)."""
 
 
 class AttestStore:
@@ -89,8 +113,19 @@ class AttestStore:
         if not self.path.exists():
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(_SCHEMA)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            quick_check(self.db)  # a damaged page stops the open, not a later nonce or verdict write
+            self.db.executescript(_SCHEMA)
+            if "request" not in {row[1] for row in self.db.execute("PRAGMA table_info(nonce)")}:
+                self.db.execute(_NONCE_REQUEST)  # a database from before schema 2
+            self.db.executescript(_NONCE_INDEXES)
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged header, schema or data page
+            self.db.close()
+            raise AttestStoreError(
+                f"{self.path}: not a usable attestation database ({exc}); restore it from backup, or move "
+                "it away to start fresh (enrolments must then be made again)"
+            ) from None
 
     @classmethod
     def open_readonly(cls, path: str | Path) -> AttestStore:
@@ -158,13 +193,38 @@ class AttestStore:
         return [Enrolment(*r) for r in self.db.execute("SELECT * FROM enrolment ORDER BY node")]
 
     # ------------------------------------------------------------------ nonces
-    def issue_nonce(self, node: str, now: float, ttl_s: float = NONCE_TTL_S) -> tuple[str, float]:
+    def issue_nonce(
+        self, node: str, now: float, ttl_s: float = NONCE_TTL_S, *, request: str | None = None
+    ) -> tuple[str, float]:
+        """A fresh nonce for ``node`` and its expiry. ``request``: the asking request's ``request_id``; the
+        same id of the same node again gets the nonce it got before, and no row is added. The node's oldest
+        rows beyond ``MAX_NONCES_PER_NODE`` are dropped (module docstring)."""
         nonce = secrets.token_hex(32)
         expires = now + ttl_s
         with self._tx():
-            self.db.execute("DELETE FROM nonce WHERE expires_at < ?", (now - 3600,))  # bounded table
-            self.db.execute("INSERT INTO nonce VALUES (?,?,?,?,NULL)", (nonce, node, now, expires))
+            self.db.execute("DELETE FROM nonce WHERE expires_at < ?", (now - 3600,))
+            self.db.execute(
+                "INSERT OR IGNORE INTO nonce (nonce, node, issued_at, expires_at, used_at, request)"
+                " VALUES (?,?,?,?,NULL,?)",
+                (nonce, node, now, expires, request),
+            )
+            if request is not None:  # this request's row: the one just made, or the one a first copy made
+                nonce, expires = self.db.execute(
+                    "SELECT nonce, expires_at FROM nonce WHERE node=? AND request=?", (node, request)
+                ).fetchone()
+            older = self.db.execute(
+                "SELECT nonce FROM nonce WHERE node=? AND nonce<>? ORDER BY issued_at DESC, nonce",
+                (node, nonce),
+            ).fetchall()
+            drop = older[MAX_NONCES_PER_NODE - 1 :]
+            if drop:
+                self.db.executemany("DELETE FROM nonce WHERE nonce=?", drop)
         return nonce, expires
+
+    def nonce_count(self, node: str | None = None) -> int:
+        """Nonce rows kept (of ``node``, or all)."""
+        where, args = ("WHERE node=?", (node,)) if node is not None else ("", ())
+        return int(self.db.execute(f"SELECT COUNT(*) FROM nonce {where}", args).fetchone()[0])
 
     def consume_nonce(self, node: str, nonce: str, now: float) -> None:
         with self._tx():

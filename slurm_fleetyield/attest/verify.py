@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,6 +40,8 @@ from slurm_fleetyield.attest.policy import Policy, evaluate
 from slurm_fleetyield.attest.store import NONCE_TTL_S, AttestStore, NonceError
 
 TpmCheck = Callable[[dict, str, str], str]
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A nonce request's own id (the agent sends 32 random hex digits): what makes a replay of it a duplicate."""
 MAX_QUOTE_BYTES = 4 << 20
 
 
@@ -169,9 +172,11 @@ class AttestService:
         self.tpm_check = tpm_check
         self.lock = threading.RLock()
 
-    def issue_nonce(self, node: str, now: float) -> dict[str, Any]:
+    def issue_nonce(self, node: str, now: float, request: str | None = None) -> dict[str, Any]:
+        """``request``: the asking request's own id; the same id again answers the same nonce, adding no
+        row (``AttestStore.issue_nonce``)."""
         with self.lock:
-            nonce, expires = self.store.issue_nonce(node, now, self.nonce_ttl_s)
+            nonce, expires = self.store.issue_nonce(node, now, self.nonce_ttl_s, request=request)
         return {"node": node, "nonce": nonce, "expires_at": expires}
 
     def attest(self, node: str, quote: Mapping[str, Any], now: float) -> dict[str, Any]:
@@ -184,7 +189,9 @@ class AttestService:
     def handle_nonce(
         self, secret: bytes, headers: Mapping[str, str], body: bytes, now: float
     ) -> tuple[int, dict[str, Any]]:
-        """``POST /v1/attest/nonce`` (HMAC-signed like event pushes): (HTTP status, JSON doc)."""
+        """``POST /v1/attest/nonce`` (HMAC-signed like event pushes): (HTTP status, JSON doc). The body
+        ``{"node", "request_id"?, ...}``: a request replayed (inside the signature's skew window) or
+        retried with its ``request_id`` gets the same nonce back and adds no row (``AttestStore``)."""
         from node_agent.protocol import SignatureError, verify_signed
 
         try:
@@ -196,11 +203,15 @@ class AttestService:
             return 400, {"error": "body is not JSON"}
         if not isinstance(doc, dict) or doc.get("node") != node:
             return 400, {"error": 'body must be {"node": <the signing node>}'}
+        request_id = doc.get("request_id")
+        well_formed = isinstance(request_id, str) and REQUEST_ID_RE.fullmatch(request_id) is not None
+        if request_id is not None and not well_formed:
+            return 400, {"error": "request_id must be 1-64 characters of [A-Za-z0-9._-]"}
         with self.lock:
             enrolled = self.store.enrolment(node) is not None
         if not enrolled:
             return 403, {"error": f"node {node!r} is not enrolled"}
-        return 200, self.issue_nonce(node, now)
+        return 200, self.issue_nonce(node, now, request=request_id)
 
     def handle_quote(self, body: bytes, now: float) -> tuple[int, dict[str, Any]]:
         """``POST /v1/attest/quote``: body = the quote; answer = the signed verdict (also on fail)."""

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from slurm_fleetyield.adapters import store_pg
+from slurm_fleetyield.adapters.sqlite_check import quick_check
 from slurm_fleetyield.gate.approvals import (
     DEFAULT_CLOCK_SKEW_S,
     MAX_TTL_S,
@@ -179,9 +180,10 @@ class Gatekeeper:
         except sqlite3.DatabaseError as exc:
             raise GateError(f"{self.db_path}: not a usable gate database ({exc})") from None
         try:
+            quick_check(self.conn)  # a damaged page anywhere, before anything is read from or chained on it
             self.audit = AuditLog(self.conn, head_path)
             self._init_schema()
-        except sqlite3.DatabaseError as exc:  # not a database, a damaged header or schema page
+        except sqlite3.DatabaseError as exc:  # not a database, a damaged header, schema or data page
             self.conn.close()
             raise GateError(
                 f"{self.db_path}: not a usable gate database ({exc}); restore it from backup, never "

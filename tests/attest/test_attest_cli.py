@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from attest_rig import NODE, Clock, make_attestor
 from click.testing import CliRunner
+from rig import damage_btree_page
 
 from node_agent.attest.cli import attest as agent_attest
 from node_agent.attest.cli import quote as agent_quote
@@ -129,6 +130,24 @@ def test_nodes_reads_only_and_creates_nothing(tmp_path: Path, monkeypatch: pytes
         "error": f"{db}: not an attestation database (no table enrolment, verdict)"
     }
     assert db.read_bytes() == b""
+
+
+def test_a_damaged_page_in_the_attestation_db_is_refused_at_open(tmp_path: Path) -> None:
+    # issue #27: the header and schema intact, one b-tree page (the nonce table) damaged: the store opened
+    # and a later nonce write met the damage; now the open refuses, naming the file
+    from slurm_fleetyield.attest.store import AttestStore, AttestStoreError
+
+    db = tmp_path / "attest.db"
+    store = AttestStore(db)
+    store.enroll(NODE, "cHVia2V5", "k1", "h100", None, 1.0)
+    store.issue_nonce(NODE, 1.0)
+    store.close()
+    damage_btree_page(db, page=4)
+    with pytest.raises(AttestStoreError, match="integrity check failed") as err:
+        AttestStore(db)
+    assert str(db) in str(err.value)
+    result = CliRunner().invoke(attest, ["nonce", NODE, "--db", str(db), "--json"])
+    assert result.exit_code == 2 and str(db) in json.loads(result.stderr)["error"], result.output
 
 
 def test_the_read_only_store_refuses_writes(tmp_path: Path) -> None:

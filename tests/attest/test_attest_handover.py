@@ -62,6 +62,18 @@ def test_handover_writes_a_verified_verdict_the_prolog_accepts(
     assert gate.check_verdict(str(att.verdict_path), NODE, clock.now + 1, 3600, pub)[0]
 
 
+def test_two_handovers_in_one_second_each_get_their_own_nonce(
+    wired: tuple[Attestor, str], ctl: Controller
+) -> None:
+    # the nonce request carries a random request_id, the controller's replay key: two hand-overs of one job
+    # in one clock second sign the same timestamp and body apart from it, and each must still get its own
+    att, _ = wired
+    assert att.handover("42", SECRET)["status"] == "pass"
+    assert att.handover("42", SECRET)["status"] == "pass"
+    rows = ctl.service.store.db.execute("SELECT request FROM nonce WHERE request IS NOT NULL").fetchall()
+    assert len(rows) == 2 and len({r[0] for r in rows}) == 2
+
+
 def test_implant_then_handover_denies_the_next_prolog(wired: tuple[Attestor, str], clock: Clock) -> None:
     att, pub = wired
     implant_module(att.state_dir, "rootkit_x")

@@ -4,11 +4,12 @@ enrolments and verdicts the first one wrote and cannot reuse a nonce it consumed
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 
 import pytest
 
-from slurm_fleetyield.attest.store import AttestStore, AttestStoreError, NonceError
+from slurm_fleetyield.attest.store import MAX_NONCES_PER_NODE, AttestStore, AttestStoreError, NonceError
 
 T0 = 1_700_000_000.0
 
@@ -75,3 +76,46 @@ def test_readonly_open_needs_the_tables_and_reads_them(store_url, tmp_path):
         assert [v["node"] for v in ro.latest_verdicts()] == ["gpu-2"]
     finally:
         ro.close()
+
+
+def test_a_repeated_request_gets_its_nonce_again_and_rows_stay_bounded_per_node(store_url):
+    # issue #27: each replayed signed /v1/attest/nonce request inserted one more row
+    store = AttestStore(store_url)
+    try:
+        first = store.issue_nonce("gpu-1", T0, request="sig-a")
+        for i in range(50):  # the same request, replayed inside its signature's skew window
+            assert store.issue_nonce("gpu-1", T0 + i, request="sig-a") == first
+        assert store.nonce_count("gpu-1") == 1
+        # fresh requests (a holder of the push secret): the node keeps its newest MAX_NONCES_PER_NODE
+        issued = [store.issue_nonce("gpu-1", T0 + 100 + i, request=f"sig-{i}")[0] for i in range(80)]
+        manual = store.issue_nonce("gpu-1", T0 + 200)[0]  # `fleetyield attest nonce`: no request id
+        assert store.nonce_count("gpu-1") == MAX_NONCES_PER_NODE
+        store.consume_nonce("gpu-1", manual, T0 + 201)
+        store.consume_nonce("gpu-1", issued[-1], T0 + 201)
+        with pytest.raises(NonceError) as e:
+            store.consume_nonce("gpu-1", first[0], T0 + 201)  # the oldest went first
+        assert e.value.code == "unknown"
+        assert store.issue_nonce("gpu-2", T0)[0] and store.nonce_count("gpu-2") == 1  # per node
+        assert store.nonce_count() == MAX_NONCES_PER_NODE + 1
+    finally:
+        store.close()
+
+
+def test_an_attestation_db_from_before_the_request_key_is_migrated(tmp_path):
+    db = tmp_path / "attest.db"
+    with sqlite3.connect(db) as conn:  # schema 1, as the previous release created it
+        conn.executescript(
+            "CREATE TABLE nonce (nonce TEXT PRIMARY KEY, node TEXT NOT NULL, issued_at REAL NOT NULL,"
+            " expires_at REAL NOT NULL, used_at REAL);"
+        )
+        conn.execute("INSERT INTO nonce VALUES ('n-old', 'gpu-1', ?, ?, NULL)", (T0, T0 + 60))
+    conn.close()
+    store = AttestStore(db)
+    try:
+        nonce, _ = store.issue_nonce("gpu-1", T0 + 1, request="sig-a")
+        assert store.issue_nonce("gpu-1", T0 + 2, request="sig-a")[0] == nonce
+        store.consume_nonce("gpu-1", "n-old", T0 + 3)  # the old row survived the migration
+        assert store.nonce_count("gpu-1") == 2
+    finally:
+        store.close()
+    AttestStore(db).close()  # opening a migrated file again changes nothing

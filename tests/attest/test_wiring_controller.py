@@ -132,6 +132,34 @@ def test_listener_refuses_what_it_must(listener: str) -> None:
     assert err.value.code == 405
 
 
+def test_a_replayed_nonce_request_adds_no_row_and_cannot_evict_the_nodes_nonce(
+    listener: str, ctl: Controller, attestor: Attestor
+) -> None:
+    # issue #27: every replay of one signed request inserted a nonce row; a cap alone would let the replays
+    # push the node's own nonce out (its quote then fails "nonce unknown": a drain by replay)
+    from slurm_fleetyield.attest.store import MAX_NONCES_PER_NODE
+
+    rows0 = ctl.service.store.nonce_count(NODE)  # the golden quote's, spent
+    now = time.time()
+
+    def ask(request_id: str | None, ts: int = int(now)) -> tuple[int, dict[str, Any]]:
+        doc = {"node": NODE, "job_id": "42"} | ({} if request_id is None else {"request_id": request_id})
+        body = json.dumps(doc).encode()
+        return _post(listener + "/v1/attest/nonce", body, signed_headers(SECRET, NODE, ts, body))
+
+    answers = [ask("4f" * 16) for _ in range(MAX_NONCES_PER_NODE + 10)]  # one request, replayed
+    assert {status for status, _ in answers} == {200} and len({doc["nonce"] for _, doc in answers}) == 1
+    assert ctl.service.store.nonce_count(NODE) == rows0 + 1
+    quote = attestor.quote(answers[0][1]["nonce"], now)
+    status, verdict = _post(listener + "/v1/attest/quote", json.dumps(quote).encode())
+    assert status == 200 and verdict["status"] == "pass", verdict
+    # fresh requests (only a holder of the push secret signs these), with and without an id: capped
+    for i in range(MAX_NONCES_PER_NODE + 10):
+        assert ask(f"fresh-{i}")[0] == 200 and ask(None)[0] == 200
+    assert ctl.service.store.nonce_count(NODE) == MAX_NONCES_PER_NODE
+    assert ask("not an id!")[0] == 400 and ask("x" * 65)[0] == 400
+
+
 def test_listener_without_attest_answers_404(tmp_path: Path) -> None:
     store = Store(tmp_path / "fy.db")
     srv = IngestServer("127.0.0.1", 0, SECRET, store, threading.Event())
