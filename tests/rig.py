@@ -112,6 +112,50 @@ def reset_mid_request(port: int, request: bytes, host: str = "127.0.0.1") -> Non
         s.close()
 
 
+FIXTURES = Path(__file__).parent / "adapters" / "fixtures"
+TICK_TIME = 1_768_212_200.0
+
+
+def commit_one_tick(db: Path) -> None:
+    """A store holding one committed tick, as a daemon that is now down leaves it: four nodes from a Slurm
+    22.05 capture, gpu-01 sensed through a fake agent with XID 48, gpu-02 quarantined (fatal XID 79),
+    dry-run (tests/test_cli.py, the Prolog's gate behind basic auth in tests/prolog_epilog/)."""
+    import random
+
+    from slurm_fleetyield.adapters.scrape import parse_exposition
+    from slurm_fleetyield.adapters.slurm import SlurmCli
+    from slurm_fleetyield.adapters.store import LogRow, Store
+    from slurm_fleetyield.adapters.views import render_result
+    from slurm_fleetyield.core.loop import tick
+    from slurm_fleetyield.core.model import Observations
+    from slurm_fleetyield.core.params import Params
+    from slurm_fleetyield.core.state import ControllerState
+    from slurm_fleetyield.ports import ApplyReport
+
+    now = TICK_TIME
+    text = (FIXTURES / "scontrol_show_node_o_22.05_edgecases.txt").read_text()
+    nodes = SlurmCli(runner=lambda a, t: CommandResult(0, text, ""), version=(22, 5, 8)).read_nodes()
+    sample = parse_exposition((FIXTURES / "agent_fake_h100_2gpu_xid48.txt").read_text(), "gpu-01", now)
+    result = tick(
+        ControllerState.empty(), Observations(now, nodes, {"gpu-01": sample}), Params(), now, random.Random(0)
+    )
+    store = Store(db)
+    view = render_result(5, now, result, ApplyReport(), {"gpu-01": sample}, dry_run=True, duration_s=0.1)
+    store.commit_tick(
+        5,
+        now,
+        result.state,
+        (),
+        [LogRow(now, e.kind, e.node, e.message) for e in result.events]
+        + [
+            LogRow(now, "applied", "gpu-02", "scontrol update NodeName=gpu-02 ..."),
+            LogRow(now, "dry_run", "gpu-01", "x"),
+        ],
+        view,
+    )
+    store.close()
+
+
 def write_secret(path: Path, secret: bytes) -> Path:
     """The push secret as the agent and the controller read it (mode 0600)."""
     path.write_bytes(secret)

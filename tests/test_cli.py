@@ -3,55 +3,26 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rig import TICK_TIME as NOW
+from rig import commit_one_tick
 
 from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
-from slurm_fleetyield.adapters.scrape import parse_exposition
-from slurm_fleetyield.adapters.slurm import CommandResult, SlurmCli
 from slurm_fleetyield.adapters.store import LogRow, Store
 from slurm_fleetyield.adapters.views import render_result
 from slurm_fleetyield.cli import main
-from slurm_fleetyield.core.loop import tick
-from slurm_fleetyield.core.model import Observations
-from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.ports import ApplyReport
-
-FIXTURES = Path(__file__).parent / "adapters" / "fixtures"
-NOW = 1_768_212_200.0
 
 
 @pytest.fixture
 def cfg(tmp_path) -> Path:
     """A config whose store holds one committed tick (as left by a daemon that is now down)."""
-    db = tmp_path / "fy.db"
-    text = (FIXTURES / "scontrol_show_node_o_22.05_edgecases.txt").read_text()
-    nodes = SlurmCli(runner=lambda a, t: CommandResult(0, text, ""), version=(22, 5, 8)).read_nodes()
-    sample = parse_exposition((FIXTURES / "agent_fake_h100_2gpu_xid48.txt").read_text(), "gpu-01", NOW)
-    result = tick(
-        ControllerState.empty(), Observations(NOW, nodes, {"gpu-01": sample}), Params(), NOW, random.Random(0)
-    )
-    store = Store(db)
-    view = render_result(5, NOW, result, ApplyReport(), {"gpu-01": sample}, dry_run=True, duration_s=0.1)
-    store.commit_tick(
-        5,
-        NOW,
-        result.state,
-        (),
-        [LogRow(NOW, e.kind, e.node, e.message) for e in result.events]
-        + [
-            LogRow(NOW, "applied", "gpu-02", "scontrol update NodeName=gpu-02 ..."),
-            LogRow(NOW, "dry_run", "gpu-01", "x"),
-        ],
-        view,
-    )
-    store.close()
+    commit_one_tick(tmp_path / "fy.db")
     path = tmp_path / "fy.toml"
-    path.write_text(f'[store]\npath = "{db}"\n')
+    path.write_text(f'[store]\npath = "{tmp_path / "fy.db"}"\n')
     return path
 
 
@@ -342,7 +313,8 @@ def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     assert (
         "(open), made at " in drain
         and "averted = p 0.500 (risk 0.905, at most stake.drain_precision) x (requeued work 0.0 + "
-        "next stake 682.7 " in drain
+        "next stake 682.7 "
+        in drain
     )
     assert drain.endswith("vs cost = drain downtime 192.0 + requeued work 0.0 = 192.0 GPU-h")
     code, out = invoke("explain", "gpu000", "--config", str(stake_cfg), "--json")
