@@ -172,15 +172,24 @@ def approval_listener(
     wake: threading.Event | None = None,
     clock: Callable[[], float] | None = None,
     on_unauthenticated: Callable[[str, str], None] | None = None,
+    web_config: Path | None = None,
 ) -> tuple[Any, Path]:
     """The admin's side of the human gate: the controller's REAL approval listener (``IngestServer``, started
     on a free port) and the ``fy.toml`` that ``fleetyield pending/approve/deny --config`` read (store, gate
-    and push sections pointing at it). Returns (server, config path); the caller stops the server."""
+    and push sections pointing at it). With ``web_config`` the listener is served with that web-config file
+    (TLS, basic auth) and fy.toml names it, with host ``localhost`` (the name on tests/pki.py's server
+    certificate). Returns (server, config path); the caller stops the server."""
     from slurm_fleetyield.adapters.ingest import IngestServer
 
     kw: dict[str, Any] = {} if clock is None else {"clock": clock}
     if on_unauthenticated is not None:
         kw["on_unauthenticated"] = on_unauthenticated
+    push_extra = ""
+    if web_config is not None:
+        from node_agent.webconfig import load_web_config
+
+        kw["web"] = load_web_config(web_config)
+        push_extra = f'web_config_file = "{web_config}"\n'
     server = IngestServer(
         "127.0.0.1",
         0,
@@ -196,7 +205,8 @@ def approval_listener(
     cfg.write_text(
         f'[store]\npath = "{tmp / "fy.db"}"\n'
         f'[gate]\nstate_dir = "{gate_dir}"\nauthorized_keys = "{authorized_keys}"\n'
-        f'[push]\nhost = "127.0.0.1"\nport = {server.port}\nsecret_file = "{tmp / "push.secret"}"\n'
+        f'[push]\nhost = "{"127.0.0.1" if web_config is None else "localhost"}"\nport = {server.port}\n'
+        f'secret_file = "{tmp / "push.secret"}"\n{push_extra}'
     )
     return server, cfg
 

@@ -327,3 +327,46 @@ def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     assert "drain_stake" not in json.loads(
         invoke("explain", "gpu001", "--config", str(stake_cfg), "--json")[1]
     )
+
+
+def test_status_through_an_api_behind_tls_and_basic_auth(cfg, tmp_path, monkeypatch):
+    """The API served with a web-config (TLS + basic auth): the read commands get the answer with --ca-file,
+    --basic-auth-user and --password-file (or their $FLEETYIELD_* defaults); a 401 or an untrusted
+    certificate says which options to give."""
+    import bcrypt
+    from pki import make_pki
+
+    from node_agent.webconfig import load_web_config
+
+    pki = make_pki(tmp_path / "pki")
+    hashed = bcrypt.hashpw(b"admin-pass", bcrypt.gensalt(4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: {pki['server_cert']}\n  key_file: {pki['server_key']}\n"
+        f"basic_auth_users:\n  admin: '{hashed}'\n"
+    )
+    password = tmp_path / "admin.password"
+    password.write_text("admin-pass\n")
+    password.chmod(0o600)
+    store = Store(cfg.parent / "fy.db")
+    server = ApiServer("127.0.0.1", 0, StoreReadModel(store), web=load_web_config(web))
+    server.start()
+    url = f"https://localhost:{server.port}"
+    auth = ["--basic-auth-user", "admin", "--password-file", str(password)]
+    try:
+        code, out = invoke("status", "--api", url, "--ca-file", str(pki["ca"]))
+        assert code == 1 and "HTTP 401" in out and "--basic-auth-user and --password-file" in out, out
+        code, out = invoke("status", "--api", url, *auth)
+        assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in out and "--ca-file" in out, out
+        code, out = invoke("status", "--api", url, "--ca-file", str(pki["ca"]), *auth)
+        assert code == 0 and out.startswith("tick 5 ("), out
+        code, out = invoke("status", "--api", url, "--ca-file", str(pki["ca"]), "--basic-auth-user", "admin")
+        assert code == 2 and "--basic-auth-user and --password-file go together" in out, out
+        monkeypatch.setenv("FLEETYIELD_CA_FILE", str(pki["ca"]))
+        monkeypatch.setenv("FLEETYIELD_BASIC_AUTH_USER", "admin")
+        monkeypatch.setenv("FLEETYIELD_PASSWORD_FILE", str(password))
+        code, out = invoke("explain", "gpu-02", "--api", url, "--json")
+        assert code == 0 and json.loads(out)["tier"] == "quarantined", out
+    finally:
+        server.stop()
+        store.close()
