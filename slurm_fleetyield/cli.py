@@ -818,8 +818,17 @@ def audit_verify(jsonl: str | None, head_path: str | None, config_path: str | No
 @click.argument("path", type=click.Path(dir_okay=False))
 @_json_option
 def validate_config(path: str, as_json: bool) -> None:
-    """Check a config file; print the effective configuration (defaults applied) with --json."""
+    """Check a config file and open every file it names as ``run`` does (secrets, the listeners' web-config
+    files, client certificates, tokens; authorized_keys: a warning); print the effective configuration
+    (defaults applied) with --json."""
+    from slurm_fleetyield.daemon import check_files
+
     cfg = _load(path)
+    errors, warnings = check_files(cfg)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if errors:
+        raise click.ClickException("\n".join(str(e) for e in errors))
     if as_json:
         _emit_json(cfg.model_dump(mode="json"))
     else:

@@ -105,6 +105,38 @@ def test_validate_config(tmp_path):
     assert code == 1 and f"{bad}: loop.interval_s: Input should be greater than 0 (got 0)" in out
 
 
+def test_validate_config_opens_the_files_it_names(tmp_path):
+    """validate-config is the controller unit's ExecStartPre: what run refuses to start with, it refuses too,
+    naming the file and the field (a 1-byte push secret printed "ok" before and only run refused it)."""
+    secret = tmp_path / "push.secret"
+    secret.write_bytes(b"x")
+    secret.chmod(0o600)
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: nowhere.crt\n  key_file: nowhere.key\n")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text("fleetyield-ed25519 not-base64 alice\n")
+    keys.chmod(0o644)
+    path = tmp_path / "fy.toml"
+    path.write_text(
+        f'[push]\nsecret_file = "{secret}"\n[api]\nweb_config_file = "{web}"\n'
+        f'[gate]\nauthorized_keys = "{keys}"\n'
+    )
+    code, out = invoke("validate-config", str(path))
+    assert code == 1, out
+    assert f"{secret}: push.secret_file: the secret is 1 bytes, shorter than 16 bytes" in out
+    assert f"{web}: api.web_config_file: tls_server_config.cert_file: no such file (got 'nowhere.crt')" in out
+    # authorized_keys: said, with file and line, but run starts with it (re-read at every approval)
+    assert f"warning: {keys}: gate.authorized_keys (line 1): key is not valid base64" in out
+    assert "ok" not in out.splitlines()[-1]
+    secret.write_bytes(b"0123456789abcdef0123")
+    web.write_text("basic_auth_users: {}\n")
+    code, out = invoke("validate-config", str(path))
+    assert code == 0 and out.endswith(f"{path}: ok\n") and "gate.authorized_keys (line 1)" in out, out
+    secret.chmod(0o644)
+    code, out = invoke("validate-config", str(path), "--json")
+    assert code == 1 and f"{secret}: push.secret_file: mode 644 is group/world accessible" in out, out
+
+
 def test_run_once_dry_run_with_unreachable_slurm(tmp_path):
     path = tmp_path / "fy.toml"
     path.write_text(
