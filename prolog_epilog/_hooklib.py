@@ -36,6 +36,20 @@ Keys (defaults)::
                                                    # records the Prolog recomputes against the verdict
     attest_uid_min  = 1000                         # uids from here up are tenants (the Epilog's wipe)
 
+How the hooks authenticate to a controller whose ``api`` listener has a web-config file (TLS, basic auth):
+the agent's ``push_basic_auth``/``push_tls_config`` settings, named for ``controller_url`` (``_controller``
+sends them with every request to the controller: the Prolog's gate query, the health check's /healthz)::
+
+    controller_basic_auth_username      =          # a user of the web-config's basic_auth_users
+    controller_basic_auth_password_file =          # its password, read at every request (never inline)
+    controller_tls_config_ca_file       =          # CA of the controller's certificate (https:// URLs);
+                                                   # empty: the system's trust store
+    controller_tls_config_cert_file     =          # client certificate, when the web-config asks for one
+    controller_tls_config_key_file      =          # its key (both or neither)
+
+In TOML the two groups may also be tables shaped like the agent's: ``controller_basic_auth = {username =
+"...", password_file = "..."}``, ``[hooks.controller_tls_config]``.
+
 With ``attest`` on, the Epilog invalidates the node's verdict (``<agent_state_dir>/attest-verdict.json``),
 wipes the job's areas, asks the agent to scrub its GPUs and then for a fresh hand-over; the Prolog
 denies (fail-closed, unlike the controller gate) unless that verdict is a fresh, signed pass.
@@ -94,6 +108,11 @@ class HookConfig:
         "attest_root": "/",
         "attest_recheck": "kernel/modules,kernel/tainted,kernel/knobs,/etc/ld.so.preload",
         "attest_uid_min": 1000,
+        "controller_basic_auth_username": "",
+        "controller_basic_auth_password_file": "",
+        "controller_tls_config_ca_file": "",
+        "controller_tls_config_cert_file": "",
+        "controller_tls_config_key_file": "",
     }
 
     agent_state_dir: str
@@ -114,6 +133,11 @@ class HookConfig:
     attest_root: str
     attest_recheck: str
     attest_uid_min: int
+    controller_basic_auth_username: str
+    controller_basic_auth_password_file: str
+    controller_tls_config_ca_file: str
+    controller_tls_config_cert_file: str
+    controller_tls_config_key_file: str
 
     def __init__(self, **values: str | int | bool) -> None:
         for key, default in self.DEFAULTS.items():
@@ -253,9 +277,19 @@ def _parse_file(text: str) -> Mapping[str, object]:
 
     doc = tomllib.loads(text)
     hooks = doc.get("hooks")
-    if isinstance(hooks, dict):
-        return hooks
-    return doc
+    return _flatten(hooks if isinstance(hooks, dict) else doc)
+
+
+def _flatten(table: Mapping[str, object]) -> dict[str, object]:
+    """A table's sub-tables as prefixed keys: ``controller_basic_auth = {username = "u"}`` is
+    ``controller_basic_auth_username = "u"``, the flat file's spelling."""
+    out: dict[str, object] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update({f"{key}_{sub}": v for sub, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def load_config(env: Mapping[str, str], log: Callable[[str, str], None]) -> HookConfig:

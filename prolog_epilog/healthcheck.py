@@ -38,9 +38,16 @@ someone else's to the controller (README, "Never touched"), so it returns when t
 cleared (``fleetyield-agent reset --gpu N``, or ``fault clear`` for a fault no reset fixes) and this check
 resumes it. That is NHC's model, chosen on purpose for the one case where the controller cannot act.
 
+A controller that refuses the probe's credentials (hooks.conf's ``controller_basic_auth_*`` /
+``controller_tls_config_*``, sent as the Prolog sends them; HTTP 401/403 or a TLS certificate refused) is
+logged at ERROR as a configuration error, and counts as not answering: we cannot see it at work, so with a
+fatal event pending its grace runs and rule 1 drains here (the safe direction: only a node with a recorded
+fatal event is marked).
+
 Keys (hooks.conf): ``healthcheck_grace_s`` (120), ``scontrol`` (``scontrol``: slurmd runs the program with
 a bare environment, so an absolute path is looked up when PATH has none), plus ``controller_url``,
-``timeout_ms``, ``agent_state_dir``, ``spool_dir``, ``node_name`` and ``log_file`` as for the Prolog.
+``timeout_ms``, ``agent_state_dir``, ``spool_dir``, ``node_name``, ``log_file`` and the
+``controller_basic_auth_*`` / ``controller_tls_config_*`` keys as for the Prolog.
 """
 
 from __future__ import annotations
@@ -55,7 +62,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 from prolog_epilog import _hooklib as lib
-from prolog_epilog.prolog import _http_get, read_fatal
+from prolog_epilog._controller import ControllerAuthError, get
+from prolog_epilog.prolog import read_fatal
 
 TAG = "fleetyield-healthcheck"
 NHC_PREFIX = "NHC: fleetyield:"
@@ -117,7 +125,10 @@ def controller_down_for(config: lib.HookConfig, now: float, log: lib.Logger) -> 
     status, why = 0, "no controller"
     for url in urls:  # several (high availability): any healthy one is a controller at work
         try:
-            status, _ = _http_get(f"{url.rstrip('/')}/healthz", config.timeout_ms / 1000.0)
+            status, _ = get(config, f"{url.rstrip('/')}/healthz", config.timeout_ms / 1000.0)
+        except ControllerAuthError as exc:  # not an outage: said loudly, and not healthy to us
+            status, why = 0, f"AUTH REFUSED: {exc}"
+            log("ERROR", f"controller health probe AUTH REFUSED, a configuration error: {exc}")
         except Exception as exc:  # refused, slow, DNS: all "not answering"
             status, why = 0, f"{type(exc).__name__}: {exc}"
         else:

@@ -32,6 +32,19 @@ controller drains nodes through scontrol itself, so a down controller must never
 the cluster), a bad config file, and the hard deadline (``hard_timeout_ms``, default
 2 s, far under PrologEpilogTimeout) after which the hook logs and exits 0.
 
+Refused credentials. When the controller's ``api`` listener has a web-config file (TLS, basic
+auth), the gate query carries hooks.conf's ``controller_basic_auth_*`` / ``controller_tls_config_*``
+(``_controller``). A controller that answers HTTP 401/403, a TLS handshake that fails on a
+certificate, or client settings that cannot be used (an unreadable password file) is not
+"controller down": it is logged at ERROR as ``controller gate AUTH REFUSED, a configuration
+error`` with what was sent and what to fix, on every job start, and the controller counts each
+refusal (``fleetyield_unauthenticated_requests_total{endpoint="api",reason="basic_auth"}``, which
+``fleetyield doctor`` reports). The job is still allowed: such a mistake is made fleet-wide (a
+password rotated on the controller first, basic auth added to its web-config before hooks.conf),
+and failing closed would drain every GPU node at its next job start, an outage caused by a
+reliability add-on, while the controller goes on draining quarantined nodes through scontrol
+itself (the gate closes the window before that drain lands). Loud, then, but open.
+
 Side effects on allow: the dcgm-exporter hpc_job mapping files for the job's GPUs
 (``<hpc_job_dir>/<gpu index>`` holding the job id, written atomically) and a small
 per-job state file ``<spool_dir>/jobs/<jobid>.json`` (start time, GPUs, partition,
@@ -49,6 +62,7 @@ import time
 from collections.abc import Mapping
 
 from prolog_epilog import _hooklib as lib
+from prolog_epilog._controller import ControllerAuthError, get
 
 TAG = "fleetyield-prolog"
 EXIT_ALLOW = 0
@@ -101,32 +115,45 @@ def _describe(entry: dict) -> str:
     return f"{where}: {entry.get('message') or entry.get('kind') or 'fatal event'}"
 
 
-def query_gate(urls: list[str], node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
-    """(allow, reason) from the first controller in ``urls`` that answers usably, each asked with an equal
-    share of what is left of ``timeout_s``. Fail-open: anything but HTTP 200 + ``"allow": false`` allows."""
+def query_gate(config: lib.HookConfig, node: str, timeout_s: float, log: lib.Logger) -> tuple[bool, str]:
+    """(allow, reason) from the first controller of ``config.controller_urls`` that answers usably, each
+    asked with an equal share of what is left of ``timeout_s``. Fail-open: anything but HTTP 200 +
+    ``"allow": false`` allows; a controller that refuses our credentials is logged at ERROR as the
+    configuration error it is (module docstring: "Refused credentials")."""
+    urls = config.controller_urls
     deadline = time.monotonic() + timeout_s
     why = "no controller"
     for i, url in enumerate(urls):
         share = (deadline - time.monotonic()) / (len(urls) - i)
         if share <= 0:
             break
-        answer, why = _ask_gate(url, node, share)
+        answer, why, refused = _ask_gate(config, url, node, share)
         if answer is not None:
             return answer, why
         more = "; asking the next" if i + 1 < len(urls) else "; fail-open, allowing"
-        log("WARNING", f"controller gate {why}{more}")
+        if refused:
+            log(
+                "ERROR",
+                f"controller gate AUTH REFUSED, a configuration error: {why}{more}; the health gate is off "
+                "on this node until it is fixed",
+            )
+        else:
+            log("WARNING", f"controller gate {why}{more}")
     return True, f"controller {why}"
 
 
-def _ask_gate(url: str, node: str, timeout_s: float) -> tuple[bool | None, str]:
-    """(allow, reason) from one controller, or (None, why not) when it gave no usable answer."""
+def _ask_gate(config: lib.HookConfig, url: str, node: str, timeout_s: float) -> tuple[bool | None, str, bool]:
+    """(allow, reason, False) from one controller, or (None, why not, refused): ``refused`` when it turned
+    our credentials down (or they could not be sent), rather than giving no usable answer."""
     safe_node = "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):02X}" for c in node)
     try:
-        status, body = _http_get(f"{url.rstrip('/')}/v1/nodes/{safe_node}/gate", timeout_s)
-    except Exception as exc:  # down, refused, slow, DNS, TLS, ... all mean "allow"
-        return None, f"unreachable at {url} ({type(exc).__name__}: {exc})"
+        status, body = get(config, f"{url.rstrip('/')}/v1/nodes/{safe_node}/gate", timeout_s)
+    except ControllerAuthError as exc:
+        return None, str(exc), True
+    except Exception as exc:  # down, refused, slow, DNS, ... all mean "allow"
+        return None, f"unreachable at {url} ({type(exc).__name__}: {exc})", False
     if status != 200:
-        return None, f"at {url} answered HTTP {status}"
+        return None, f"at {url} answered HTTP {status}", False
     try:
         doc = json.loads(body)
         allow = doc["allow"]
@@ -134,78 +161,8 @@ def _ask_gate(url: str, node: str, timeout_s: float) -> tuple[bool | None, str]:
         if not isinstance(allow, bool):
             raise TypeError(f"'allow' is {type(allow).__name__}, not bool")
     except Exception as exc:
-        return None, f"answer from {url} unusable ({exc})"
-    return allow, reason
-
-
-def _http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
-    """Minimal HTTP/1.0 GET with one overall deadline (connect + send + read).
-
-    Hand-rolled on ``socket`` because ``urllib.request`` costs ~20 ms of imports (ssl,
-    email, http.client) on every job start; ``https`` URLs fall back to http.client.
-    """
-    deadline = time.monotonic() + timeout_s
-    scheme, _, rest = url.partition("://")
-    hostport, _, path = rest.partition("/")
-    path = "/" + path
-    if scheme == "https":
-        return _https_get(hostport, path, timeout_s)
-    if scheme != "http":
-        raise ValueError(f"unsupported controller_url scheme {scheme!r}")
-    host, port = hostport, 80
-    if hostport.startswith("["):  # [v6]:port
-        host, _, tail = hostport[1:].partition("]")
-        if tail.startswith(":"):
-            port = int(tail[1:])
-    elif ":" in hostport:
-        host, _, port_s = hostport.rpartition(":")
-        port = int(port_s)
-    import socket
-
-    def remaining() -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no answer within {timeout_s * 1000:.0f} ms")
-        return left
-
-    with socket.create_connection((host, port), timeout=remaining()) as sock:
-        request = (
-            f"GET {path} HTTP/1.0\r\nHost: {hostport}\r\n"
-            "Accept: application/json\r\nConnection: close\r\n\r\n"
-        )
-        sock.settimeout(remaining())
-        sock.sendall(request.encode("ascii"))
-        chunks = []
-        size = 0
-        while True:
-            sock.settimeout(remaining())
-            data = sock.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
-            size += len(data)
-            if size > 1 << 20:
-                raise ValueError("answer larger than 1 MiB")
-    raw = b"".join(chunks)
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise ValueError("malformed HTTP answer")
-    status_line = head.split(b"\r\n", 1)[0].split()
-    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/"):
-        raise ValueError("malformed HTTP status line")
-    return int(status_line[1]), body
-
-
-def _https_get(hostport: str, path: str, timeout_s: float) -> tuple[int, bytes]:
-    import http.client
-
-    conn = http.client.HTTPSConnection(hostport, timeout=timeout_s)
-    try:
-        conn.request("GET", path, headers={"Accept": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, resp.read(1 << 20)
-    finally:
-        conn.close()
+        return None, f"answer from {url} unusable ({exc})", False
+    return allow, reason, False
 
 
 def _write_job_state(config: lib.HookConfig, env: Mapping[str, str], job_id: str, gpus: list[int]) -> None:
@@ -298,7 +255,7 @@ def run(env: Mapping[str, str], log: lib.Logger) -> int:
     if config.controller_url:
         budget = min(config.timeout_ms / 1000.0, deadline - time.monotonic() - 0.05)
         if budget > 0:
-            allow, reason = query_gate(config.controller_urls, node, budget, log)
+            allow, reason = query_gate(config, node, budget, log)
             if not allow:
                 log("ERROR", f"DENY: controller quarantines {node}: {reason or 'no reason given'}")
                 return EXIT_DENY

@@ -14,6 +14,11 @@ The human gate: ``keygen NAME`` makes an admin key pair; ``pending`` lists open 
 (``POST /v1/approvals`` on the push port), or write it with ``--out FILE`` for ``submit-approval FILE``
 elsewhere; ``audit verify`` checks the gate's hash-chained audit log. Exit status: 0 done, 1 refused
 (the listener's rejection code is printed), 2 usage or unreachable.
+
+A listener served with a web-config file (TLS, basic auth) is asked with ``--ca-file``, ``--cert-file``/
+``--key-file``, ``--basic-auth-user`` and ``--password-file`` (or ``$FLEETYIELD_CA_FILE`` ...; ``clientauth``)
+on every command that asks one; ``--config`` reaches the push listener over https when its web-config
+serves TLS.
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ from typing import Any
 import click
 
 from node_agent.clikit import JsonErrorGroup, emit, json_option, version_option
+from node_agent.httpclient import ClientConfigError, HttpClient
+from node_agent.httpclient import urlopen as client_urlopen
+from slurm_fleetyield import clientauth
 from slurm_fleetyield import config as config_mod
+from slurm_fleetyield.clientauth import client_options
 
 DEFAULT_CONFIG = "/etc/fleetyield/fleetyield.toml"
 API_ENV = "FLEETYIELD_API"
@@ -98,22 +107,27 @@ class StoreSource:
 
 
 class ApiSource:
-    def __init__(self, url: str, looked: str = "") -> None:
+    def __init__(self, url: str, looked: str = "", client: HttpClient | None = None) -> None:
         self.url = url.rstrip("/")
         self.looked = looked  # how the URL was found, said when it cannot be reached
+        self.client = client  # credentials for an API served with a web-config file (clientauth)
 
     def _get(self, path: str) -> Any:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as resp:
+            with client_urlopen(urllib.request.Request(self.url + path), 30, self.client) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as err:
             detail = err.read().decode(errors="replace")
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 detail = json.loads(detail)["error"]
-            raise click.ClickException(f"{self.url}{path}: HTTP {err.code}: {detail}") from None
+            hint = clientauth.refusal_hint(err.code, self.client)
+            raise click.ClickException(f"{self.url}{path}: HTTP {err.code}: {detail}{hint}") from None
+        except ClientConfigError as err:  # the password file became unreadable
+            raise click.ClickException(str(err)) from None
         except (urllib.error.URLError, OSError) as err:
             hint = f" ({self.looked})" if self.looked else ""
-            raise click.ClickException(f"{self.url}{path}: {getattr(err, 'reason', err)}{hint}") from None
+            reason = clientauth.describe_failure(getattr(err, "reason", err))
+            raise click.ClickException(f"{self.url}{path}: {reason}{hint}") from None
 
     def status(self) -> dict[str, Any]:
         return self._get("/v1/status")
@@ -163,7 +177,7 @@ def _source(config_path: str | None, api: str | None) -> StoreSource | ApiSource
     found = _find_controller(config_path, api)
     if isinstance(found, config_mod.Config):
         return StoreSource(found)
-    return ApiSource(*found)
+    return ApiSource(*found, client=clientauth.client())
 
 
 _emit_json = emit
@@ -301,6 +315,7 @@ def _calibration_text(doc: dict[str, Any]) -> str:
 @main.command()
 @_config_option
 @_api_option
+@client_options
 @_json_option
 @click.option("--calibration", is_flag=True, help="The risk model's reliability table, Brier, multipliers.")
 def status(config_path: str | None, api: str | None, as_json: bool, calibration: bool) -> None:
@@ -344,6 +359,7 @@ def status(config_path: str | None, api: str | None, as_json: bool, calibration:
 @main.command()
 @_config_option
 @_api_option
+@client_options
 @_json_option
 def nodes(config_path: str | None, api: str | None, as_json: bool) -> None:
     """The fleet table only."""
@@ -358,6 +374,7 @@ def nodes(config_path: str | None, api: str | None, as_json: bool) -> None:
 @click.argument("node")
 @_config_option
 @_api_option
+@client_options
 @_json_option
 def explain(node: str, config_path: str | None, api: str | None, as_json: bool) -> None:
     """Why NODE is where it is: tier, risk, the stake arithmetic, every signal's contribution, evidence;
@@ -413,6 +430,7 @@ def _drain_stake_text(x: dict[str, Any]) -> str:
 @click.option("--node", help="Only this node's events.")
 @_config_option
 @_api_option
+@client_options
 @_json_option
 def events(limit: int, node: str | None, config_path: str | None, api: str | None, as_json: bool) -> None:
     """The event log (tier changes, drains, holds, applied commands), newest first."""
@@ -436,6 +454,7 @@ def events(limit: int, node: str | None, config_path: str | None, api: str | Non
 @click.option("--since-hours", type=float, help="Only jobs that ended in the last N hours.")
 @_config_option
 @_api_option
+@client_options
 @_json_option
 def ledger(
     by: str,
@@ -495,7 +514,7 @@ def _proposals(
 ) -> list[dict[str, Any]]:
     found = _find_controller(config_path, api)
     if not isinstance(found, config_mod.Config):
-        src = ApiSource(*found)
+        src = ApiSource(*found, client=clientauth.client())
         if proposal_id is not None:
             return [src._get(f"/v1/proposals/{urllib.parse.quote(proposal_id, safe='')}")]
         return src._get("/v1/proposals")["pending"]
@@ -545,6 +564,7 @@ def keygen(name: str, out_dir: str, as_json: bool) -> None:
 @main.command()
 @_config_option
 @_api_option
+@client_options
 @_json_option
 def pending(config_path: str | None, api: str | None, as_json: bool) -> None:
     """Open drain proposals: node, GPUs, risk, affected jobs, expiry, evidence."""
@@ -578,25 +598,31 @@ def _submit_url(cfg: config_mod.Config | None, url: str | None) -> str:
     if cfg is None:
         raise click.UsageError("say where to submit: --submit URL (the controller's push listener)")
     host = cfg.push.host if cfg.push.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    return f"http://{host}:{cfg.push.port}/v1/approvals"
+    return f"{clientauth.scheme(cfg.push.web_config_file)}://{host}:{cfg.push.port}/v1/approvals"
 
 
-def submit_envelope(url: str, envelope: str) -> tuple[int, dict[str, Any]]:
-    """POST an envelope to the controller's listener; (HTTP status, JSON answer)."""
+def submit_envelope(url: str, envelope: str, client: HttpClient | None = None) -> tuple[int, dict[str, Any]]:
+    """POST an envelope to the controller's listener, with ``client``'s credentials when it is served with a
+    web-config file; (HTTP status, JSON answer)."""
     req = urllib.request.Request(
         url, data=envelope.encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with client_urlopen(req, 30, client) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as err:
         body = err.read()
         try:
             return err.code, json.loads(body)
         except ValueError:
-            return err.code, {"error": "http_error", "message": body.decode(errors="replace")[:500]}
+            message = body.decode(errors="replace")[:500] + clientauth.refusal_hint(err.code, client).strip()
+            return err.code, {"error": "http_error", "message": message}
+    except ClientConfigError as err:  # the password file became unreadable
+        raise click.ClickException(str(err)) from None
     except (urllib.error.URLError, OSError) as err:
-        raise click.ClickException(f"{url}: {getattr(err, 'reason', err)}") from None
+        raise click.ClickException(
+            f"{url}: {clientauth.describe_failure(getattr(err, 'reason', err))}"
+        ) from None
 
 
 def _report_submission(status_code: int, doc: dict[str, Any], as_json: bool) -> None:
@@ -655,7 +681,7 @@ def _decide(
             click.echo(f"signed {action} of {proposal_id} ({proposal['node']}) written to {out}")
         return
     cfg = None if submit else _gate_cfg(config_path)
-    status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope)
+    status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope, clientauth.client())
     _report_submission(status_code, doc, as_json)
 
 
@@ -678,6 +704,7 @@ def _decision_command(action: str):  # type: ignore[no-untyped-def]
     @click.option("--submit", "submit", help="Listener URL (default: from the config's [push] host/port).")
     @_config_option
     @_api_option
+    @client_options
     @_json_option
     def command(
         proposal_id: str,
@@ -721,6 +748,7 @@ def _read_text(path: str, what: str) -> str:
 @click.argument("envelope_file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--submit", "submit", help="Listener URL (default: from the config's [push] host/port).")
 @_config_option
+@client_options
 @_json_option
 def submit_approval(envelope_file: str, submit: str | None, config_path: str | None, as_json: bool) -> None:
     """Submit an envelope written by ``approve/deny --out`` to the controller's listener."""
@@ -729,7 +757,7 @@ def submit_approval(envelope_file: str, submit: str | None, config_path: str | N
     else:
         envelope = _read_text(envelope_file, "the envelope").strip()
     cfg = None if submit else _gate_cfg(config_path)
-    status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope)
+    status_code, doc = submit_envelope(_submit_url(cfg, submit), envelope, clientauth.client())
     _report_submission(status_code, doc, as_json)
 
 
@@ -790,8 +818,17 @@ def audit_verify(jsonl: str | None, head_path: str | None, config_path: str | No
 @click.argument("path", type=click.Path(dir_okay=False))
 @_json_option
 def validate_config(path: str, as_json: bool) -> None:
-    """Check a config file; print the effective configuration (defaults applied) with --json."""
+    """Check a config file and open every file it names as ``run`` does (secrets, the listeners' web-config
+    files, client certificates, tokens; authorized_keys: a warning); print the effective configuration
+    (defaults applied) with --json."""
+    from slurm_fleetyield.daemon import check_files
+
     cfg = _load(path)
+    errors, warnings = check_files(cfg)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if errors:
+        raise click.ClickException("\n".join(str(e) for e in errors))
     if as_json:
         _emit_json(cfg.model_dump(mode="json"))
     else:

@@ -42,7 +42,7 @@ from slurm_fleetyield.adapters.slurm import CanarySpec, DryRunSlurm, SlurmCli, S
 from slurm_fleetyield.adapters.slurmrest import SlurmRest, TokenFile
 from slurm_fleetyield.adapters.store import LogRow, Store, StoredState, StoreError, TickMarks
 from slurm_fleetyield.adapters.views import ViewRenderer, ledger_row
-from slurm_fleetyield.config import Config, read_secret
+from slurm_fleetyield.config import Config, ConfigError, read_secret
 from slurm_fleetyield.core.explain import explain_dict, explain_text
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import (
@@ -759,6 +759,48 @@ def load_listener_web_config(section: str, path: str | None) -> Any:
         return load_web_config(path)
     except WebConfigError as exc:
         raise ConfigError(path, [f"{section}.web_config_file: {exc.problem}"]) from None
+
+
+def check_files(config: Config) -> tuple[list[ConfigError], list[str]]:
+    """(errors, warnings) of the files ``config`` names, opened the way ``build`` opens them before the first
+    tick: every error here is one ``run`` refuses to start with (``fleetyield validate-config``, the unit's
+    ExecStartPre, reports them all at once, file and field named, instead of a crash loop).
+
+    Errors: the push and control secrets (``read_secret``: mode, length), the listeners' web-config files,
+    the scraper's client files (``sense.basic_auth``/``tls_config``), the Alertmanager token. Warning only:
+    ``gate.authorized_keys`` that does not parse or is writable by others. ``run`` starts with it (the file is
+    re-read at every approval, so a fix needs no restart, and until then approvals are refused while fatal
+    faults are still drained): refusing the start for it would stop those drains over an admin-key typo."""
+    errors: list[ConfigError] = []
+
+    def attempt(open_it: Callable[[], object]) -> None:
+        try:
+            open_it()
+        except ConfigError as exc:
+            errors.append(exc)
+
+    if config.push.active:
+        attempt(lambda: read_secret(config.push.secret_file or ""))
+    if config.control.secret_file:
+        attempt(lambda: read_secret(config.control.secret_file or "", "control.secret_file"))
+    attempt(lambda: load_listener_web_config("push", config.push.web_config_file))
+    attempt(lambda: load_listener_web_config("api", config.api.web_config_file))
+    attempt(lambda: build_agent_client(config))
+    attempt(lambda: build_alertmanager(config))
+    warnings: list[str] = []
+    if config.gate.authorized_keys:
+        from slurm_fleetyield.gate.errors import KeyFileError
+        from slurm_fleetyield.gate.keys import load_authorized_keys
+
+        try:
+            load_authorized_keys(config.gate.authorized_keys)
+        except KeyFileError as exc:
+            line = f" (line {exc.line})" if exc.line is not None else ""
+            warnings.append(
+                f"{exc.path}: gate.authorized_keys{line}: {exc.message}; every approval is refused until "
+                "it is fixed (re-read at each approval, no restart needed)"
+            )
+    return errors, warnings
 
 
 def _held(leader: Leader) -> tuple[str, int] | None:

@@ -75,12 +75,18 @@ HttpGet = Callable[[str, float], tuple[int, Mapping[str, str], bytes]]
 """``get(url, timeout_s) -> (status, headers, body)``; raises OSError when nothing answers."""
 
 
-def http_get(url: str, timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+def http_get(url: str, timeout_s: float, client: Any = None) -> tuple[int, Mapping[str, str], bytes]:
+    """GET with ``client``'s credentials (``node_agent.httpclient.HttpClient``; None: none); an unusable
+    password file is an OSError here: the listener cannot be asked."""
+    from node_agent.httpclient import ClientConfigError, urlopen
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urlopen(urllib.request.Request(url), timeout_s, client) as resp:
             return resp.status, dict(resp.headers), resp.read(1 << 20)
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read(4096)
+    except ClientConfigError as exc:
+        raise OSError(str(exc)) from None
 
 
 @dataclass
@@ -89,7 +95,11 @@ class Context:
 
     config_path: str
     runner: Runner = run_command
-    get: HttpGet = http_get
+    get: HttpGet | None = None
+    """A test seam for every HTTP request; None: ``http_get`` with the credentials of the listener asked."""
+    controller_client: Any = None
+    """How doctor authenticates to the controller's own api listener (``--ca-file``, ``--basic-auth-user``,
+    ``--password-file``: ``clientauth``); None: no credentials."""
     clock: Callable[[], float] = time.time
     which: Callable[[str], str | None] = shutil.which
     key_dirs: Sequence[str] = ()
@@ -101,6 +111,11 @@ class Context:
     gpu_devices: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """node -> (gpu label = NVML index, device label = nvidiaN) per GPU of the agent's answer (filled by
     agents; read by gpu_index)."""
+
+    def fetch(self, url: str, timeout_s: float, client: Any = None) -> tuple[int, Mapping[str, str], bytes]:
+        if self.get is not None:
+            return self.get(url, timeout_s)
+        return http_get(url, timeout_s, client)
 
     def slurm(self) -> SlurmCli:
         cfg = self.config
@@ -302,14 +317,16 @@ def check_hooks(ctx: Context) -> list[Finding]:
     return out
 
 
-def _scrape(ctx: Context, node: str, url: str, timeout_s: float) -> tuple[str, str | None]:
+def _scrape(ctx: Context, node: str, url: str, timeout_s: float, client: Any) -> tuple[str, str | None]:
     """(node, problem or None); records the agent's clock offset from its Date header."""
     try:
         sent = ctx.clock()
-        status, headers, body = ctx.get(url, timeout_s)
+        status, headers, body = ctx.fetch(url, timeout_s, client)
         got = ctx.clock()
     except OSError as exc:
         return node, f"{getattr(exc, 'reason', exc)}"
+    if status in (401, 403):
+        return node, f"HTTP {status}: refused the credentials of sense.basic_auth / sense.tls_config"
     if status != 200:
         return node, f"HTTP {status}"
     date = {k.lower(): v for k, v in headers.items()}.get("date")
@@ -405,7 +422,7 @@ def check_agents(ctx: Context) -> list[Finding]:
     if cfg.sense.mode == "prometheus":
         url = cfg.prometheus.url.rstrip("/") + "/-/ready"
         try:
-            status, _, _ = ctx.get(url, cfg.prometheus.timeout_s)
+            status, _, _ = ctx.fetch(url, cfg.prometheus.timeout_s)
         except OSError as exc:
             return [Finding("agents", "FAIL", f"Prometheus {url}: {exc}", "check prometheus.url")]
         ok = status == 200
@@ -419,9 +436,20 @@ def check_agents(ctx: Context) -> list[Finding]:
         ]
     if not ctx.gpu_nodes:
         return [Finding("agents", "WARN", "no GPU nodes to scrape", "")]
+    client_cfg = cfg.sense.client()
+    client = None
+    if client_cfg is not None:
+        from node_agent.httpclient import ClientConfigError, HttpClient
+
+        try:
+            client = HttpClient(client_cfg, "sense.")
+        except ClientConfigError as exc:
+            return [
+                Finding("agents", "FAIL", str(exc), "fix the file named above (the scraper refuses it too)")
+            ]
     urls = {n: cfg.sense.url_template.replace("{node}", n) for n in ctx.gpu_nodes}
     with ThreadPoolExecutor(max_workers=min(32, len(urls))) as pool:
-        results = list(pool.map(lambda n: _scrape(ctx, n, urls[n], cfg.sense.timeout_s), urls))
+        results = list(pool.map(lambda n: _scrape(ctx, n, urls[n], cfg.sense.timeout_s, client), urls))
     bad = [(n, why) for n, why in results if why]
     total = len(results)
     if not bad:
@@ -687,33 +715,114 @@ def check_store(ctx: Context) -> list[Finding]:
     return [Finding("store", "OK", f"{db} is writable (schema version {version}, quick_check ok)")]
 
 
+def _controller_url(cfg: config_mod.Config) -> str:
+    """The api listener's base URL from this host: https when its web-config serves TLS, then the host it
+    binds (a wildcard bind: loopback for http, this host's name for https, the name its certificate
+    carries more often than an address)."""
+    from slurm_fleetyield.clientauth import scheme
+
+    wildcard = cfg.api.host in ("", "0.0.0.0", "::")
+    kind = scheme(cfg.api.web_config_file)
+    if kind == "https" and (wildcard or cfg.api.host == "127.0.0.1"):
+        import socket
+
+        host = socket.getfqdn()
+    else:
+        host = "127.0.0.1" if wildcard else cfg.api.host
+    return f"{kind}://{host}:{cfg.api.port}"
+
+
+_REFUSED = re.compile(
+    r"^fleetyield_unauthenticated_requests_total"
+    r'\{endpoint="(api|listener)",reason="basic_auth"\} ([0-9.e+]+)$',
+    re.M,
+)
+
+
 def check_controller(ctx: Context) -> list[Finding]:
     cfg = ctx.config
     if cfg is None or not cfg.api.enabled:
         return []
-    host = cfg.api.host if cfg.api.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{host}:{cfg.api.port}/healthz"
+    import click
+
     try:
-        status, _, body = ctx.get(url, 5.0)
+        base = _controller_url(cfg)
+    except click.ClickException as exc:
+        return [Finding("controller", "WARN", exc.message, "make api.web_config_file readable to this user")]
+    url = f"{base}/healthz"
+    try:
+        status, _, body = ctx.fetch(url, 5.0, ctx.controller_client)
     except OSError as exc:
         return [
             Finding(
                 "controller",
                 "WARN",
                 f"{url}: {getattr(exc, 'reason', exc)}",
-                "start it: systemctl start fleetyield-controller (journalctl -u fleetyield-controller)",
+                "start it: systemctl start fleetyield-controller (journalctl -u fleetyield-controller); with "
+                "TLS on the api listener give doctor --ca-file",
+            )
+        ]
+    if status in (401, 403):
+        return [
+            Finding(
+                "controller",
+                "WARN",
+                f"{url}: HTTP {status}: the api listener's web-config wants credentials",
+                "give doctor --basic-auth-user and --password-file (a user of api.web_config_file)",
             )
         ]
     if status == 200:
-        return [Finding("controller", "OK", f"{url}: {body.decode(errors='replace').strip()[:200]}")]
-    return [
-        Finding(
-            "controller",
-            "WARN",
-            f"{url}: HTTP {status}: {body.decode(errors='replace').strip()[:200]}",
-            "ticks are missing or stale: journalctl -u fleetyield-controller",
+        out = [Finding("controller", "OK", f"{url}: {body.decode(errors='replace').strip()[:200]}")]
+    else:
+        out = [
+            Finding(
+                "controller",
+                "WARN",
+                f"{url}: HTTP {status}: {body.decode(errors='replace').strip()[:200]}",
+                "ticks are missing or stale: journalctl -u fleetyield-controller",
+            )
+        ]
+    return out + _refused_credentials(ctx, base)
+
+
+def _refused_credentials(ctx: Context, base: str) -> list[Finding]:
+    """Requests the listeners refused for basic auth since the controller started (its /metrics): on the
+    api listener that is, above all, Prologs whose hooks.conf does not match its web-config, running with
+    the health gate off (they allow every job and log "controller gate AUTH REFUSED")."""
+    try:
+        status, _, body = ctx.fetch(f"{base}/metrics", 5.0, ctx.controller_client)
+    except OSError:
+        return []
+    if status != 200:
+        return []
+    refused = {m.group(1): float(m.group(2)) for m in _REFUSED.finditer(body.decode(errors="replace"))}
+    out = []
+    if refused.get("api"):
+        out.append(
+            Finding(
+                "controller",
+                "WARN",
+                f"the api listener refused {refused['api']:.0f} request(s) for missing or wrong basic-auth "
+                "credentials since the controller started: a node whose hooks.conf does not match "
+                "api.web_config_file runs its Prolog without the health gate (it allows every job)",
+                "on every node set controller_basic_auth_username/_password_file (and "
+                "controller_tls_config_ca_file) in /etc/fleetyield/hooks.conf; the nodes concerned log "
+                "'controller gate AUTH REFUSED' in /var/log/fleetyield/hooks.log",
+            )
         )
-    ]
+    if refused.get("listener"):
+        out.append(
+            Finding(
+                "controller",
+                "WARN",
+                f"the push listener refused {refused['listener']:.0f} request(s) for missing or wrong "
+                "basic-auth credentials since the controller started: agents (push_basic_auth) or admins "
+                "(approve --basic-auth-user) whose credentials do not match push.web_config_file",
+                "check the agents' push_basic_auth against push.web_config_file (journalctl -u "
+                "fleetyield-agent on the nodes) and the admins' --basic-auth-user/--password-file",
+            )
+        )
+    return out
 
 
 CHECKS: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
@@ -771,6 +880,8 @@ def to_json(findings: Sequence[Finding]) -> str:
 def _command() -> Any:
     import click
 
+    from slurm_fleetyield.clientauth import client, client_options
+
     @click.command("doctor")
     @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
     @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -786,6 +897,7 @@ def _command() -> Any:
         "--only", multiple=True, type=click.Choice([n for n, _ in CHECKS]), help="Run these checks."
     )
     @click.option("--clock-warn-s", default=CLOCK_WARN_S, show_default=True, help="Agent clock skew WARN.")
+    @client_options
     def doctor(
         config_path: str | None,
         as_json: bool,
@@ -795,7 +907,7 @@ def _command() -> Any:
     ) -> None:
         """Check this installation (Slurm, hooks, agents, clocks, keys, store); exit 1 on any FAIL."""
         path = config_path or os.environ.get("FLEETYIELD_CONFIG", "/etc/fleetyield/fleetyield.toml")
-        ctx = Context(path, key_dirs=key_dirs, clock_warn_s=clock_warn_s)
+        ctx = Context(path, key_dirs=key_dirs, clock_warn_s=clock_warn_s, controller_client=client())
         findings = run_checks(ctx, only or None)
         click.echo(to_json(findings) if as_json else render(findings))
         if any(f.status == "FAIL" for f in findings):

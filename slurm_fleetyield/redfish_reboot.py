@@ -45,9 +45,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import click
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from node_agent.clikit import version_option
+from node_agent.httpclient import (
+    BasicAuthConfig,
+    ClientConfigError,
+    HttpClient,
+    HttpClientConfig,
+    TlsClientConfig,
+)
 from slurm_fleetyield.adapters.redfish import (
     BmcConfigError,
     BmcError,
@@ -102,6 +109,33 @@ class NodeRebootConfig(BaseModel):
         default_factory=lambda: ["systemctl", "reboot"],
         description="Run when the controller cannot be reached (never when it refuses). Empty/null: none.",
     )
+    controller_basic_auth: BasicAuthConfig | None = Field(
+        None,
+        description="Basic auth for a push listener served with a web-config file: {username, "
+        "password_file} (the agent's push_basic_auth).",
+    )
+    controller_tls_config: TlsClientConfig | None = Field(
+        None,
+        description="TLS for an https:// controller_url: {ca_file, cert_file, key_file} (the agent's "
+        "push_tls_config).",
+    )
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> NodeRebootConfig:
+        if self.controller_tls_config is not None and not self.controller_url.startswith("https://"):
+            raise ValueError(
+                "controller_tls_config is set but controller_url is not https://, "
+                f"got {self.controller_url!r}"
+            )
+        return self
+
+    def client(self) -> HttpClient | None:
+        """The client for the controller's listener, or None (plain HTTP, no credentials); a file it names
+        that cannot be used is a ``ClientConfigError`` naming the field and the value."""
+        if self.controller_basic_auth is None and self.controller_tls_config is None:
+            return None
+        cfg = HttpClientConfig(basic_auth=self.controller_basic_auth, tls_config=self.controller_tls_config)
+        return HttpClient(cfg, "controller_")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -225,9 +259,11 @@ def request_reboot(
     *,
     features: Sequence[str] = (),
     now: Callable[[], float] = time.time,
-    opener: Callable[..., Any] = urllib.request.urlopen,
+    client: HttpClient | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """POST the signed request; (status, answer). ``ControllerUnreachable`` when no answer came back."""
+    """POST the signed request (with ``client``'s credentials, ``NodeRebootConfig.client()``); (status,
+    answer). ``ControllerUnreachable`` when no answer came back."""
+    from node_agent.httpclient import urlopen
     from node_agent.protocol import signed_headers
 
     body = (
@@ -241,7 +277,7 @@ def request_reboot(
     url = config.controller_url.rstrip("/") + REBOOT_PATH
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with opener(req, timeout=config.timeout_s) as resp:
+        with urlopen(req, config.timeout_s, client) as resp:
             return resp.status, _json(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, _json(exc.read())
@@ -280,11 +316,18 @@ def reboot_program(
     node = config.node or socket.gethostname().split(".")[0]
     try:
         secret = read_secret(config.secret_file, "secret_file")
+        client = config.client()
     except ConfigError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
+    except ClientConfigError as exc:
+        log.error("%s: %s", exc.file, exc)
+        return EXIT_CONFIG
     try:
-        status, answer = request(config, secret, node, features=features)
+        status, answer = request(config, secret, node, features=features, client=client)
+    except ClientConfigError as exc:  # the password file became unreadable since
+        log.error("%s: %s", exc.file, exc)
+        return EXIT_CONFIG
     except ControllerUnreachable as exc:
         if not config.fallback_command:
             log.error("controller unreachable (%s); no fallback_command", exc)
@@ -294,6 +337,15 @@ def reboot_program(
     if status == 202:
         log.warning("controller accepted %s of %s (%s)", config.operation, node, answer.get("request_id"))
         return EXIT_OK
+    if status in (401, 403) and not answer.get("error"):  # the listener's web-config, not our HMAC
+        log.error(
+            "controller's listener refused our credentials for %s of %s: HTTP %d: set controller_basic_auth "
+            "(and controller_tls_config) in the reboot config to what its web-config accepts",
+            config.operation,
+            node,
+            status,
+        )
+        return EXIT_REFUSED
     log.error("controller refused %s of %s: HTTP %d %s", config.operation, node, status, answer.get("error"))
     return EXIT_REFUSED
 

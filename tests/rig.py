@@ -115,6 +115,50 @@ def reset_mid_request(port: int, request: bytes, host: str = "127.0.0.1") -> Non
         s.close()
 
 
+FIXTURES = Path(__file__).parent / "adapters" / "fixtures"
+TICK_TIME = 1_768_212_200.0
+
+
+def commit_one_tick(db: Path) -> None:
+    """A store holding one committed tick, as a daemon that is now down leaves it: four nodes from a Slurm
+    22.05 capture, gpu-01 sensed through a fake agent with XID 48, gpu-02 quarantined (fatal XID 79),
+    dry-run (tests/test_cli.py, the Prolog's gate behind basic auth in tests/prolog_epilog/)."""
+    import random
+
+    from slurm_fleetyield.adapters.scrape import parse_exposition
+    from slurm_fleetyield.adapters.slurm import SlurmCli
+    from slurm_fleetyield.adapters.store import LogRow, Store
+    from slurm_fleetyield.adapters.views import render_result
+    from slurm_fleetyield.core.loop import tick
+    from slurm_fleetyield.core.model import Observations
+    from slurm_fleetyield.core.params import Params
+    from slurm_fleetyield.core.state import ControllerState
+    from slurm_fleetyield.ports import ApplyReport
+
+    now = TICK_TIME
+    text = (FIXTURES / "scontrol_show_node_o_22.05_edgecases.txt").read_text()
+    nodes = SlurmCli(runner=lambda a, t: CommandResult(0, text, ""), version=(22, 5, 8)).read_nodes()
+    sample = parse_exposition((FIXTURES / "agent_fake_h100_2gpu_xid48.txt").read_text(), "gpu-01", now)
+    result = tick(
+        ControllerState.empty(), Observations(now, nodes, {"gpu-01": sample}), Params(), now, random.Random(0)
+    )
+    store = Store(db)
+    view = render_result(5, now, result, ApplyReport(), {"gpu-01": sample}, dry_run=True, duration_s=0.1)
+    store.commit_tick(
+        5,
+        now,
+        result.state,
+        (),
+        [LogRow(now, e.kind, e.node, e.message) for e in result.events]
+        + [
+            LogRow(now, "applied", "gpu-02", "scontrol update NodeName=gpu-02 ..."),
+            LogRow(now, "dry_run", "gpu-01", "x"),
+        ],
+        view,
+    )
+    store.close()
+
+
 def write_secret(path: Path, secret: bytes) -> Path:
     """The push secret as the agent and the controller read it (mode 0600)."""
     path.write_bytes(secret)
@@ -163,15 +207,24 @@ def approval_listener(
     wake: threading.Event | None = None,
     clock: Callable[[], float] | None = None,
     on_unauthenticated: Callable[[str, str], None] | None = None,
+    web_config: Path | None = None,
 ) -> tuple[Any, Path]:
     """The admin's side of the human gate: the controller's REAL approval listener (``IngestServer``, started
     on a free port) and the ``fy.toml`` that ``fleetyield pending/approve/deny --config`` read (store, gate
-    and push sections pointing at it). Returns (server, config path); the caller stops the server."""
+    and push sections pointing at it). With ``web_config`` the listener is served with that web-config file
+    (TLS, basic auth) and fy.toml names it, with host ``localhost`` (the name on tests/pki.py's server
+    certificate). Returns (server, config path); the caller stops the server."""
     from slurm_fleetyield.adapters.ingest import IngestServer
 
     kw: dict[str, Any] = {} if clock is None else {"clock": clock}
     if on_unauthenticated is not None:
         kw["on_unauthenticated"] = on_unauthenticated
+    push_extra = ""
+    if web_config is not None:
+        from node_agent.webconfig import load_web_config
+
+        kw["web"] = load_web_config(web_config)
+        push_extra = f'web_config_file = "{web_config}"\n'
     server = IngestServer(
         "127.0.0.1",
         0,
@@ -187,7 +240,8 @@ def approval_listener(
     cfg.write_text(
         f'[store]\npath = "{tmp / "fy.db"}"\n'
         f'[gate]\nstate_dir = "{gate_dir}"\nauthorized_keys = "{authorized_keys}"\n'
-        f'[push]\nhost = "127.0.0.1"\nport = {server.port}\nsecret_file = "{tmp / "push.secret"}"\n'
+        f'[push]\nhost = "{"127.0.0.1" if web_config is None else "localhost"}"\nport = {server.port}\n'
+        f'secret_file = "{tmp / "push.secret"}"\n{push_extra}'
     )
     return server, cfg
 

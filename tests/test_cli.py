@@ -3,55 +3,26 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rig import TICK_TIME as NOW
+from rig import commit_one_tick
 
 from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
-from slurm_fleetyield.adapters.scrape import parse_exposition
-from slurm_fleetyield.adapters.slurm import CommandResult, SlurmCli
 from slurm_fleetyield.adapters.store import LogRow, Store
 from slurm_fleetyield.adapters.views import render_result
 from slurm_fleetyield.cli import main
-from slurm_fleetyield.core.loop import tick
-from slurm_fleetyield.core.model import Observations
-from slurm_fleetyield.core.params import Params
-from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.ports import ApplyReport
-
-FIXTURES = Path(__file__).parent / "adapters" / "fixtures"
-NOW = 1_768_212_200.0
 
 
 @pytest.fixture
 def cfg(tmp_path) -> Path:
     """A config whose store holds one committed tick (as left by a daemon that is now down)."""
-    db = tmp_path / "fy.db"
-    text = (FIXTURES / "scontrol_show_node_o_22.05_edgecases.txt").read_text()
-    nodes = SlurmCli(runner=lambda a, t: CommandResult(0, text, ""), version=(22, 5, 8)).read_nodes()
-    sample = parse_exposition((FIXTURES / "agent_fake_h100_2gpu_xid48.txt").read_text(), "gpu-01", NOW)
-    result = tick(
-        ControllerState.empty(), Observations(NOW, nodes, {"gpu-01": sample}), Params(), NOW, random.Random(0)
-    )
-    store = Store(db)
-    view = render_result(5, NOW, result, ApplyReport(), {"gpu-01": sample}, dry_run=True, duration_s=0.1)
-    store.commit_tick(
-        5,
-        NOW,
-        result.state,
-        (),
-        [LogRow(NOW, e.kind, e.node, e.message) for e in result.events]
-        + [
-            LogRow(NOW, "applied", "gpu-02", "scontrol update NodeName=gpu-02 ..."),
-            LogRow(NOW, "dry_run", "gpu-01", "x"),
-        ],
-        view,
-    )
-    store.close()
+    commit_one_tick(tmp_path / "fy.db")
     path = tmp_path / "fy.toml"
-    path.write_text(f'[store]\npath = "{db}"\n')
+    path.write_text(f'[store]\npath = "{tmp_path / "fy.db"}"\n')
     return path
 
 
@@ -132,6 +103,38 @@ def test_validate_config(tmp_path):
     bad.write_text("[loop]\ninterval_s = 0\n")
     code, out = invoke("validate-config", str(bad))
     assert code == 1 and f"{bad}: loop.interval_s: Input should be greater than 0 (got 0)" in out
+
+
+def test_validate_config_opens_the_files_it_names(tmp_path):
+    """validate-config is the controller unit's ExecStartPre: what run refuses to start with, it refuses too,
+    naming the file and the field (a 1-byte push secret printed "ok" before and only run refused it)."""
+    secret = tmp_path / "push.secret"
+    secret.write_bytes(b"x")
+    secret.chmod(0o600)
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: nowhere.crt\n  key_file: nowhere.key\n")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text("fleetyield-ed25519 not-base64 alice\n")
+    keys.chmod(0o644)
+    path = tmp_path / "fy.toml"
+    path.write_text(
+        f'[push]\nsecret_file = "{secret}"\n[api]\nweb_config_file = "{web}"\n'
+        f'[gate]\nauthorized_keys = "{keys}"\n'
+    )
+    code, out = invoke("validate-config", str(path))
+    assert code == 1, out
+    assert f"{secret}: push.secret_file: the secret is 1 bytes, shorter than 16 bytes" in out
+    assert f"{web}: api.web_config_file: tls_server_config.cert_file: no such file (got 'nowhere.crt')" in out
+    # authorized_keys: said, with file and line, but run starts with it (re-read at every approval)
+    assert f"warning: {keys}: gate.authorized_keys (line 1): key is not valid base64" in out
+    assert "ok" not in out.splitlines()[-1]
+    secret.write_bytes(b"0123456789abcdef0123")
+    web.write_text("basic_auth_users: {}\n")
+    code, out = invoke("validate-config", str(path))
+    assert code == 0 and out.endswith(f"{path}: ok\n") and "gate.authorized_keys (line 1)" in out, out
+    secret.chmod(0o644)
+    code, out = invoke("validate-config", str(path), "--json")
+    assert code == 1 and f"{secret}: push.secret_file: mode 644 is group/world accessible" in out, out
 
 
 def test_run_once_dry_run_with_unreachable_slurm(tmp_path):
@@ -342,7 +345,8 @@ def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     assert (
         "(open), made at " in drain
         and "averted = p 0.500 (risk 0.905, at most stake.drain_precision) x (requeued work 0.0 + "
-        "next stake 682.7 " in drain
+        "next stake 682.7 "
+        in drain
     )
     assert drain.endswith("vs cost = drain downtime 192.0 + requeued work 0.0 = 192.0 GPU-h")
     code, out = invoke("explain", "gpu000", "--config", str(stake_cfg), "--json")
@@ -355,3 +359,46 @@ def test_explain_shows_the_stake_arithmetic_and_the_drain_figures(stake_cfg):
     assert "drain_stake" not in json.loads(
         invoke("explain", "gpu001", "--config", str(stake_cfg), "--json")[1]
     )
+
+
+def test_status_through_an_api_behind_tls_and_basic_auth(cfg, tmp_path, monkeypatch):
+    """The API served with a web-config (TLS + basic auth): the read commands get the answer with --ca-file,
+    --basic-auth-user and --password-file (or their $FLEETYIELD_* defaults); a 401 or an untrusted
+    certificate says which options to give."""
+    import bcrypt
+    from pki import make_pki
+
+    from node_agent.webconfig import load_web_config
+
+    pki = make_pki(tmp_path / "pki")
+    hashed = bcrypt.hashpw(b"admin-pass", bcrypt.gensalt(4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: {pki['server_cert']}\n  key_file: {pki['server_key']}\n"
+        f"basic_auth_users:\n  admin: '{hashed}'\n"
+    )
+    password = tmp_path / "admin.password"
+    password.write_text("admin-pass\n")
+    password.chmod(0o600)
+    store = Store(cfg.parent / "fy.db")
+    server = ApiServer("127.0.0.1", 0, StoreReadModel(store), web=load_web_config(web))
+    server.start()
+    url = f"https://localhost:{server.port}"
+    auth = ["--basic-auth-user", "admin", "--password-file", str(password)]
+    try:
+        code, out = invoke("status", "--api", url, "--ca-file", str(pki["ca"]))
+        assert code == 1 and "HTTP 401" in out and "--basic-auth-user and --password-file" in out, out
+        code, out = invoke("status", "--api", url, *auth)
+        assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in out and "--ca-file" in out, out
+        code, out = invoke("status", "--api", url, "--ca-file", str(pki["ca"]), *auth)
+        assert code == 0 and out.startswith("tick 5 ("), out
+        code, out = invoke("status", "--api", url, "--ca-file", str(pki["ca"]), "--basic-auth-user", "admin")
+        assert code == 2 and "--basic-auth-user and --password-file go together" in out, out
+        monkeypatch.setenv("FLEETYIELD_CA_FILE", str(pki["ca"]))
+        monkeypatch.setenv("FLEETYIELD_BASIC_AUTH_USER", "admin")
+        monkeypatch.setenv("FLEETYIELD_PASSWORD_FILE", str(password))
+        code, out = invoke("explain", "gpu-02", "--api", url, "--json")
+        assert code == 0 and json.loads(out)["tier"] == "quarantined", out
+    finally:
+        server.stop()
+        store.close()

@@ -371,6 +371,57 @@ def test_controller_down_warns(tmp_path, agent):
     assert by_check(run(tmp_path, cfg, Slurm(), only=["controller"]), "controller")[0][0] == "WARN"
 
 
+def test_the_api_behind_basic_auth_and_the_prologs_it_refused(tmp_path, agent):
+    """doctor asks the api listener with --basic-auth-user/--password-file, and reports the requests it
+    refused for credentials: Prologs whose hooks.conf does not match run without the health gate."""
+    import urllib.request
+
+    import bcrypt
+
+    from node_agent.webconfig import load_web_config
+    from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
+    from slurm_fleetyield.adapters.metrics import ControllerStats, make_registry
+
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"basic_auth_users:\n  admin: '{bcrypt.hashpw(b'admin-pass', bcrypt.gensalt(4)).decode()}'\n"
+    )
+    password = tmp_path / "admin.password"
+    password.write_text("admin-pass\n")
+    password.chmod(0o600)
+    stats = ControllerStats()
+    store = Store(tmp_path / "api.db")
+    api = ApiServer(
+        "127.0.0.1",
+        0,
+        StoreReadModel(store),
+        make_registry(stats),
+        web=load_web_config(web),
+        on_unauthenticated=stats.unauthenticated,
+    )
+    api.start()
+    try:
+        cfg = write_config(tmp_path, agent.port, api_port=api.port)
+        cfg.write_text(cfg.read_text() + f'web_config_file = "{web}"\n')  # [api] is the last table
+        doctor_cmd = ["doctor", "--config", str(cfg), "--only", "controller"]
+        out = CliRunner().invoke(main, doctor_cmd)
+        assert "[WARN] controller" in out.output and "wants credentials" in out.output, out.output
+        assert "--basic-auth-user and --password-file" in out.output
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a node's Prolog without credentials
+            urllib.request.urlopen(f"http://127.0.0.1:{api.port}/v1/nodes/gpu-01/gate", timeout=10)
+        assert refused.value.code == 401
+        out = CliRunner().invoke(
+            main, [*doctor_cmd, "--basic-auth-user", "admin", "--password-file", str(password)]
+        )
+        assert out.exit_code == 0, out.output
+        assert "HTTP 503" in out.output and "no tick committed yet" in out.output  # the answer, authenticated
+        assert "refused 2 request(s) for missing or wrong basic-auth credentials" in out.output, out.output
+        assert "controller_basic_auth_username" in out.output and "AUTH REFUSED" in out.output
+    finally:
+        api.stop()
+        store.close()
+
+
 def test_a_crashing_check_is_one_fail(tmp_path, agent, monkeypatch):
     def boom(ctx):
         raise RuntimeError("bug")

@@ -6,6 +6,7 @@ the envelope is authentic (an unauthenticated one writes nothing and is counted)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -28,6 +29,14 @@ PID2 = "p-ba9876543210"
 
 @pytest.fixture
 def rig(tmp_path: Path):
+    with _rig(tmp_path) as r:
+        yield r
+
+
+@contextlib.contextmanager
+def _rig(tmp_path: Path, web_config: Path | None = None):
+    """Two pending proposals, alice's key authorized, the real approval listener (served with
+    ``web_config`` when given) and the fy.toml the CLI reads."""
     keys = tmp_path / "keys"
     alice, alice_pub = keygen("alice", keys)
     mallory, _ = keygen("mallory", keys)
@@ -61,6 +70,7 @@ def rig(tmp_path: Path):
         b"secret-0123456789abcdef",
         wake,
         on_unauthenticated=lambda endpoint, reason: unauthenticated.append((endpoint, reason)),
+        web_config=web_config,
     )
 
     class Rig:
@@ -69,10 +79,13 @@ def rig(tmp_path: Path):
     r = Rig()
     r.tmp, r.alice, r.mallory, r.auth, r.gate_dir, r.cfg = tmp_path, alice, mallory, auth, gate_dir, cfg
     r.server, r.wake, r.store, r.unauthenticated = server, wake, store, unauthenticated
-    r.url = f"http://127.0.0.1:{server.port}/v1/approvals"
-    yield r
-    server.stop()
-    store.close()
+    scheme, host = ("http", "127.0.0.1") if web_config is None else ("https", "localhost")
+    r.url = f"{scheme}://{host}:{server.port}/v1/approvals"
+    try:
+        yield r
+    finally:
+        server.stop()
+        store.close()
 
 
 def gate_state(gate_dir: Path) -> tuple[dict[str, str], list[tuple[str, str, dict]]]:
@@ -350,3 +363,66 @@ def test_audit_verify_of_a_non_utf8_export_names_it(tmp_path: Path) -> None:
     out = CliRunner().invoke(main, ["audit", "verify", "--jsonl", str(bad)])
     _clean_failure(out)
     assert str(bad) in out.output and "UTF-8" in out.output
+
+
+def test_approve_and_submit_approval_through_a_listener_behind_tls_and_basic_auth(tmp_path: Path) -> None:
+    """The push listener served with a web-config (TLS + basic auth): approve --config reaches it over https
+    (the scheme from [push] web_config_file) with --ca-file, --basic-auth-user and --password-file;
+    without credentials the listener's 401 is reported with the options to give, and nothing changes."""
+    import bcrypt
+    from pki import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    hashed = bcrypt.hashpw(b"admin-pass", bcrypt.gensalt(4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: {pki['server_cert']}\n  key_file: {pki['server_key']}\n"
+        f"basic_auth_users:\n  admin: '{hashed}'\n"
+    )
+    password = tmp_path / "admin.password"
+    password.write_text("admin-pass\n")
+    password.chmod(0o600)
+    auth = ["--basic-auth-user", "admin", "--password-file", str(password)]
+    runner = CliRunner()
+    with _rig(tmp_path, web) as r:
+        env_file = r.tmp / "deny.json"
+        out = runner.invoke(
+            main, ["deny", PID2, "--key", str(r.alice), "--config", str(r.cfg), "--out", str(env_file)]
+        )
+        assert out.exit_code == 0, out.output
+        # no credentials: refused by the listener, said with what to give; nothing changes
+        out = runner.invoke(
+            main, ["submit-approval", str(env_file), "--submit", r.url, "--ca-file", str(pki["ca"])]
+        )
+        assert out.exit_code == 1 and "refused (401)" in out.output and "--basic-auth-user" in out.output
+        assert r.unauthenticated == [("listener", "basic_auth")]
+        # no CA: the listener's certificate is not trusted, and the option that fixes it is named
+        out = runner.invoke(main, ["submit-approval", str(env_file), "--submit", r.url, *auth])
+        assert out.exit_code == 1 and "CERTIFICATE_VERIFY_FAILED" in out.output and "--ca-file" in out.output
+        assert gate_state(r.gate_dir)[0][PID2] == "pending"
+        # both: submitted
+        out = runner.invoke(
+            main, ["submit-approval", str(env_file), "--submit", r.url, "--ca-file", str(pki["ca"]), *auth]
+        )
+        assert out.exit_code == 0, out.output
+        assert gate_state(r.gate_dir)[0][PID2] == "denied"
+        # approve --config: https from [push] web_config_file; the credentials from the environment, as an
+        # admin's shell sets them once
+        env = {
+            "FLEETYIELD_CA_FILE": str(pki["ca"]),
+            "FLEETYIELD_BASIC_AUTH_USER": "admin",
+            "FLEETYIELD_PASSWORD_FILE": str(password),
+        }
+        out = runner.invoke(
+            main, ["approve", PID, "--key", str(r.alice), "--config", str(r.cfg), "--json"], env=env
+        )
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.output)["status"] == "approved" and gate_state(r.gate_dir)[0][PID] == "approved"
+        # a password file that cannot be read names the option, before anything is sent
+        out = runner.invoke(
+            main,
+            ["submit-approval", str(env_file), "--submit", r.url, "--password-file", str(tmp_path / "nope")],
+            env={**env, "FLEETYIELD_PASSWORD_FILE": None},
+        )
+        assert out.exit_code == 2 and "--password-file: cannot read" in out.output, out.output
+        assert len(r.unauthenticated) == 1

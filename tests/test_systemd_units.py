@@ -66,6 +66,16 @@ def test_agent_keeps_only_what_nvml_and_resets_need():
     assert "--push-secret-file /etc/fleetyield/push.secret" in d["ExecStart"][0]
 
 
+def test_the_agents_default_file_passes_more_options_such_as_a_web_config_file():
+    """/etc/default/fleetyield-agent's FLEETYIELD_AGENT_ARGS reaches ExecStart unbraced: systemd splits it
+    into words, and an empty one adds no argument."""
+    d = directives(UNITS / "fleetyield-agent.service")
+    assert d["ExecStart"][0].split()[-1] == "$FLEETYIELD_AGENT_ARGS"
+    default = (UNITS / "fleetyield-agent.default").read_text()
+    assert re.search(r"^FLEETYIELD_AGENT_ARGS=$", default, re.M)
+    assert re.search(r"^#FLEETYIELD_AGENT_ARGS=--web-config-file \S+ --config \S+$", default, re.M)
+
+
 def test_fd_limits_leave_room_above_the_listener_caps():
     """Issue 27 item 1: 1,017 half-sent requests used the default 1,024 FDs and every tick failed with
     EMFILE. The units raise the limit well above what the listeners may hold (their caps)."""

@@ -1,9 +1,11 @@
 """Fixtures for the prolog/epilog tests: run the hooks as slurmd would (a subprocess with
-a fresh environment and a temp config) and a local controller gate HTTP server."""
+a fresh environment and a temp config), a local controller gate HTTP server, and the controller's
+real API listener behind a web-config file (``protected_api``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,8 +87,14 @@ class Node:
         (self.agent_dir / "fatal.json").write_text(json.dumps(doc))
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def run_hook(name: str, env: dict[str, str], timeout: float = 10.0) -> HookRun:
+    """Run ``prolog_epilog.<name>`` from this tree (``PYTHONPATH`` ends with it: the hooks of the tree under
+    test, whatever copy the interpreter has installed; a test's own ``PYTHONPATH`` comes first)."""
     start = time.monotonic()
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)}
     proc = subprocess.run(
         [sys.executable, "-m", f"prolog_epilog.{name}"],
         env=env,
@@ -181,3 +190,66 @@ def blackhole() -> Iterator[str]:
 def hook() -> object:
     """``hook(name, env) -> HookRun``: run ``prolog_epilog.<name>`` like slurmd does."""
     return run_hook
+
+
+PASSWORD = "s3cret-prolog"
+
+
+@pytest.fixture
+def protected_api(tmp_path: Path) -> Iterator[Any]:
+    """The controller's REAL API listener over a store whose last tick quarantined gpu-02 (fresh: /healthz
+    answers 200), served with a web-config file. ``start(tls=...)`` writes web.yml (user ``prolog``, bcrypt;
+    with TLS the PKI's server certificate for ``localhost``) and returns the URL; ``password_file(text)``
+    writes the client's password file; ``refused()``: the requests the controller counted as refused."""
+    import bcrypt
+    from pki import make_pki
+    from rig import TICK_TIME, commit_one_tick
+
+    from node_agent.webconfig import load_web_config
+    from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
+    from slurm_fleetyield.adapters.metrics import ControllerStats
+    from slurm_fleetyield.adapters.store import Store
+
+    commit_one_tick(tmp_path / "fy.db")
+    store = Store(tmp_path / "fy.db")
+    servers: list[ApiServer] = []
+
+    class Api:
+        pki = make_pki(tmp_path / "pki")
+        stats = ControllerStats()
+
+        def start(self, tls: bool = False) -> str:
+            hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+            web = tmp_path / "web.yml"
+            text = f"basic_auth_users:\n  prolog: '{hashed}'\n"
+            if tls:
+                text += (
+                    f"tls_server_config:\n  cert_file: {self.pki['server_cert']}\n"
+                    f"  key_file: {self.pki['server_key']}\n"
+                )
+            web.write_text(text)
+            api = ApiServer(
+                "127.0.0.1",
+                0,
+                StoreReadModel(store),
+                clock=lambda: TICK_TIME + 1,
+                web=load_web_config(web),
+                on_unauthenticated=self.stats.unauthenticated,
+            )
+            api.start()
+            servers.append(api)
+            return f"https://localhost:{api.port}" if tls else f"http://127.0.0.1:{api.port}"
+
+        def password_file(self, text: str = PASSWORD) -> Path:
+            path = tmp_path / "controller.password"
+            path.write_text(text + "\n")
+            path.chmod(0o600)
+            return path
+
+        def refused(self) -> int:
+            return self.stats.read_unauthenticated().get(("api", "basic_auth"), 0)
+
+    yield Api()
+    for api in servers:
+        api.stop()
+    store.close()

@@ -15,6 +15,8 @@ import pytest
 
 from prolog_epilog.healthcheck import NHC_PREFIX, STATE_FILE, decide
 
+REPO = Path(__file__).resolve().parents[2]
+
 XID79 = {
     "kind": "xid",
     "gpu": 3,
@@ -50,7 +52,7 @@ def test_the_rule() -> None:
 
 def report(node, **conf: object) -> subprocess.CompletedProcess[str]:
     node.write_conf(**conf)
-    env = node.env()
+    env = {**node.env(), "PYTHONPATH": str(REPO)}  # this tree's hooks, whatever copy is installed
     env.pop("SLURM_JOB_ID")
     return subprocess.run(
         [sys.executable, "-m", "prolog_epilog.healthcheck", "--report"],
@@ -126,6 +128,29 @@ def test_with_two_controllers_one_healthy_is_a_controller_at_work(node, dead_por
     state.write_text(json.dumps({"controller_down_since": since - 3600}))
     proc = report(node, controller_url=urls, healthcheck_grace_s=3600)
     assert proc.returncode == 1 and proc.stdout.startswith("fleetyield: XID 79"), proc.stderr
+
+
+def test_a_controller_that_refuses_the_probe_is_a_loud_configuration_error(node, protected_api) -> None:
+    """/healthz behind the API's basic auth: hooks.conf's controller_basic_auth_* get the answer; without
+    them the probe is refused, said at ERROR as a configuration error, and the controller counts as not at
+    work to us (the grace starts: with a fatal event pending this node is marked after it)."""
+    url = protected_api.start()
+    node.write_fatal([XID79])
+    state = node.spool / STATE_FILE
+    conf = {"controller_url": url, "timeout_ms": 3000, "healthcheck_grace_s": 3600}
+    proc = report(
+        node,
+        **conf,
+        controller_basic_auth_username="prolog",
+        controller_basic_auth_password_file=protected_api.password_file(),
+    )
+    assert (proc.returncode, proc.stdout) == (0, "") and not state.exists(), proc.stderr  # it drains
+    assert "AUTH REFUSED" not in proc.stderr and protected_api.refused() == 0
+    proc = report(node, **conf)
+    assert (proc.returncode, proc.stdout) == (0, "") and state.exists(), proc.stderr
+    line = next(line for line in proc.stderr.splitlines() if "AUTH REFUSED" in line)
+    assert " ERROR " in line and "configuration error" in line and "HTTP 401" in line, line
+    assert protected_api.refused() == 1
 
 
 @pytest.mark.parametrize("args", [["--bogus"], ["--report", "x"]])

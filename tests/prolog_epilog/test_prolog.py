@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,3 +283,97 @@ def test_controller_canary_passes_pending_fatal_events(
     env = node.env()
     env.update(extra)
     assert (hook("prolog", env).rc == 0) is allowed
+
+
+# --------------------------------------------------------------------------------------------------------
+# The gate behind the controller's web-config (TLS, basic auth): issue 27, item 1
+# --------------------------------------------------------------------------------------------------------
+
+
+def _auth_refused_line(res: Any) -> str:
+    lines = [line for line in res.stderr.splitlines() if "AUTH REFUSED" in line]
+    assert lines, res.stderr
+    return lines[0]
+
+
+def test_the_gate_behind_basic_auth_answers_with_the_right_credentials(
+    node: Any, hook: Any, protected_api: Any, tmp_path: Path
+) -> None:
+    url = protected_api.start()
+    node.write_conf(
+        controller_url=url,
+        timeout_ms=3000,
+        hard_timeout_ms=6000,
+        controller_basic_auth_username="prolog",
+        controller_basic_auth_password_file=protected_api.password_file(),
+    )
+    res = hook("prolog", node.env(SLURMD_NODENAME="gpu-02"))
+    assert res.rc == 1, res.stderr  # the real verdict: gpu-02 is quarantined
+    assert "DENY: controller quarantines gpu-02: fleetyield: node quarantined" in res.stderr
+    assert hook("prolog", node.env(SLURMD_NODENAME="gpu-03")).rc == 0  # and a green node is allowed
+    assert protected_api.refused() == 0
+
+
+@pytest.mark.parametrize("credentials", ["none", "wrong password", "unreadable password file"])
+def test_refused_credentials_are_a_loud_configuration_error_not_an_outage(
+    node: Any, hook: Any, protected_api: Any, tmp_path: Path, credentials: str
+) -> None:
+    """Fail-open by policy (prolog.py, "Refused credentials"), but never silently: an ERROR line in the
+    hook's log that says AUTH REFUSED, what was sent and what to set, unlike a controller that is down."""
+    url = protected_api.start()
+    auth: dict[str, object] = {}
+    if credentials == "wrong password":
+        auth = {"controller_basic_auth_password_file": protected_api.password_file("guessed")}
+    elif credentials == "unreadable password file":
+        auth = {"controller_basic_auth_password_file": tmp_path / "nowhere"}
+    if auth:
+        auth["controller_basic_auth_username"] = "prolog"
+    node.write_conf(controller_url=url, timeout_ms=3000, hard_timeout_ms=6000, **auth)
+    res = hook("prolog", node.env(SLURMD_NODENAME="gpu-02"))
+    assert res.rc == 0, res.stderr  # allowed, but:
+    line = _auth_refused_line(res)
+    assert " ERROR " in line and "configuration error" in line and "the health gate is off" in line
+    assert "unreachable" not in line
+    if credentials == "unreadable password file":
+        assert "controller_basic_auth_password_file: cannot read" in line and "nowhere" in line
+        assert protected_api.refused() == 0  # nothing was sent
+    else:
+        sent = "no credentials" if credentials == "none" else "user 'prolog'"
+        assert "HTTP 401" in line and sent in line, line
+        assert protected_api.refused() == 1  # and the controller counted it (doctor, /metrics)
+    assert line in node.log_file.read_text()  # in hooks.log too, where the admin looks
+
+
+def test_the_gate_over_tls_with_basic_auth(node: Any, hook: Any, protected_api: Any, tmp_path: Path) -> None:
+    url = protected_api.start(tls=True)
+    conf = {
+        "controller_url": url,
+        "timeout_ms": 3000,
+        "hard_timeout_ms": 6000,
+        "controller_basic_auth_username": "prolog",
+        "controller_basic_auth_password_file": protected_api.password_file(),
+    }
+    node.write_conf(**conf, controller_tls_config_ca_file=protected_api.pki["ca"])
+    res = hook("prolog", node.env(SLURMD_NODENAME="gpu-02"))
+    assert res.rc == 1 and "DENY: controller quarantines gpu-02" in res.stderr, res.stderr
+    node.write_conf(**conf)  # no CA: the controller's certificate does not verify
+    res = hook("prolog", node.env(SLURMD_NODENAME="gpu-02"))
+    assert res.rc == 0, res.stderr
+    line = _auth_refused_line(res)
+    assert "does not verify" in line and "controller_tls_config_ca_file" in line, line
+
+
+def test_toml_hooks_conf_takes_the_agents_table_shapes(
+    node: Any, hook: Any, protected_api: Any, tmp_path: Path
+) -> None:
+    url = protected_api.start(tls=True)
+    password = protected_api.password_file()
+    node.conf_path.write_text(
+        f'[hooks]\nagent_state_dir = "{node.agent_dir}"\nhpc_job_dir = "{node.map_dir}"\n'
+        f'spool_dir = "{node.spool}"\nlog_file = "{node.log_file}"\ncontroller_url = "{url}"\n'
+        "timeout_ms = 3000\nhard_timeout_ms = 6000\n"
+        f'controller_basic_auth = {{username = "prolog", password_file = "{password}"}}\n'
+        f'[hooks.controller_tls_config]\nca_file = "{protected_api.pki["ca"]}"\n'
+    )
+    res = hook("prolog", node.env(SLURMD_NODENAME="gpu-02"))
+    assert res.rc == 1 and "DENY: controller quarantines gpu-02" in res.stderr, res.stderr

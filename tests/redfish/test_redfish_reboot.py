@@ -40,15 +40,8 @@ class FakeSlurm:
         return self.jobs
 
 
-@pytest.fixture
-def controller(
-    emulator: Emulator, creds_file: Path
-) -> Iterator[tuple[str, RecordingAudit, rr.RebootEndpoint]]:
-    """The controller's listener with the endpoint mounted at REBOOT_PATH (as the push listener will)."""
-    audit = RecordingAudit()
-    safety = slurm_safety(FakeSlurm(), lambda n: False, initiated=slurm_is_rebooting)
-    power = make_controller(make_config(emulator, creds_file), safety=safety, audit=audit)
-    endpoint = rr.RebootEndpoint(power, SECRET, run_async=lambda fn: fn())  # inline: deterministic tests
+def _handler(endpoint: rr.RebootEndpoint) -> type[BaseHTTPRequestHandler]:
+    """``POST REBOOT_PATH`` answered by ``endpoint``, as the push listener will mount it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -66,7 +59,19 @@ def controller(
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    return Handler
+
+
+@pytest.fixture
+def controller(
+    emulator: Emulator, creds_file: Path
+) -> Iterator[tuple[str, RecordingAudit, rr.RebootEndpoint]]:
+    """The controller's listener with the endpoint mounted at REBOOT_PATH (as the push listener will)."""
+    audit = RecordingAudit()
+    safety = slurm_safety(FakeSlurm(), lambda n: False, initiated=slurm_is_rebooting)
+    power = make_controller(make_config(emulator, creds_file), safety=safety, audit=audit)
+    endpoint = rr.RebootEndpoint(power, SECRET, run_async=lambda fn: fn())  # inline: deterministic tests
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(endpoint))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", audit, endpoint
@@ -230,3 +235,50 @@ def test_endpoint_drives_the_bmc_in_a_worker_thread_with_its_own_audit_connectio
     log = AuditLog.open(gate / "gate.db", gate / "audit.head")
     assert [e.data["result"] for e in log.entries()] == ["started", "ok"]
     assert log.verify().ok
+
+
+def test_a_listener_behind_basic_auth_takes_the_request_with_controller_basic_auth(
+    controller, tmp_path: Path, caplog
+) -> None:
+    """The endpoint on the controller's listener machinery served with a web-config (basic auth): the
+    reboot config's controller_basic_auth gets the request through; without it the listener's 401 is a
+    refusal said as a credentials problem (never the local fallback); an unreadable password file is a
+    config error before anything is sent."""
+    import bcrypt
+
+    from node_agent.webconfig import load_web_config
+    from slurm_fleetyield.adapters.listener import BackgroundServer
+
+    _, audit, endpoint = controller
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"basic_auth_users:\n  nodes: '{bcrypt.hashpw(b'node-pass', bcrypt.gensalt(4)).decode()}'\n"
+    )
+    password = tmp_path / "node.password"
+    password.write_text("node-pass\n")
+    password.chmod(0o600)
+    server = BackgroundServer("127.0.0.1", 0, _handler(endpoint), "fy-test-push", web=load_web_config(web))
+    server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    ran: list[list[str]] = []
+    try:
+        cfg = node_config(url, tmp_path, node="gpu-05")
+        assert rr.reboot_program(cfg, [], run=lambda argv: ran.append(argv) or 0) == rr.EXIT_REFUSED
+        assert "refused our credentials" in caplog.text and "controller_basic_auth" in caplog.text
+        assert ran == [] and audit.results("gpu-05") == []
+        auth = {"username": "nodes", "password_file": str(tmp_path / "nope")}
+        cfg = node_config(url, tmp_path, node="gpu-05", controller_basic_auth=auth)
+        assert rr.reboot_program(cfg, [], run=lambda argv: ran.append(argv) or 0) == rr.EXIT_CONFIG
+        assert "controller_basic_auth.password_file: cannot read" in caplog.text
+        cfg = node_config(
+            url, tmp_path, node="gpu-05", controller_basic_auth={**auth, "password_file": str(password)}
+        )
+        assert rr.reboot_program(cfg, ["gpu_a100"], run=lambda argv: ran.append(argv) or 0) == rr.EXIT_OK
+        assert audit.results("gpu-05") == ["started", "ok"] and ran == []
+    finally:
+        server.stop()
+
+
+def test_controller_tls_config_needs_an_https_url(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="controller_tls_config is set but controller_url is not https://"):
+        node_config("http://ctl:9402", tmp_path, controller_tls_config={"ca_file": str(tmp_path / "ca.crt")})
