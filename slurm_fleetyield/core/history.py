@@ -7,7 +7,7 @@ plus one ``Clock`` per node) and bounded to the longest trend window.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +62,19 @@ class GpuTrack:
             out.append(steps[k][1])
         return tuple(out)
 
+    def point_at(self, t: float) -> Counters:
+        """The stored point at ring time ``t`` (``points`` at one time): that of the last step at or before
+        ``t``, found by binary search, so a trend reads its few window bases without expanding the ring."""
+        i = bisect_right(self.steps, t, key=_step_time) - 1
+        return self.steps[max(i, 0)][1]  # as ``points``: a time before the first step reads the first
+
     def history(self, last_time: float, node_times: tuple[float, ...]) -> GpuHistory:
         times = self.ring(node_times)
         return GpuHistory(last_time, self.last_raw, self.last_adj, times, self.points(times))
+
+
+def _step_time(step: tuple[float, Counters]) -> float:
+    return step[0]
 
 
 class NodeHistory(Mapping[str, GpuHistory]):

@@ -184,14 +184,15 @@ class Tracker:
                 out.append(_new_gpu(reading, raw, None, None, new_xids, False))
             else:
                 ring = prev.ring(node_times)
-                points = prev.points(ring)
                 plan = self.timeline(t, ring)[3]
                 assert plan is not None
-                base_long = points[plan[0]]
+                at = prev.point_at
+                base_long = at(ring[plan[0]])
                 if adj == base_long:
                     out.append(_new_gpu(reading, raw, None, None, new_xids, False))
                 else:
-                    rates, growth = self._trend(adj, points, base_long, plan[1])
+                    bases = tuple((at(ring[i]), per_hour) for i, per_hour in plan[1])
+                    rates, growth = self._trend(adj, base_long, bases)
                     out.append(_new_gpu(reading, raw, rates, growth, new_xids, False))
             if appended:
                 if steps[-1][1] is not adj:
@@ -239,7 +240,8 @@ class Tracker:
         base_long = prev.points[plan[0]]
         if adj == base_long:
             return SensedGpu(reading, raw, None, None, new_xids, False), h
-        rates, growth = self._trend(adj, prev.points, base_long, plan[1])
+        points = prev.points
+        rates, growth = self._trend(adj, base_long, tuple((points[i], per_hour) for i, per_hour in plan[1]))
         return SensedGpu(reading, raw, rates, growth, new_xids, False), h
 
     def _node_plain(
@@ -268,11 +270,10 @@ class Tracker:
 
     @staticmethod
     def _trend(
-        adj: Counters,
-        points: tuple[Counters, ...],
-        base_long: Counters,
-        steps: tuple[tuple[int, float], ...],
+        adj: Counters, base_long: Counters, bases: tuple[tuple[Counters, float], ...]
     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per channel: the highest per-hour rate over the windows (``bases``: each window's base point and
+        per-hour divisor) and the growth within the longest window (since ``base_long``)."""
         # Only channels that moved within the longest window can have a non-zero rate in any shorter one.
         # A window's per-hour rate: growth since its base point / max(window, time since that point).
         moved = [
@@ -285,8 +286,7 @@ class Tracker:
         growth = zeros
         for c in moved:
             growth[c] = adj[c] - base_long[c]  # type: ignore[operator]
-        for i, per_hour in steps:
-            base = points[i]
+        for base, per_hour in bases:
             for c in moved:
                 b = base[c]
                 if b is None:
