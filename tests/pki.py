@@ -57,3 +57,24 @@ def make_pki(directory: Path, client_san: str = "node-client") -> dict[str, Path
         "client_cert": client_cert,
         "client_key": client_key,
     }
+
+
+def web_config_with_user(
+    directory: Path, user: str = "admin", password: str = "admin-pass", tls: bool = True
+) -> tuple[dict[str, Path] | None, Path, Path]:
+    """A listener's web-config under ``directory`` (exporter-toolkit format: basic auth for ``user``, and
+    with ``tls`` a server certificate from a fresh PKI) and ``user``'s password file (0600):
+    ``(pki or None, web.yml, password file)``."""
+    import bcrypt
+
+    pki = make_pki(directory / "pki") if tls else None
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    web = directory / "web.yml"
+    server = ""
+    if pki:
+        server = f"tls_server_config:\n  cert_file: {pki['server_cert']}\n  key_file: {pki['server_key']}\n"
+    web.write_text(f"{server}basic_auth_users:\n  {user}: '{hashed}'\n")
+    secret = directory / f"{user}.password"
+    secret.write_text(password + "\n")
+    secret.chmod(0o600)
+    return pki, web, secret

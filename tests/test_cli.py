@@ -385,21 +385,12 @@ def test_status_through_an_api_behind_tls_and_basic_auth(cfg, tmp_path, monkeypa
     """The API served with a web-config (TLS + basic auth): the read commands get the answer with --ca-file,
     --basic-auth-user and --password-file (or their $FLEETYIELD_* defaults); a 401 or an untrusted
     certificate says which options to give."""
-    import bcrypt
-    from pki import make_pki
+    from pki import web_config_with_user
 
     from node_agent.webconfig import load_web_config
 
-    pki = make_pki(tmp_path / "pki")
-    hashed = bcrypt.hashpw(b"admin-pass", bcrypt.gensalt(4)).decode()
-    web = tmp_path / "web.yml"
-    web.write_text(
-        f"tls_server_config:\n  cert_file: {pki['server_cert']}\n  key_file: {pki['server_key']}\n"
-        f"basic_auth_users:\n  admin: '{hashed}'\n"
-    )
-    password = tmp_path / "admin.password"
-    password.write_text("admin-pass\n")
-    password.chmod(0o600)
+    pki, web, password = web_config_with_user(tmp_path)
+    assert pki is not None
     store = Store(cfg.parent / "fy.db")
     server = ApiServer("127.0.0.1", 0, StoreReadModel(store), web=load_web_config(web))
     server.start()

@@ -376,19 +376,13 @@ def test_the_api_behind_basic_auth_and_the_prologs_it_refused(tmp_path, agent):
     refused for credentials: Prologs whose hooks.conf does not match run without the health gate."""
     import urllib.request
 
-    import bcrypt
+    from pki import web_config_with_user
 
     from node_agent.webconfig import load_web_config
     from slurm_fleetyield.adapters.api import ApiServer, StoreReadModel
     from slurm_fleetyield.adapters.metrics import ControllerStats, make_registry
 
-    web = tmp_path / "web.yml"
-    web.write_text(
-        f"basic_auth_users:\n  admin: '{bcrypt.hashpw(b'admin-pass', bcrypt.gensalt(4)).decode()}'\n"
-    )
-    password = tmp_path / "admin.password"
-    password.write_text("admin-pass\n")
-    password.chmod(0o600)
+    _, web, password = web_config_with_user(tmp_path, tls=False)
     stats = ControllerStats()
     store = Store(tmp_path / "api.db")
     api = ApiServer(

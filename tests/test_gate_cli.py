@@ -369,19 +369,10 @@ def test_approve_and_submit_approval_through_a_listener_behind_tls_and_basic_aut
     """The push listener served with a web-config (TLS + basic auth): approve --config reaches it over https
     (the scheme from [push] web_config_file) with --ca-file, --basic-auth-user and --password-file;
     without credentials the listener's 401 is reported with the options to give, and nothing changes."""
-    import bcrypt
-    from pki import make_pki
+    from pki import web_config_with_user
 
-    pki = make_pki(tmp_path / "pki")
-    hashed = bcrypt.hashpw(b"admin-pass", bcrypt.gensalt(4)).decode()
-    web = tmp_path / "web.yml"
-    web.write_text(
-        f"tls_server_config:\n  cert_file: {pki['server_cert']}\n  key_file: {pki['server_key']}\n"
-        f"basic_auth_users:\n  admin: '{hashed}'\n"
-    )
-    password = tmp_path / "admin.password"
-    password.write_text("admin-pass\n")
-    password.chmod(0o600)
+    pki, web, password = web_config_with_user(tmp_path)
+    assert pki is not None
     auth = ["--basic-auth-user", "admin", "--password-file", str(password)]
     runner = CliRunner()
     with _rig(tmp_path, web) as r:
