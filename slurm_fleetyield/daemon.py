@@ -767,7 +767,8 @@ def check_files(config: Config) -> tuple[list[ConfigError], list[str]]:
     ExecStartPre, reports them all at once, file and field named, instead of a crash loop).
 
     Errors: the push and control secrets (``read_secret``: mode, length), the listeners' web-config files,
-    the scraper's client files (``sense.basic_auth``/``tls_config``), the Alertmanager token. Warning only:
+    the scraper's client files (``sense.basic_auth``/``tls_config``), the Alertmanager token, with
+    ``[attest]`` its policy and signing key, with ``[redfish]`` the Redfish client. Warning only:
     ``gate.authorized_keys`` that does not parse or is writable by others. ``run`` starts with it (the file is
     re-read at every approval, so a fix needs no restart, and until then approvals are refused while fatal
     faults are still drained): refusing the start for it would stop those drains over an admin-key typo."""
@@ -787,6 +788,10 @@ def check_files(config: Config) -> tuple[list[ConfigError], list[str]]:
     attempt(lambda: load_listener_web_config("api", config.api.web_config_file))
     attempt(lambda: build_agent_client(config))
     attempt(lambda: build_alertmanager(config))
+    if config.attest.enabled:
+        attempt(lambda: _attest_policy_and_key(config))
+    if config.redfish.enabled:
+        attempt(_require_sushy)
     warnings: list[str] = []
     if config.gate.authorized_keys:
         from slurm_fleetyield.gate.errors import KeyFileError
@@ -831,13 +836,26 @@ def build_attest(config: Config) -> AttestService | None:
     at = config.attest
     if not at.enabled:
         return None
-    from slurm_fleetyield.attest.policy import PolicyError, load_policy
     from slurm_fleetyield.attest.store import AttestStore, AttestStoreError
     from slurm_fleetyield.attest.verify import AttestService
     from slurm_fleetyield.config import ConfigError
+
+    policy, key = _attest_policy_and_key(config)
+    try:
+        store = AttestStore(config.store.url or at.db)  # PostgreSQL: verdicts survive a takeover
+    except (OSError, sqlite3.Error, AttestStoreError) as exc:
+        raise ConfigError(at.db, [f"attest.db: {exc}"]) from None
+    return AttestService(store, policy, key, nonce_ttl_s=at.nonce_ttl_s)
+
+
+def _attest_policy_and_key(config: Config) -> tuple[Any, Any]:
+    """The enabled ``[attest]`` section's policy and signing key, loaded (a ``ConfigError`` naming the file
+    that cannot be used); opens no store."""
+    from slurm_fleetyield.attest.policy import PolicyError, load_policy
     from slurm_fleetyield.gate.errors import GateError
     from slurm_fleetyield.gate.keys import load_private_key
 
+    at = config.attest
     assert at.policy is not None and at.key is not None  # AttestConfig's validator
     try:
         policy = load_policy(at.policy)
@@ -847,11 +865,7 @@ def build_attest(config: Config) -> AttestService | None:
         key = load_private_key(at.key)
     except (GateError, OSError, ValueError) as exc:
         raise ConfigError(at.key, [f"attest.key: {exc}"]) from None
-    try:
-        store = AttestStore(config.store.url or at.db)  # PostgreSQL: verdicts survive a takeover
-    except (OSError, sqlite3.Error, AttestStoreError) as exc:
-        raise ConfigError(at.db, [f"attest.db: {exc}"]) from None
-    return AttestService(store, policy, key, nonce_ttl_s=at.nonce_ttl_s)
+    return policy, key
 
 
 def _attest_gate(attest: AttestService, max_age_s: float) -> Callable[[str, float], tuple[bool, str]]:
@@ -873,21 +887,15 @@ def build_redfish(
         return None
     from slurm_fleetyield.adapters.bmc_ratelimit import TokenBucket
     from slurm_fleetyield.adapters.redfish import (
-        BmcConfigError,
         PerThreadAudit,
         PowerController,
         RedfishExecutor,
         default_rate_limit_state,
-        require_sushy,
         slurm_safety,
     )
-    from slurm_fleetyield.config import ConfigError
     from slurm_fleetyield.core.lifecycle import DRAINED_STAGES
 
-    try:
-        require_sushy()
-    except BmcConfigError as exc:
-        raise ConfigError("[redfish]", [str(exc)]) from None
+    _require_sushy()
 
     def quarantined(node: str) -> bool:
         memory = daemon().state.lifecycle.get(node)
@@ -905,6 +913,16 @@ def build_redfish(
         ),
     )
     return RedfishExecutor(power, dry_run=dry_run)
+
+
+def _require_sushy() -> None:
+    """``[redfish] enabled`` needs the Redfish client (the ``controller`` extra): else a ``ConfigError``."""
+    from slurm_fleetyield.adapters.redfish import BmcConfigError, require_sushy
+
+    try:
+        require_sushy()
+    except BmcConfigError as exc:
+        raise ConfigError("[redfish]", [str(exc)]) from None
 
 
 def build_sense(config: Config, client: Any = None) -> tuple[SensePort, Callable[[], None]]:

@@ -137,6 +137,26 @@ def test_validate_config_opens_the_files_it_names(tmp_path):
     assert code == 1 and f"{secret}: push.secret_file: mode 644 is group/world accessible" in out, out
 
 
+def test_validate_config_opens_the_attestation_policy_and_key_and_creates_nothing(tmp_path):
+    """[attest] enabled: run loads the policy and the verdict-signing key before the first tick, so
+    validate-config does too, naming each file; it opens no attestation store."""
+    policy, key, db = tmp_path / "policy.json", tmp_path / "attest.key", tmp_path / "attest.db"
+    policy.write_text("{not json")
+    key.write_text("not a key\n")
+    key.chmod(0o600)
+    path = tmp_path / "fy.toml"
+    secret = tmp_path / "push.secret"
+    secret.write_bytes(b"0123456789abcdef0123")
+    secret.chmod(0o600)
+    path.write_text(
+        f'[push]\nsecret_file = "{secret}"\n'
+        f'[attest]\nenabled = true\npolicy = "{policy}"\nkey = "{key}"\ndb = "{db}"\n'
+    )
+    code, out = invoke("validate-config", str(path))
+    assert code == 1 and f"{policy}: attest.policy:" in out, out
+    assert not db.exists()
+
+
 def test_run_once_dry_run_with_unreachable_slurm(tmp_path):
     path = tmp_path / "fy.toml"
     path.write_text(

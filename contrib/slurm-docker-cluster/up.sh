@@ -222,6 +222,13 @@ ensure_base_image
 build_wheelhouse
 build_image
 if [[ ${1:-} == --build-only ]]; then log "built $FLEETYIELD_IMAGE in $((SECONDS - T0)) s"; exit 0; fi
+# A cluster network from before fixed addresses (or on another FLEETYIELD_NET): compose refuses to reuse it.
+want_subnet="${FLEETYIELD_NET:-10.213.37}.0/24"
+have_subnet=$("$DOCKER" network inspect fleetyield-cluster -f '{{range .IPAM.Config}}{{.Subnet}}{{end}}' 2>/dev/null || true)
+if [[ -n $have_subnet && $have_subnet != "$want_subnet" ]]; then
+  log "network fleetyield-cluster is on $have_subnet, not $want_subnet: recreating the cluster's containers"
+  compose down --remove-orphans --timeout 10 2>&1 | sed 's/^/  /' >&2
+fi
 log "starting containers (compose project $COMPOSE_PROJECT_NAME)"
 compose up -d --remove-orphans 2>&1 | sed 's/^/  /' >&2
 wait_postgres

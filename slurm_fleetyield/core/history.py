@@ -10,11 +10,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from slurm_fleetyield.core.model import fast_init
 
 Counters = tuple[float | None, ...]  # one value per channel of ``ControllerState.layout``; None: not exported
+_step_time = itemgetter(0)  # a track step's time
 
 
 @fast_init
@@ -71,10 +73,6 @@ class GpuTrack:
     def history(self, last_time: float, node_times: tuple[float, ...]) -> GpuHistory:
         times = self.ring(node_times)
         return GpuHistory(last_time, self.last_raw, self.last_adj, times, self.points(times))
-
-
-def _step_time(step: tuple[float, Counters]) -> float:
-    return step[0]
 
 
 class NodeHistory(Mapping[str, GpuHistory]):

@@ -374,6 +374,12 @@ def test_leader_dies_mid_flow_and_the_standby_finishes_both_flows_once(
         assert not mine, mine  # settled
 
     except BaseException:
+        for host in (B, A):  # each controller's log since the flows began: why a step did not happen
+            logs = subprocess.run(
+                [cluster.docker, "logs", "--since", f"{t_start:.3f}", host], capture_output=True, text=True
+            )
+            print(f"--- {host}'s log since the flows began (last 150 lines):")
+            print("\n".join((logs.stdout + logs.stderr).splitlines()[-150:]))
         print(
             "pg_stat_activity:\n"
             + _psql(
