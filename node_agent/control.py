@@ -136,8 +136,13 @@ class ControlServer:
         workers: int = WORKERS,
         read_timeout_s: float = READ_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_refused(reason)``: a caller refused for who it is (``peer_uid``: neither root nor the agent's
+        uid, reachable only where the socket's mode was loosened); the agent counts them
+        (``node_agent.unauthenticated``)."""
         self.agent = agent
+        self.on_refused = on_refused
         self.path = Path(state_dir) / SOCKET_FILE
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
@@ -165,7 +170,7 @@ class ControlServer:
         self._busy_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.counts = {"accepted": 0, "evicted": 0, "timed_out": 0, "refused": 0, "requests": 0}
+        self.counts = {"accepted": 0, "evicted": 0, "timed_out": 0, "refused": 0, "denied": 0, "requests": 0}
 
     def stats(self) -> dict[str, int]:
         return {**self.counts, "connections": len(self._waiting) + self._busy, "busy": self._busy}
@@ -223,6 +228,9 @@ class ControlServer:
             sock.setblocking(False)
             uid = _peer_uid(sock)
             if uid not in (0, os.getuid()):
+                self.counts["denied"] += 1
+                if self.on_refused is not None:
+                    self.on_refused("peer_uid")
                 with contextlib.suppress(OSError):
                     sock.send(_line({"ok": False, "error": f"permission denied for uid {uid}"}))
                 sock.close()

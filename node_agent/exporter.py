@@ -254,7 +254,8 @@ class Server:
                 self.handover = HandoverLoop(self.agent.attestor, secret)
             from node_agent.control import ControlServer
 
-            self.control = ControlServer(cfg.state_dir, self.agent)
+            count = self.unauthenticated.add
+            self.control = ControlServer(cfg.state_dir, self.agent, on_refused=lambda r: count("control", r))
             limits = dataclasses.replace(AGENT_LIMITS, max_connections=cfg.max_connections)
             registry = make_registry(self.agent, cfg)
             self.http = _HTTPServer((cfg.listen, cfg.port), self.agent, registry, limits, web)

@@ -3,7 +3,9 @@
 Input: ``(endpoint, reason)`` from the HTTP listener's basic auth (``BoundedHTTPServer.on_unauthorized``:
 ``metrics``, ``basic_auth``, the 401 of a web-config file's ``basic_auth_users``) and from the signed reset
 (``remote.ResetEndpoint``: ``reset``, ``bad_signature`` for its 401, a missing, stale or forged signature,
-and ``wrong_node`` for its 403, a request signed for another node). Output:
+and ``wrong_node`` for its 403, a request signed for another node) and from the control socket
+(``control.ControlServer``: ``control``, ``peer_uid``, a local caller neither root nor the agent's uid).
+Output:
 ``fleetyield_agent_unauthenticated_requests_total{endpoint, reason}``, read at scrape time (the Collector
 protocol), the agent's counterpart of the controller's ``fleetyield_unauthenticated_requests_total``. A
 refused request changes nothing on the node: this counter is the only trace a flood of them leaves, so an
@@ -18,7 +20,12 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, Metric
 
 METRIC = "fleetyield_agent_unauthenticated_requests"
-KNOWN = (("metrics", "basic_auth"), ("reset", "bad_signature"), ("reset", "wrong_node"))
+KNOWN = (
+    ("metrics", "basic_auth"),
+    ("reset", "bad_signature"),
+    ("reset", "wrong_node"),
+    ("control", "peer_uid"),
+)
 
 
 class Unauthenticated:
@@ -43,7 +50,7 @@ class Unauthenticated:
         family = CounterMetricFamily(
             METRIC,
             "Requests refused for want of authentication (metrics: basic_auth; reset: bad_signature, "
-            "wrong_node). A refused request changes nothing on the node.",
+            "wrong_node; control: peer_uid). A refused request changes nothing on the node.",
             labels=["endpoint", "reason"],
         )
         for (endpoint, reason), n in sorted(self.read().items()):

@@ -8,19 +8,27 @@ endpoint counted nothing: a flood of refused requests left no trace. A real agen
 from __future__ import annotations
 
 import http.client
+import json
+import os
 import re
+import shutil
+import socket
+import tempfile
 from base64 import b64encode
 from pathlib import Path
 
 import bcrypt
+import pytest
 from rig import write_secret
 
 from node_agent.config import build_config
+from node_agent.control import call
 from node_agent.exporter import Server
 from node_agent.protocol import CONTROL_RESET_PATH, ResetRequest, signed_headers
 from node_agent.unauthenticated import METRIC, Unauthenticated
 
 SECRET = b"unauthenticated-secret-01"
+NOBODY = 65534
 AUTH = "prometheus:s3cret"
 
 
@@ -60,6 +68,7 @@ def test_refused_requests_are_counted_on_the_agents_metrics(tmp_path: Path) -> N
             ("metrics", "basic_auth"): 0,
             ("reset", "bad_signature"): 0,
             ("reset", "wrong_node"): 0,
+            ("control", "peer_uid"): 0,
         }  # every known pair from 0: rate() has a series before the first refusal
         assert _request(srv.port, "GET", "/metrics", None)[0] == 401
         assert _request(srv.port, "GET", "/metrics", "prometheus:wrong")[0] == 401
@@ -78,6 +87,7 @@ def test_refused_requests_are_counted_on_the_agents_metrics(tmp_path: Path) -> N
             ("metrics", "basic_auth"): 3,
             ("reset", "bad_signature"): 1,
             ("reset", "wrong_node"): 2,
+            ("control", "peer_uid"): 0,
         }, metrics
         assert not (cfg.state_dir / "control_nonces.json").exists()  # none of them changed anything
     finally:
@@ -92,7 +102,63 @@ def test_counts_start_at_zero_and_take_new_reasons() -> None:
         ("metrics", "basic_auth"): 0,
         ("reset", "bad_signature"): 0,
         ("reset", "wrong_node"): 1,
+        ("control", "peer_uid"): 0,
         ("quote", "something_new"): 1,
     }
     (family,) = counts.collect()
-    assert family.name == METRIC and family.type == "counter" and len(family.samples) == 4
+    assert family.name == METRIC and family.type == "counter" and len(family.samples) == 5
+
+
+def _ping_as(uid: int, path: Path) -> bytes:
+    """One control request from a forked child running as ``uid``: the line it got back (SO_PEERCRED
+    records the uid at connect time, so the child drops root before it connects)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: plain syscalls only, then _exit
+        code = 1
+        try:
+            os.close(r)
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.settimeout(10)
+                c.connect(str(path))
+                c.sendall(b'{"op": "ping"}\n')
+                os.write(w, c.recv(4096))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        line = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    return line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the caller runs as another uid (nobody)")
+def test_a_local_caller_of_another_uid_is_refused_and_counted() -> None:
+    """The control socket's second check (the first is its mode, 0600): a caller that can open it but is
+    neither root nor the agent's uid gets "permission denied", nothing runs, and the refusal shows on
+    /metrics as ``{endpoint="control", reason="peer_uid"}``. The socket's directory and mode are loosened
+    here so that such a caller can reach the uid check at all."""
+    state = Path(tempfile.mkdtemp(prefix="fy-ctl-"))  # not under pytest's 0700 tmp root: nobody must reach it
+    try:
+        state.chmod(0o755)
+        cfg = build_config(
+            None, {"backend": "fake", "listen": "127.0.0.1", "port": 0, "state_dir": state, "gpus": 2}
+        )
+        srv = Server(cfg)
+        srv.start()
+        try:
+            sock = state / "agent.sock"
+            sock.chmod(0o666)
+            line = _ping_as(NOBODY, sock)
+            assert json.loads(line) == {"ok": False, "error": f"permission denied for uid {NOBODY}"}
+            assert srv.control is not None and srv.control.stats()["denied"] == 1
+            assert srv.unauthenticated.read()[("control", "peer_uid")] == 1
+            assert call(state, {"op": "ping"})["backend"] == "fake"  # root is still answered
+        finally:
+            srv.stop()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
