@@ -231,7 +231,6 @@ class Cluster:
         # Fresh fake GPUs (faults, counters, fatal.json and the push spool gone), slurmd untouched.
         with ThreadPoolExecutor(len(NODES)) as pool:
             list(pool.map(lambda n: self.fy_service(n, "agent", "restart", "--wipe"), NODES))
-        self._clear_stuck_completing()
         self.poll(
             lambda: not self.ctl("squeue", "-h", "-o", "%A").split(),
             timeout=timeout,
@@ -247,21 +246,6 @@ class Cluster:
             self.poll(lambda n=node: self.metrics(n), timeout=60, interval=0.1, what=f"{node}'s agent")
         self.fy_service(CONTROLLER, "controller", "restart", "--wipe")
         self.poll(self.world_is_clean, timeout=timeout, interval=0.2, what="a clean, labelled cluster")
-
-    def _clear_stuck_completing(self, grace_s: float = 30.0) -> None:
-        """A job the reset cancelled that is still COMPLETING after ``grace_s`` with no step left on its node
-        (seen after the HA test's reboots and container kills: slurmd logs "bad node index" and never reports
-        the end) is cleared the way an admin clears it: its nodes DOWN, then RESUME. Only the world reset
-        between tests does this; the tests themselves still see every COMPLETING job."""
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if not self.ctl("squeue", "-h", "-o", "%A").split():
-                return
-            time.sleep(0.5)
-        stuck = self.ctl("squeue", "-h", "-t", "CG", "-o", "%N").split()
-        for node in sorted({n for n in stuck if n}):
-            self.ctl("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=test reset", check=False)
-            self.ctl("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
 
     def wait_no_reboot(self, timeout: float = 120) -> None:
         """Until no node is rebooting (the ladder's ``scontrol reboot``: fleetyield-docker-reboot restarts
