@@ -122,6 +122,12 @@ def _slurmctld_log(cluster: Any, since: float) -> list[str]:
     return subprocess.run(cmd, capture_output=True, text=True).stderr.splitlines()
 
 
+def _reasons_set(log: list[str], node: str) -> list[str]:
+    """The drain reasons slurmctld's log shows set on ``node``, in order."""
+    mark = f"node {node} reason set to: "
+    return [ln.split(mark, 1)[1] for ln in log if mark in ln]
+
+
 def _spools_empty(cluster: Any, node: str) -> bool:
     out = cluster.sh(
         node,
@@ -309,14 +315,13 @@ def test_leader_dies_mid_flow_and_the_standby_finishes_both_flows_once(
         # ladder rewrites the reason (remediation 1/3, reboot) at the next tick, which may come a fraction of
         # a second later (the approval's push tick runs at once, the regular one on its own schedule).
         (approved,) = cluster.poll(
-            lambda: [ln for ln in _slurmctld_log(cluster, t_start) if f"node {X} reason set to:" in ln
-                     and f"#{pid}]" in ln][:1],
+            lambda: [r for r in _reasons_set(_slurmctld_log(cluster, t_start), X) if f"#{pid}]" in r][:1],
             timeout=30,
             interval=0.5,
             what=f"{X} drained by the approval (slurmctld's log)",
-        )  # fmt: skip
+        )
         cluster.poll(  # the same for Z: its ladder may have rewritten or lifted the drain by now
-            lambda: [ln for ln in _slurmctld_log(cluster, t_start) if f"node {Z} reason set to:" in ln],
+            lambda: _reasons_set(_slurmctld_log(cluster, t_start), Z),
             timeout=30,
             interval=0.5,
             what=f"{Z} drained",
@@ -352,9 +357,9 @@ def test_leader_dies_mid_flow_and_the_standby_finishes_both_flows_once(
 
         # Counted on the Slurm side: slurmctld's log and the node's RebootProgram log.
         log = _slurmctld_log(cluster, t_start)
-        approved_sets = [ln for ln in log if f"node {X} reason set to:" in ln and f"#{pid}]" in ln]
-        y_xid = [ln for ln in log if f"node {Y} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
-        z_xid = [ln for ln in log if f"node {Z} reason set to: fleetyield: XID 79 gpu 3 fell" in ln]
+        approved_sets = [r for r in _reasons_set(log, X) if f"#{pid}]" in r]
+        y_xid = [r for r in _reasons_set(log, Y) if r.startswith("fleetyield: XID 79 gpu 3 fell")]
+        z_xid = [r for r in _reasons_set(log, Z) if r.startswith("fleetyield: XID 79 gpu 3 fell")]
         reboots_queued = [ln for ln in log if f"reboot request queued for nodes {Y}" in ln]
         reboots = [
             ln
