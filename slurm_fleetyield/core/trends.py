@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from operator import add, ge, itemgetter, sub
+from operator import itemgetter
 
 from slurm_fleetyield.core.model import GpuReading, NodeSample, fast_init, fast_new
 from slurm_fleetyield.core.params import SenseParams
@@ -322,22 +322,20 @@ def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
     """Reset-adjusted cumulative values: a counter that went down restarted from zero (driver reload).
 
     Per channel: not exported now (None) keeps the last adjusted value; appearing for the first time makes the
-    value its own baseline; growth adds to the adjusted value; a decrease restarts from zero.
-
-    The common case (every channel exported before and now, none decreased) is the third rule on every
-    channel, ``la + (r - lr)``, evaluated by ``map`` over C-level operators: the same arithmetic, the same
-    bits."""
-    if (
-        None not in raw
-        and None not in last_raw
-        and None not in last_adj
-        # NaN compares False: such a value takes the general path
-        and all(map(ge, raw, last_raw))  # type: ignore[arg-type]
-    ):
-        return tuple(map(add, last_adj, map(sub, raw, last_raw)))
+    value its own baseline; unchanged keeps the last adjusted value (the very object, so the points of a
+    ring share every channel that did not move); growth adds to the adjusted value; a decrease restarts from
+    zero."""
     return tuple(
         [
-            la if r is None else r if la is None or lr is None else la + (r - lr) if r >= lr else la + r
+            la
+            if r is None
+            else r
+            if la is None or lr is None
+            else la
+            if r == lr
+            else la + (r - lr)
+            if r > lr
+            else la + r
             for r, lr, la in zip(raw, last_raw, last_adj, strict=True)
         ]
     )
