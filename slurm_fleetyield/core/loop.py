@@ -55,11 +55,19 @@ from slurm_fleetyield.core.model import (
     NodeDecision,
     NodeRisk,
     Observations,
+    SlurmNode,
 )
-from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.params import Params, ProfileParams
 from slurm_fleetyield.core.plan import DrainNode, Hold, Plan, RequeueJobs, UpdateNodes
 from slurm_fleetyield.core.signals import channel_layout
-from slurm_fleetyield.core.state import ControllerState, LearnMemory, SettleMemory
+from slurm_fleetyield.core.state import (
+    ControllerState,
+    LearnMemory,
+    SettleMemory,
+    changed_keys,
+    note_changes,
+    slurm_view,
+)
 
 __all__ = ["LogEvent", "NodeDecision", "TickResult", "resample", "tick"]
 
@@ -107,7 +115,7 @@ def tick(
     sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = risk.assess(sensed, fatal, state, params, now)
-    envelopes = profile.profile(sensed, obs, state, params.profile)
+    envelopes = _profile(sensed, obs, state, params.profile)
     drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.out_of_service(state))
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
@@ -128,6 +136,44 @@ def tick(
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
     at = wake.wake_at(after, params, now)
     return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh, at)
+
+
+def _profile(
+    sensed: sense.Sensed, obs: Observations, state: ControllerState, pp: ProfileParams
+) -> dict[str, Envelope]:
+    """``profile.profile`` of the nodes whose inputs changed since last tick, last tick's envelope for every
+    other node. An envelope reads the node's ``SensedNode``, the GPU type of its Slurm row and the params, all
+    frozen: with the very params as last tick and the same node names, only the nodes whose SensedNode is
+    another object or whose GPU type changed are profiled again (else every node is), and an envelope equal
+    to last tick's is handed on as that very object, so the stages after this one, which look again only at
+    nodes whose envelope is another object, do not redo a node whose envelope did not change."""
+    nodes = sensed.nodes
+    snapshot = slurm_view(state.memo, obs)  # a copy: the shell's mapping may be updated in place
+    last: dict[str, Any] | None = state.memo.get("profile_last")
+    base: Mapping[str, Envelope] | None = None
+    todo: set[str] = set()
+    if last is not None and last["pp"] is pp:
+        memo, was = state.memo, last["slurm"]
+        todo = changed_keys(nodes, last["nodes"], memo)
+        moved = changed_keys(snapshot, was, memo)  # Slurm rows that are other objects (a job started, ...)
+        todo.update(n for n in moved if _gpu_type(snapshot, n) != _gpu_type(was, n))
+        if all(n in nodes and n in last["nodes"] for n in todo):  # the same names: else all, in their order
+            base = last["out"]
+    if base is None:
+        out = profile.profile(sensed, obs, pp)
+    else:
+        out = dict(base)
+        for name, env in profile.profile(sensed, obs, pp, sorted(todo)).items():
+            out[name] = env if env != base[name] else base[name]
+    state.memo["profile_last"] = {"nodes": nodes, "pp": pp, "slurm": snapshot, "out": out}
+    note_changes(state.memo, "profile", out, base, todo if base is not None else ())
+    return out
+
+
+def _gpu_type(slurm: Mapping[str, SlurmNode], name: str) -> str | None:
+    """What an envelope reads of a node's Slurm row (tests/core/test_profile.py checks that it is all)."""
+    row = slurm.get(name)
+    return None if row is None else row.gpu_type
 
 
 def _kept(state: ControllerState) -> frozenset[str]:

@@ -16,9 +16,8 @@ Workload classes and the envelope each needs (``route`` turns these into admissi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from slurm_fleetyield.core.model import Envelope, Observations, WorkloadClass
 from slurm_fleetyield.core.params import ProfileParams
@@ -34,7 +33,6 @@ from slurm_fleetyield.core.signals import (
     REMAP_PENDING,
     ROWS_UNCORR,
 )
-from slurm_fleetyield.core.state import ControllerState, changed_keys, note_changes, slurm_view
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,75 +54,41 @@ CLASSES: tuple[ClassEnvelope, ...] = (
 
 
 def profile(
-    sensed: Sensed, obs: Observations, state: ControllerState, pp: ProfileParams
-) -> Mapping[str, Envelope]:
+    sensed: Sensed, obs: Observations, pp: ProfileParams, names: Iterable[str] | None = None
+) -> dict[str, Envelope]:
+    """One ``Envelope`` per node of ``names`` (None: every sensed node), a pure function of the node's sensed
+    GPUs, its Slurm GPU type and ``pp``: premium when its GPU type or a GPU model names a premium model;
+    NVLink present by model, full when no GPU is missing and every GPU's CRC and replay rates are under
+    their limits; HBM full when no GPU is missing, none has a pending or failed row remap or too many
+    uncorrectable remapped rows, and every exported framebuffer total is nominal. A node that is not fresh
+    gets an envelope that can serve nothing, with the reason. (The loop computes only the nodes whose
+    inputs changed and carries last tick's envelope for the others: core/loop.py ``_profile``.)"""
     premium = tuple(m.lower() for m in pp.premium_gpu_models)
     nvlink_models = tuple(m.lower() for m in pp.nvlink_gpu_models)
     nominal = tuple((k.lower(), v) for k, v in pp.fb_total_mib.items())
     wants: dict[str, float | None] = {}  # GPU model -> nominal framebuffer (first matching substring)
+    # Nodes mostly share a handful of (gpu_type, GPU models) combinations: their text is derived once a call.
+    texts: dict[tuple[str, tuple[str, ...]], tuple[str, bool, str]] = {}
+    nodes = sensed.nodes
     out: dict[str, Envelope] = {}
-    # Nodes mostly share a handful of (gpu_type, GPU models) combinations: derive their text once.
-    memo: dict[tuple[str, tuple[str, ...]], tuple[str, bool, str]] = {}
-    # A fresh node whose sensed GPUs are the very objects of its last envelope (same GPU type, expected
-    # count and params) has the same envelope: reused (ControllerState.memo, not persisted).
-    last = state.memo.setdefault("profile", {})
-    # Last tick's answer is the start when sense knows which nodes changed against the very nodes it was
-    # built from (``Sensed.changed``): only those, and the nodes whose Slurm view is another object (its
-    # GPU type), go through the memo above; every other node is fresh now and was then, with the very
-    # same GPUs, expected count and GPU type.
-    snapshot = slurm_view(state.memo, obs)  # a copy: the shell's mapping may be updated in place
-    carried = state.memo.get("profile_last")
-    todo = _todo(carried, sensed, snapshot, pp, state.memo)
-    items: Iterable[tuple[str, SensedNode]] = sensed.nodes.items()
-    if todo is not None and carried is not None:
-        nodes = sensed.nodes
-        out = dict(carried["out"])
-        items = [(n, nodes[n]) for n in sorted(todo) if n in nodes]
-    for name, node in items:
+    for name in nodes if names is None else names:
+        node = nodes[name]
         slurm = obs.slurm.get(name)
         gpu_type = (slurm.gpu_type or "") if slurm else ""
-        hit = last.get(name)
-        if (
-            node.fresh
-            and hit is not None
-            and hit[0] is node.gpus
-            and hit[1] == (gpu_type, node.expected_gpus, pp)
-        ):
-            out[name] = hit[2]
-            continue
         key = (gpu_type, tuple([g.reading.model for g in node.gpus]))
-        known = memo.get(key)
+        known = texts.get(key)
         if known is None:
             models = set(key[1])  # built in GPU order, as always: the same set, the same iteration order
             text = " ".join((gpu_type, *models)).lower()
             is_premium = any(m in text for m in premium)
             model = next(iter(sorted(models)), gpu_type)
-            known = memo[key] = (text, is_premium, model)
+            known = texts[key] = (text, is_premium, model)
         text, is_premium, model = known
         if not node.fresh:
             out[name] = Envelope(model, is_premium, notes=(f"unknown: {node.reason}",))
             continue
-        env = out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
-        last[name] = (node.gpus, (gpu_type, node.expected_gpus, pp), env)
-    state.memo["profile_last"] = {"since": sensed.nodes, "params": pp, "slurm": snapshot, "out": out}
-    base = carried["out"] if todo is not None and carried is not None else None
-    note_changes(state.memo, "profile", out, base, todo or ())
+        out[name] = _envelope(node, model, is_premium, text, nvlink_models, nominal, pp, wants)
     return out
-
-
-def _todo(
-    carried: dict[str, Any] | None,
-    sensed: Sensed,
-    snapshot: Mapping[str, object],
-    pp: ProfileParams,
-    memo: dict[str, Any],
-) -> set[str] | None:
-    """The nodes whose envelope may differ from last tick's answer, or None (not known: every node)."""
-    if carried is None or sensed.changed is None or carried["since"] is not sensed.since:
-        return None
-    if carried["params"] is not pp:
-        return None
-    return {*sensed.changed, *changed_keys(snapshot, carried["slurm"], memo)}
 
 
 def _envelope(

@@ -207,7 +207,7 @@ def test_route_memo_follows_the_loan():
     from slurm_fleetyield.core import price, profile
     from slurm_fleetyield.core.quarantine import Drains
 
-    envs = profile.profile(r.last.sensed, obs, r.state, r.params.profile)
+    envs = profile.profile(r.last.sensed, obs, r.params.profile)
     priced = price.price(obs, r.last.sensed, r.last.risks, envs, Drains(), r.state, r.params, r.now)
     memo = r.state.memo
     plain, _ = route.route(obs, priced, envs, memo=memo, service=False, reserve=True)

@@ -78,3 +78,38 @@ def test_full_framebuffer_keeps_hbm_full():
     f.set("gpu000", 3, s.FB_TOTAL, 81_559)
     env, _ = _env(f)
     assert env.hbm_full
+
+
+def test_envelope_reads_only_the_gpu_type_of_the_slurm_row() -> None:
+    """The loop profiles again only nodes whose SensedNode or Slurm GPU type changed (core/loop.py
+    ``_profile``): every other field of the Slurm row must leave the envelope as it was."""
+    from dataclasses import fields, replace
+
+    from slurm_fleetyield.core import profile
+    from slurm_fleetyield.core.model import SlurmNode
+
+    f = Fleet(0)
+    f.add("a", H100)
+    f.add("b", L40S, gpu_type="h200")
+    f.add("c", L40S)
+    r = Runner(f)
+    res = r.tick()
+    sensed, pp, obs = res.sensed, r.params.profile, f.observe(r.now)
+    assert sensed is not None
+    want = profile.profile(sensed, obs, pp)
+    other = {
+        "states": frozenset({"ALLOCATED", "DRAIN"}),
+        "reason": "admin: cabling",
+        "available_features": ("x",),
+        "active_features": ("x",),
+        "weight": 77,
+        "gpu_count": 3,
+        "partitions": ("debug",),
+        "boot_time": 1.0,
+    }
+    assert {fl.name for fl in fields(SlurmNode)} == {"name", "gpu_type", *other}, "a new field: decide here"
+    for name_, value in other.items():
+        moved = {n: replace(row, **{name_: value}) for n, row in obs.slurm.items()}
+        assert profile.profile(sensed, replace(obs, slurm=moved), pp) == want, name_
+    retyped = {n: replace(row, gpu_type="h100") for n, row in obs.slurm.items()}
+    assert profile.profile(sensed, replace(obs, slurm=retyped), pp)["c"] != want["c"]  # L40S -> premium type

@@ -113,7 +113,16 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     # (nodes done again, nodes in all) of each call of a stage that started from last tick's answer
     priced_again = _spy_todo(monkeypatch, price, lambda keys: keys)
     routed_again = _spy_todo(monkeypatch, route, lambda names: names)
-    profiled_again = _spy_todo(monkeypatch, profile, lambda sensed: sensed.nodes)
+    profiled_again: list[tuple[int, int]] = []  # the loop profiles only the nodes whose inputs changed
+    inner_profile = profile.profile
+
+    def spy_profile(sensed, obs, pp, names=None):  # type: ignore[no-untyped-def]
+        if names is not None:
+            names = list(names)
+            profiled_again.append((len(names), len(sensed.nodes)))
+        return inner_profile(sensed, obs, pp, names)
+
+    monkeypatch.setattr(profile, "profile", spy_profile)
     remembered_again = _spy_todo(monkeypatch, memory, lambda names: names)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
@@ -244,7 +253,8 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     state = r.state
     obs, now, sensed = stream[-1], stream[-1].time, r.sensed
     assert sensed is not None
-    envs = profile.profile(sensed, obs, state, params.profile)
+    envs = state.memo["profile_last"]["out"]  # the tick's very envelopes (the loop carries them)
+    assert envs == profile.profile(sensed, obs, params.profile)
     none = Drains()
 
     def priced(st: ControllerState, risks=r.risks, drains=none):  # type: ignore[no-untyped-def]
