@@ -158,28 +158,21 @@ def _canon(x: object) -> object:
     raise TypeError(f"cannot digest {type(x).__name__}")
 
 
-def digest(result: object) -> str:
-    r = result
-    parts = (r.plan, r.nodes, r.risks, r.events, r.state.to_dict())  # type: ignore[attr-defined]
-    text = json.dumps([_canon(p) for p in parts], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def digest_steady(result: object) -> str:
-    """``digest`` for a tick with full trend rings: the persisted state without its history (expanded, a
-    100k-GPU fleet's is 100k x 61 points x 44 channels, more than this machine's memory as JSON) and, in its
-    place, what the history feeds every decision: each sensed GPU's raw values, rates, growth and new XIDs,
-    hashed node by node."""
+def digest(result: object, steady: bool = False) -> str:
+    """SHA-256 of a tick's plan, decisions, risks, events and persisted state. ``steady`` (a tick with full
+    trend rings): the persisted state without its history (expanded, a 100k-GPU fleet's is 100k x 61 points
+    x 44 channels, more than this machine's memory as JSON) and, in its place, what the history feeds every
+    decision: each sensed GPU's raw values, rates, growth and new XIDs, hashed node by node."""
     r: Any = result
-    h = hashlib.sha256()
-    state = dataclasses.replace(r.state, history={}).to_dict()
+    state = (dataclasses.replace(r.state, history={}) if steady else r.state).to_dict()
     parts = (r.plan, r.nodes, r.risks, r.events, state)
-    h.update(json.dumps([_canon(p) for p in parts], separators=(",", ":")).encode())
-    nodes = r.sensed.nodes
-    for name in sorted(nodes):
-        for g in nodes[name].gpus:
-            row = (g.reading.uuid, g.raw, g.rates, g.growth, g.new_xids, g.baseline)
-            h.update(json.dumps(_canon(row), separators=(",", ":")).encode())
+    h = hashlib.sha256(json.dumps([_canon(p) for p in parts], separators=(",", ":")).encode())
+    if steady:
+        nodes = r.sensed.nodes
+        for name in sorted(nodes):
+            for g in nodes[name].gpus:
+                row = (g.reading.uuid, g.raw, g.rates, g.growth, g.new_xids, g.baseline)
+                h.update(json.dumps(_canon(row), separators=(",", ":")).encode())
     return h.hexdigest()
 
 
@@ -221,7 +214,7 @@ def run(gpus: int, ticks: int, gc_mode: str, check: bool, warmup: int = 0) -> di
         updated = sum(len(a.nodes) for a in result.plan.actions if isinstance(a, UpdateNodes))
         rows.append((dt, dc, calls, updated, dg))
         if check:
-            digests[i] = digest_steady(result) if warmup and i else digest(result)
+            digests[i] = digest(result, steady=bool(warmup and i))
     if gc_mode == "freeze":
         gc.unfreeze()
     cold = rows[0]
