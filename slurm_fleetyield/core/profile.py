@@ -99,10 +99,9 @@ def _envelope(
     nvlink_models: tuple[str, ...],
     nominal: tuple[tuple[str, float], ...],
     pp: ProfileParams,
-    wants: dict[str, float | None] | None = None,
+    wants: dict[str, float | None],
 ) -> Envelope:
-    if wants is None:
-        wants = {}
+    """``wants``: the call's GPU model -> nominal framebuffer, filled as models are met."""
     notes: list[str] = []
     # By model only: exporters publish NVLink counters (as zeros) on PCIe boards too.
     has_nvlink = any(m in text for m in nvlink_models)
