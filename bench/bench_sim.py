@@ -36,8 +36,8 @@ from slurm_fleetyield.sim.cluster import SimSlurm
 STAGES = (
     (loop.sense, "sense"),
     (loop.quarantine, "find_fatal"),
-    (loop.risk, "assess"),
-    (loop.profile, "profile"),
+    (loop.carry, "risk"),
+    (loop.carry, "profile"),
     (loop.quarantine, "decide"),
     (loop.gate, "decide"),
     (loop.rehab, "rehabilitate"),

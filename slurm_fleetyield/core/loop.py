@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_fleetyield.core import (
+    carry,
     gangs,
     gate,
     keep_open,
@@ -35,12 +36,9 @@ from slurm_fleetyield.core import (
     memory,
     premium,
     price,
-    profile,
     quarantine,
     reclaim,
     rehab,
-    risk,
-    route,
     sense,
     settle,
     spares,
@@ -55,18 +53,14 @@ from slurm_fleetyield.core.model import (
     NodeDecision,
     NodeRisk,
     Observations,
-    SlurmNode,
 )
-from slurm_fleetyield.core.params import Params, ProfileParams
+from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold, Plan, RequeueJobs, UpdateNodes
 from slurm_fleetyield.core.signals import channel_layout
 from slurm_fleetyield.core.state import (
     ControllerState,
     LearnMemory,
     SettleMemory,
-    changed_keys,
-    note_changes,
-    slurm_view,
 )
 
 __all__ = ["LogEvent", "NodeDecision", "TickResult", "resample", "tick"]
@@ -114,12 +108,12 @@ def tick(
     layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
     sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
-    risks = risk.assess(sensed, fatal, state, params, now)
-    envelopes = _profile(sensed, obs, state, params.profile)
+    risks = carry.risk(sensed, fatal, state, params, now)
+    envelopes = carry.profile(sensed, obs, state, params.profile)
     drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.out_of_service(state))
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
-    priced = price.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
+    priced = carry.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
     gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, _kept(state), state.memo)
@@ -136,44 +130,6 @@ def tick(
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
     at = wake.wake_at(after, params, now)
     return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh, at)
-
-
-def _profile(
-    sensed: sense.Sensed, obs: Observations, state: ControllerState, pp: ProfileParams
-) -> dict[str, Envelope]:
-    """``profile.profile`` of the nodes whose inputs changed since last tick, last tick's envelope for every
-    other node. An envelope reads the node's ``SensedNode``, the GPU type of its Slurm row and the params, all
-    frozen: with the very params as last tick and the same node names, only the nodes whose SensedNode is
-    another object or whose GPU type changed are profiled again (else every node is), and an envelope equal
-    to last tick's is handed on as that very object, so the stages after this one, which look again only at
-    nodes whose envelope is another object, do not redo a node whose envelope did not change."""
-    nodes = sensed.nodes
-    snapshot = slurm_view(state.memo, obs)  # a copy: the shell's mapping may be updated in place
-    last: dict[str, Any] | None = state.memo.get("profile_last")
-    base: Mapping[str, Envelope] | None = None
-    todo: set[str] = set()
-    if last is not None and last["pp"] is pp:
-        memo, was = state.memo, last["slurm"]
-        todo = changed_keys(nodes, last["nodes"], memo)
-        moved = changed_keys(snapshot, was, memo)  # Slurm rows that are other objects (a job started, ...)
-        todo.update(n for n in moved if _gpu_type(snapshot, n) != _gpu_type(was, n))
-        if all(n in nodes and n in last["nodes"] for n in todo):  # the same names: else all, in their order
-            base = last["out"]
-    if base is None:
-        out = profile.profile(sensed, obs, pp)
-    else:
-        out = dict(base)
-        for name, env in profile.profile(sensed, obs, pp, sorted(todo)).items():
-            out[name] = env if env != base[name] else base[name]
-    state.memo["profile_last"] = {"nodes": nodes, "pp": pp, "slurm": snapshot, "out": out}
-    note_changes(state.memo, "profile", out, base, todo if base is not None else ())
-    return out
-
-
-def _gpu_type(slurm: Mapping[str, SlurmNode], name: str) -> str | None:
-    """What an envelope reads of a node's Slurm row (tests/core/test_profile.py checks that it is all)."""
-    row = slurm.get(name)
-    return None if row is None else row.gpu_type
 
 
 def _kept(state: ControllerState) -> frozenset[str]:
@@ -207,43 +163,20 @@ def _route(
     now: float,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
     """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
-    chosen (the memo makes the second pass cost only the nodes that change). Premium widening lends a node
+    chosen (core/carry.py routes again only the nodes that change). Premium widening lends a node
     walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
-    wall = params.premium.batch
-    service, reserve, on = params.stake.enabled, params.premium.reserve, params.spares.enabled
-    decisions, updates = route.route(
-        obs,
-        priced,
-        envelopes,
-        *pw.loan,
-        state.memo,
-        *gw.loan,
-        batch_wall=wall,
-        walled=walled,
-        withheld=wh.nodes,
-        service=service,
-        reserve=reserve,
-        spares=hs.nodes,
-        spares_on=on,
-    )
+    (lent, why), (train_lent, train_why) = pw.loan, gw.loan
+    how = {
+        "lent": lent, "lent_reason": why, "train_lent": train_lent, "train_reason": train_why,
+        "batch_wall": params.premium.batch, "walled": walled, "withheld": wh.nodes,
+        "service": params.stake.enabled, "reserve": params.premium.reserve, "spares": hs.nodes,
+        "spares_on": params.spares.enabled,
+    }  # fmt: skip
+    decisions, updates = carry.route(state, obs, priced, envelopes, **how)
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
-        decisions, updates = route.route(
-            obs,
-            priced,
-            envelopes,
-            *pw.loan,
-            state.memo,
-            *gw.loan,
-            ko.lent,
-            ko.reason,
-            wall,
-            walled,
-            withheld=wh.nodes,
-            service=service,
-            reserve=reserve,
-            spares=hs.nodes,
-            spares_on=on,
+        decisions, updates = carry.route(
+            state, obs, priced, envelopes, **how, opened=ko.lent, open_reason=ko.reason
         )
     return decisions, updates, ko
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from slurm_fleetyield.core.learn import is_lemon
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage, tier_for
@@ -48,7 +47,7 @@ from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold
 from slurm_fleetyield.core.quarantine import Drains
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys, note_changes, slurm_view
+from slurm_fleetyield.core.state import ControllerState, NodeMemory
 from slurm_fleetyield.core.weights import (
     _RISK_ORDERED,
     PREMIUM_OFFSET,
@@ -113,9 +112,15 @@ def price(
     now: float,
     lifecycle: Mapping[str, LifecycleMemory] | None = None,
     extra_drains: tuple[DrainNode, ...] = (),
+    names: Iterable[str] | None = None,
 ) -> Priced:
-    """``lifecycle``: this tick's lifecycle memories (default: the state's); ``extra_drains``: the
-    lifecycle's and the gate's drains of this tick (quarantine's are in ``drains``)."""
+    """Each node's pricing by the rules above: of every node in Slurm's view, or of ``names`` (nodes of it)
+    only, in the order given. ``lifecycle``: this tick's lifecycle memories (default: the state's);
+    ``extra_drains``: the lifecycle's and the gate's drains of this tick (quarantine's are in ``drains``).
+
+    A node's pricing reads its Slurm row's drain state, reason and weight, its risk, envelope and lifecycle
+    memory, its memory's tier, weight and features and its lemon verdict (its fatal history and ``now``),
+    its drain reason, hold and fence, the params and the learned base multiplier; nothing else."""
     m = base_multiplier(state, params)
     red, yellow = relative(params.risk.red_threshold, m), relative(params.risk.yellow_threshold, m)
     drain_reason = {d.node: d.reason for d in drains.drains}
@@ -127,124 +132,44 @@ def price(
     reds: list[str] = []
     held, fenced = drains.held, drains.fenced
     slurms, memories = obs.slurm, state.nodes
-    # A node whose inputs are the very objects of its last pricing (risk, envelope, lifecycle memory, hold,
-    # params; equal Slurm drain state, reason and weight, drain reason, fence, and last tier / weight /
-    # features / lemon verdict) is priced the same: its PricedNode is reused (ControllerState.memo, not
-    # persisted).
-    # Nodes whose pricing logged a tier change are not memoized (their next memory differs anyway).
-    # The memory's key is compared only when the memory is another object than last time (frozen: the very
-    # same memory has the same tier, weight and features) or when its lemon verdict moved.
-    memo = state.memo.setdefault("price", {})
-    # Last tick's answer is the start when it is known which nodes may differ from it (_todo); only those
-    # go through the per-node memo below.
-    keys = tuple(slurms)
-    last = state.memo.get("price_last")
-    # Slurm's view is the shell's mapping, which may be updated in place from tick to tick (the simulator's
-    # is): kept as a copy. The others are the core's own, never changed once handed on.
-    inputs = (slurm_view(state.memo, obs), risks, envelopes, memories, lifecycle, drain_reason, held, fenced)
-    todo = _todo(last, keys, inputs, params, state, m)
-    items: Iterable[tuple[str, SlurmNode]]
-    base: Mapping[str, PricedNode] | None = None  # the answer carried, if any
-    if todo is None or last is None:
-        out: dict[str, PricedNode] = {}
-        items = slurms.items()
-        pos = {n: i for i, n in enumerate(keys)}
-    else:
-        base = last["out"]
-        out = dict(base)
-        pos = last["pos"]
-        items = [(n, slurms[n]) for n in sorted(todo & pos.keys(), key=pos.__getitem__)]
-        reds = [n for n in last["reds"] if n not in todo]
-    unmemo: list[str] = []
-    # the nodes whose lemon verdict is True (the only ones whose pricing time alone may change, _todo)
-    lemons = set() if todo is None or last is None else {n for n in last["lemons"] if n not in todo}
-    for name, slurm in items:
-        risk = risks.get(name)
-        env = envelopes.get(name, _NO_ENVELOPE)
+    out: dict[str, PricedNode] = {}
+    for name in slurms if names is None else names:
         memory = memories.get(name)
-        lc = lifecycle.get(name) if lifecycle else None
         lemon = memory is not None and bool(memory.fatal_history) and is_lemon(memory, now, lp)
-        if lemon:
-            lemons.add(name)
-        dr = drain_reason.get(name) if drain_reason else None
-        hold = held.get(name) if held else None
-        fence = name in fenced
-        hit = memo.get(name)
-        if (
-            hit is not None
-            and hit[1] is risk
-            and hit[2] is env
-            and hit[3] is lc
-            and hit[4] is hold
-            and hit[5] is params
-            and hit[6] == dr
-            and hit[11] is fence
-            and hit[13] == m
-            and ((hit[7] is memory and hit[12] is lemon) or _mkey(hit[7], hit[12]) == _mkey(memory, lemon))
-            and (hit[0] is slurm or hit[8] == (slurm.drained, slurm.reason, slurm.weight))
-        ):
-            out[name] = hit[9]
-            if hit[10]:
-                reds.append(name)
-            continue
         pn, event, is_red = _price_node(
-            name, slurm, risk, env, memory, lc, lemon, dr, hold, params, now, red, yellow, fence, m
+            name,
+            slurms[name],
+            risks.get(name),
+            envelopes.get(name, _NO_ENVELOPE),
+            memory,
+            lifecycle.get(name) if lifecycle else None,
+            lemon,
+            drain_reason.get(name) if drain_reason else None,
+            held.get(name) if held else None,
+            params,
+            now,
+            red,
+            yellow,
+            name in fenced,
+            m,
         )
         out[name] = pn
         if is_red:
             reds.append(name)
         if event is not None:
             events.append(event)
-            memo.pop(name, None)
-            unmemo.append(name)
-        else:
-            skey = (slurm.drained, slurm.reason, slurm.weight)  # all _price_node reads of Slurm's view
-            memo[name] = (
-                slurm, risk, env, lc, hold, params, dr, memory, skey, pn, is_red, fence, lemon, m
-            )  # fmt: skip
-    state.memo["price_last"] = {
-        "keys": keys, "pos": pos, "inputs": inputs, "params": params, "out": out, "reds": tuple(reds),
-        "unmemo": frozenset(unmemo), "lemons": frozenset(lemons), "m": m,
-    }  # fmt: skip
-    note_changes(state.memo, "price", out, base, todo or ())
     return Priced(out, tuple(events), tuple(sorted(reds)))
 
 
-def _todo(
-    last: dict[str, Any] | None,
-    keys: tuple[str, ...],
-    inputs: tuple[Any, ...],
-    params: Params,
-    state: ControllerState,
-    m: float,
-) -> set[str] | None:
-    """The nodes whose pricing may differ from last tick's answer, or None (not known: price every node).
-
-    Known when Slurm's nodes are the same, in the same order, the params the very same object and the
-    learned base multiplier (``m``) the same. Then a node is priced again when any input of the per-node
-    memo is another object than last tick (its Slurm view, risk, envelope, memory, lifecycle memory), when
-    it has a drain, hold or fence now or had one last tick, when last tick's pricing logged an event (not
-    memoized), or when it was a lemon last tick (its verdict moves with time). Every other node has the
-    very inputs of its memo entry, whose PricedNode is last tick's answer: with the very same memory, a
-    node that was no lemon is none now either (learn's ``is_lemon`` counts the failures in a window that
-    only moves forward over a fixed history: the count of failures more than ``lemon_dedup_s`` apart can
-    only fall as old reports leave it)."""
-    if last is None or last["params"] is not params or last["keys"] != keys or last["m"] != m:
-        return None  # (``m``: the learned base multiplier; the relative tier thresholds follow it)
-    todo: set[str] = set()
-    before = last["inputs"]
-    for new, old in zip(inputs[:5], before[:5], strict=True):
-        todo |= changed_keys(new, old, state.memo)
-    for new, old in zip(inputs[5:], before[5:], strict=True):
-        todo.update(new, old)  # drain reasons, holds and fences: their keys, now and last tick
-    todo |= last["unmemo"]
-    todo |= last["lemons"]
-    return todo
+def priced_slurm(slurm: SlurmNode | None) -> tuple[object, ...] | None:
+    """What pricing reads of a node's Slurm row: its drain state, reason and weight."""
+    return None if slurm is None else (slurm.drained, slurm.reason, slurm.weight)
 
 
-def _mkey(memory: NodeMemory | None, lemon: bool) -> tuple[object, ...] | None:
-    """What pricing reads of a node's memory: last tier, weight and features, and the lemon verdict."""
-    return None if memory is None else (memory.tier, memory.weight, memory.fy_features, lemon)
+def priced_memory(memory: NodeMemory | None) -> tuple[object, ...] | None:
+    """What pricing reads of a node's memory: last tier, weight and features, and the fatal history its
+    lemon verdict is drawn from (with ``now``)."""
+    return None if memory is None else (memory.tier, memory.weight, memory.fy_features, memory.fatal_history)
 
 
 def _price_node(

@@ -62,7 +62,7 @@ def profile(
     their limits; HBM full when no GPU is missing, none has a pending or failed row remap or too many
     uncorrectable remapped rows, and every exported framebuffer total is nominal. A node that is not fresh
     gets an envelope that can serve nothing, with the reason. (The loop computes only the nodes whose
-    inputs changed and carries last tick's envelope for the others: core/loop.py ``_profile``.)"""
+    inputs changed and carries last tick's envelope for the others: core/carry.py ``profile``.)"""
     premium = tuple(m.lower() for m in pp.premium_gpu_models)
     nvlink_models = tuple(m.lower() for m in pp.nvlink_gpu_models)
     nominal = tuple((k.lower(), v) for k, v in pp.fb_total_mib.items())

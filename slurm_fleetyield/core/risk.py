@@ -21,8 +21,7 @@ WARN at or above yellow_threshold, else OK. A node without fresh data has health
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from slurm_fleetyield.core.fatal_history import fatal_events, fatal_uuids, history_decay
 from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk, fast_new
@@ -34,7 +33,7 @@ from slurm_fleetyield.core.signals import (
     GPU_TEMP,
     SLOWDOWN_TEMP,
 )
-from slurm_fleetyield.core.state import ControllerState, note_changes
+from slurm_fleetyield.core.state import ControllerState
 
 __all__ = [
     "CompiledSignal",
@@ -50,20 +49,25 @@ __all__ = [
 
 
 def assess(
-    sensed: Sensed, fatal: tuple[Fatal, ...], state: ControllerState, params: Params, now: float
-) -> Mapping[str, NodeRisk]:
+    sensed: Sensed,
+    fatal: tuple[Fatal, ...],
+    state: ControllerState,
+    params: Params,
+    now: float,
+    names: Iterable[str] | None = None,
+    scorer: Scorer | None = None,
+) -> dict[str, NodeRisk]:
+    """Each node's risk by the model above: of every sensed node, or of ``names`` (sensed nodes) only.
+
+    A node's risk reads its ``SensedNode`` and sample age, this tick's fatal findings naming it, its fatal
+    history (``state.nodes``), the learned multipliers (``state.learn``), the params and ``now``; nothing
+    else. ``scorer``: the signals compiled for these params and the sensed layout (built when not given;
+    core/carry.py keeps one while both stay the same)."""
     rp = params.risk
-    # The scorer depends only on the params and the channel layout: built again only when either changed
-    made = state.memo.setdefault("scorer", {})
-    if made.get("params") is params and made.get("layout") == sensed.layout:
-        scorer = made["scorer"]
-    else:
+    if scorer is None:
         scorer = Scorer(compile_signals(params, sensed.layout), params, sensed.layout)
-        made.update(params=params, layout=sensed.layout, scorer=scorer)
-    base = rp.base_probability
-    mult = state.learn.multipliers if params.learn.enabled else {}
-    if mult:  # learned hazard multipliers (core/learn.py): the quiet GPUs' base, and per dominant signal
-        base = _adjust(base, mult.get("base", 1.0))
+    base = base_probability(state, params)
+    mult = state.learn.multipliers if params.learn.enabled else {}  # per dominant signal (core/learn.py)
     yellow, red = rp.yellow_threshold, rp.red_threshold
     score = scorer.score
     quiet_fields = scorer.quiet_fields
@@ -76,58 +80,22 @@ def assess(
     fatal_by_node: dict[str, list[Fatal]] = {}
     for f in fatal:
         fatal_by_node.setdefault(f.node, []).append(f)
-    # A node whose sensed GPUs are the very objects of its last scoring, with the same fatal history, no
-    # fatal evidence then or now, the same params, base and learned multipliers, scores the same: reuse it.
-    memo = state.memo.setdefault("risk", {})
-    mkey = (params, base, sensed.layout, mult)
+    nodes = sensed.nodes
     memories = state.nodes
-    base_out, items, due, rebase = _carried(sensed, fatal_by_node, state, mkey, now)
-    out: dict[str, NodeRisk] = dict(base_out) if base_out is not None else {}
-    rebased: list[str] = []
-    if rebase and base_out is not None:
-        # only the learned base moved: a node left out of ``items`` whose GPUs all sat at the old base (no
-        # signal, no fatal evidence, the same GPUs and history) scores every GPU at the new base
-        todo = {n for n, _ in items}
-        old_base = state.memo["risk_last"]["mkey"][1]
-        for name, nr in base_out.items():
-            if name in todo or nr.health is Health.UNKNOWN:
-                continue
-            hit = memo.get(name)
-            if hit is None or hit[2] is not nr or not _at_base(nr.gpus, old_base):
-                items.append((name, sensed.nodes[name]))  # not known to sit at the base: score it
-                continue
-            gpus = []
-            survive = 1.0
-            for g in nr.gpus:
-                gpus.append(_new_gpu_risk(name, g.index, g.uuid, g.model, base_health, base, ()))
-                survive *= 1.0 - base
-            p = 1.0 - survive
-            health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
-            out[name] = new = NodeRisk(name, health, p, tuple(gpus), _summary(gpus, p, base), nr.stale_s)
-            memo[name] = (hit[0], mkey, new, hit[3])
-            rebased.append(name)
-    for name, node in items:
+    out: dict[str, NodeRisk] = {}
+    for name in nodes if names is None else names:
+        node = nodes[name]
         mem = memories.get(name)
         if mem is not None and mem.fatal_history:
             events = fatal_events(state, name, params, now)
             history = [u for _, u in events]
             decay = history_decay(events, params, now)
-            due[name] = (mem.fatal_history, history_due(mem.fatal_history, events, params, now))
         else:
             history, decay = [], 1.0
         node_fatal = fatal_by_node.get(name, ())
         if not node.fresh:
             out[name] = _unknown(node, node_fatal, sensed.stale_s(name))
             continue
-        if not node_fatal:
-            hit = memo.get(name)
-            if hit is not None and hit[0] is node.gpus and hit[1] == mkey and hit[3] == (history, decay):
-                nr = hit[2]
-                stale = sensed.stale_s(name)
-                if nr.stale_s != stale:
-                    nr = NodeRisk(name, nr.health, nr.probability, nr.gpus, nr.reason, stale)
-                out[name] = nr
-                continue
         fatal_gpu: dict[str, list[Fatal]] = {}
         for f in node_fatal:
             if f.uuid is not None or f.gpu is not None:
@@ -172,33 +140,7 @@ def assess(
         else:
             health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
             reason = _summary(gpus, p, base)
-        out[name] = nr = NodeRisk(name, health, p, tuple(gpus), reason, sensed.stale_s(name))
-        if not node_fatal:
-            memo[name] = (node.gpus, mkey, nr, (history, decay))
-        else:
-            memo.pop(name, None)
-    # the nodes with a GPU whose score read a learned multiplier (one with contributions): the only ones a
-    # change of the signals' multipliers alone can move (_carried)
-    if base_out is None:
-        scored = {n for n, nr in out.items() if any(g.contributions for g in nr.gpus)}
-    else:
-        scored = set(state.memo["risk_last"]["scored"])
-        for n, _ in items:
-            if any(g.contributions for g in out[n].gpus):
-                scored.add(n)
-            else:
-                scored.discard(n)
-    state.memo["risk_last"] = {
-        "since": sensed.nodes,
-        "out": out,
-        "mkey": mkey,
-        "fatal": frozenset(fatal_by_node),
-        "due": due,
-        "scored": frozenset(scored),
-    }
-    note_changes(
-        state.memo, "risk", out, base_out, [*(n for n, _ in items), *rebased] if base_out is not None else ()
-    )
+        out[name] = NodeRisk(name, health, p, tuple(gpus), reason, sensed.stale_s(name))
     return out
 
 
@@ -220,59 +162,34 @@ def history_due(
     return due
 
 
-def _carried(
-    sensed: Sensed,
-    fatal_by_node: Mapping[str, list[Fatal]],
-    state: ControllerState,
-    mkey: tuple[Any, ...],
-    now: float,
-) -> tuple[Mapping[str, NodeRisk] | None, list[tuple[str, SensedNode]], dict[str, tuple[Any, float]], bool]:
-    """The answer to start from and the nodes to assess: last tick's answer and only the nodes that may
-    differ from it, when that is known; else nothing and every node.
-
-    Known when sense found the nodes that changed against the very nodes last tick's answer was assessed
-    from (``Sensed.changed``), the params, base and layout are the same, and ``state.nodes`` is the very
-    mapping ``memory.remember`` indexed (``fatal_history_index``: its nodes with a fatal history). Assessed
-    again: the changed nodes, the nodes with fatal evidence now or last tick, those with a fatal history
-    that is another object than when last assessed or whose due time (``history_due``) has come, and,
-    when the learned multipliers changed, the nodes with a GPU whose score read one (``scored``). Every
-    other node is fresh now and was then, with the very same GPUs and staleness, no evidence, and no
-    history or the very same one with nothing due, and read no multiplier that moved: it scores what it
-    scored last tick. The third value: per node with a history, (that history, due). The fourth: whether
-    the learned base moved too (params and layout the same), when every other node whose GPUs all sat at
-    the old base has them at the new one (``assess``)."""
-    nodes = sensed.nodes
-    last = state.memo.get("risk_last")
-    hist = state.memo.get("fatal_history_index")
-    if (
-        sensed.changed is None
-        or last is None
-        or last["since"] is not sensed.since
-        or hist is None
-        or hist[0] is not state.nodes
-    ):
-        return None, list(nodes.items()), {}, False
-    todo = {*sensed.changed, *fatal_by_node, *last["fatal"]}
-    was = last["mkey"]
-    if was != mkey:
-        # params and layout the same: only learned multipliers moved. A signal's is read only by a GPU with
-        # contributions; the base only by one without (its probability is the base): assess rebases those
-        if was[0] is not mkey[0] or was[2] != mkey[2]:
-            return None, list(nodes.items()), {}, False
-        todo |= last["scored"]
-    due = last["due"]
-    memories = state.nodes
-    for n in hist[1]:
-        d = due.get(n)
-        m = memories.get(n)
-        if d is None or m is None or d[0] is not m.fatal_history or now >= d[1] - 1.0:  # 1 s early: floats
-            todo.add(n)
-    return last["out"], [(n, nodes[n]) for n in sorted(todo) if n in nodes], dict(due), was[1] != mkey[1]
+def base_probability(state: ControllerState, params: Params) -> float:
+    """P(fatal within the horizon) of a GPU no signal moved: the params' base, its hazard scaled by the
+    learned base multiplier (core/learn.py)."""
+    base = params.risk.base_probability
+    mult = state.learn.multipliers if params.learn.enabled else {}
+    return _adjust(base, mult.get("base", 1.0)) if mult else base
 
 
-def _at_base(gpus: tuple[GpuRisk, ...], base: float) -> bool:
-    """Whether every GPU was scored at ``base``: no signal moved it and no fatal evidence."""
-    return all(not g.contributions and not g.fatal_xids and g.probability == base for g in gpus)
+def at_base(nr: NodeRisk, base: float, params: Params) -> NodeRisk:
+    """The risk of a fresh node with no fatal evidence whose GPUs no signal moved (``nr``, assessed at
+    another base probability), at ``base``: what ``assess`` gives it when only the base moved."""
+    rp = params.risk
+    yellow, red = rp.yellow_threshold, rp.red_threshold
+    health = Health.BAD if base >= red else Health.WARN if base >= yellow else Health.OK
+    gpus = [_new_gpu_risk(nr.node, g.index, g.uuid, g.model, health, base, ()) for g in nr.gpus]
+    survive = 1.0
+    for _ in gpus:  # as assess multiplies them
+        survive *= 1.0 - base
+    p = 1.0 - survive
+    health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
+    return NodeRisk(nr.node, health, p, tuple(gpus), _summary(gpus, p, base), nr.stale_s)
+
+
+def sits_at_base(nr: NodeRisk, base: float) -> bool:
+    """Whether ``assess`` scored every GPU of ``nr`` at ``base``: no signal moved it, no fatal evidence."""
+    return nr.health is not Health.UNKNOWN and all(
+        not g.contributions and not g.fatal_xids and g.probability == base for g in nr.gpus
+    )
 
 
 def _weight(c: Contribution) -> float:

@@ -42,8 +42,8 @@ unknown or empty.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from functools import lru_cache
 
 from slurm_fleetyield.core.model import (
     FY_PREFIX,
@@ -56,7 +56,6 @@ from slurm_fleetyield.core.model import (
 )
 from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
-from slurm_fleetyield.core.state import changed_keys, note_changes, slurm_view, sorted_names
 
 OK_BATCH_TIERS = frozenset({Tier.GREEN, Tier.YELLOW, Tier.PROBATION})
 # in service: under the stake rule (core/stake.py) every class feature the envelope allows, less withheld ones
@@ -72,14 +71,6 @@ _PREEMPT = f"{FY_PREFIX}ok_preempt"  # twin of fy_ok_batch (and on spares): the 
 _CLASS = frozenset({_TRAIN, f"{FY_PREFIX}ok_finetune", _DECODE, _BATCH})
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 _new_decision: Callable[..., NodeDecision] = fast_new(NodeDecision)  # one per node routed (model.fast_new)
-_TEXT_CAP = 10_000
-# route's derived texts, by value: admin features by Slurm's feature list, the state text by Slurm's state
-# set, and whether Slurm's (available, active) lists differ from the wanted features
-_Text = tuple[
-    dict[tuple[str, ...], tuple[str, ...]],
-    dict[frozenset[str], str],
-    dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], bool],
-]
 
 
 def trainable(env: Envelope, lemon: bool) -> bool:
@@ -137,7 +128,6 @@ def route(
     envelopes: Mapping[str, Envelope],
     lent: frozenset[str] = frozenset(),
     lent_reason: str = "",
-    memo: dict[str, Any] | None = None,
     train_lent: frozenset[str] = frozenset(),
     train_reason: str = "",
     opened: Mapping[str, tuple[str, ...]] | None = None,
@@ -149,9 +139,39 @@ def route(
     reserve: bool = False,
     spares: Mapping[str, str] | None = None,
     spares_on: bool = False,
-) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...]]:
-    """``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
-    ``memo``: ``ControllerState.memo``, whose per-node results of earlier ticks are reused and updated;
+    names: Iterable[str] | None = None,
+) -> tuple[dict[str, NodeDecision], tuple[UpdateNodes, ...]]:
+    """Each node's decision (``decide``, the same arguments) and the updates of those whose Slurm view
+    differs from their decision (``updates``)."""
+    decisions = decide(
+        obs, priced, envelopes, lent, lent_reason, train_lent, train_reason, opened, open_reason,
+        batch_wall, walled, withheld, service, reserve, spares, spares_on, names,
+    )  # fmt: skip
+    return decisions, updates(decisions, {n for n, d in decisions.items() if differs(d, obs.slurm[n])})
+
+
+def decide(
+    obs: Observations,
+    priced: Priced,
+    envelopes: Mapping[str, Envelope],
+    lent: frozenset[str] = frozenset(),
+    lent_reason: str = "",
+    train_lent: frozenset[str] = frozenset(),
+    train_reason: str = "",
+    opened: Mapping[str, tuple[str, ...]] | None = None,
+    open_reason: str = "",
+    batch_wall: bool = False,
+    walled: Mapping[str, str] | None = None,
+    withheld: Mapping[str, frozenset[str]] | None = None,
+    service: bool = True,
+    reserve: bool = False,
+    spares: Mapping[str, str] | None = None,
+    spares_on: bool = False,
+    names: Iterable[str] | None = None,
+) -> dict[str, NodeDecision]:
+    """Each node's decision: of every node Slurm knows, or of ``names`` (nodes of Slurm's view) only.
+
+    ``lent``: premium nodes that carry fy_ok_decode this tick (core/premium.py), ``lent_reason`` why;
     ``train_lent``: yellow nodes that carry fy_ok_train this tick (core/gangs.py), ``train_reason`` why;
     ``opened``: class features kept open per node (core/keep_open.py), ``open_reason`` why; ``batch_wall``:
     ``premium.batch`` (green premium nodes carry fy_ok_batch only when lent); ``walled``: nodes reclaimed for
@@ -160,43 +180,18 @@ def route(
     stake rule (core/stake.py); ``service``: that rule is on (class features on every in-service tier);
     ``reserve``: ``premium.reserve`` (fy_ok_decode on premium nodes only when lent); ``spares``: hot spares
     (core/spares.py) with why, which carry fy_spare, fy_ok_gang and fy_ok_preempt and no class feature;
-    ``spares_on``: ``spares.enabled`` (fy_ok_gang twins fy_ok_train, fy_ok_preempt twins fy_ok_batch)."""
+    ``spares_on``: ``spares.enabled`` (fy_ok_gang twins fy_ok_train, fy_ok_preempt twins fy_ok_batch).
+
+    A node's decision reads its Slurm row, priced node and envelope, what ``loans`` names of the loans for
+    it, and the four flags; nothing else."""
     opened = opened or {}
     walled = walled or {}
     withheld = withheld or {}
     spares = spares or {}
-    seen = memo.setdefault("route", {}) if memo is not None else None
-    cache: dict[
-        tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]
-    ] = {}  # most nodes share a handful of these
-    # Slurm's feature lists and state sets repeat across nodes and ticks: what route derives from them
-    # (admin features, the state text, whether Slurm's lists differ from the wanted ones) is kept by value,
-    # in the memo when there is one (pure functions of their keys; dropped past _TEXT_CAP entries).
-    kept: _Text = memo.setdefault("route_text", ({}, {}, {})) if memo is not None else ({}, {}, {})
-    if len(kept[0]) + len(kept[1]) + len(kept[2]) > _TEXT_CAP:
-        for d in kept:
-            d.clear()
-    admin_of, state_text, lists_differ = kept
-    # A node whose Slurm view, priced node and envelope are the very objects of its last routing, with the
-    # same loans, is routed the same: its NodeDecision (and whether Slurm differs from it) is reused
-    # (ControllerState.memo via ``memo``; not persisted). Last call's answer is the start when it is known
-    # which nodes may differ from it (_todo); only those go through the per-node memo.
+    cache: dict[tuple[Tier, bool, bool, bool, bool, bool, bool], tuple[str, ...]] = {}  # a handful per call
     slurms, pnodes = obs.slurm, priced.nodes
-    names = sorted_names(memo.setdefault("route_names", {}) if memo is not None else None, slurms)
-    loans = (frozenset(lent), frozenset(train_lent), opened, walled, withheld, spares)
-    last = memo.get("route_last") if memo is not None else None
-    snapshot = slurm_view(memo, obs)  # a copy: the shell's mapping may be updated in place
-    flags = (batch_wall, service, reserve, spares_on)
-    todo = _todo(last, names, (snapshot, pnodes, envelopes), loans, flags, memo)
-    decisions: dict[str, NodeDecision]
-    base: Mapping[str, NodeDecision] | None = None  # the answer carried, if any
-    if todo is None or last is None:
-        decisions, differ, items = {}, set(), names
-    else:
-        base = last["out"]
-        decisions, differ = dict(base), {n for n in last["differ"] if n not in todo}
-        items = sorted(n for n in todo if n in slurms)
-    for name in items:
+    decisions: dict[str, NodeDecision] = {}
+    for name in sorted(slurms) if names is None else names:
         slurm = slurms[name]
         pn = pnodes[name]
         env = envelopes.get(name, _NO_ENVELOPE)
@@ -206,31 +201,6 @@ def route(
         wall = walled.get(name) if walled else None
         drop = withheld.get(name) if withheld else None
         spare = spares.get(name) if spares else None
-        hit = seen.get(name) if seen is not None else None
-        if (
-            hit is not None
-            and hit[0] is slurm
-            and hit[1] is pn
-            and hit[2] is env
-            and hit[3] is is_lent
-            and (not is_lent or hit[4] == lent_reason)
-            and hit[7] is gang
-            and (not gang or hit[8] == train_reason)
-            and hit[9] == extra
-            and hit[10] is batch_wall
-            and hit[11] == wall
-            and hit[12] == drop
-            and hit[13] is service
-            and hit[14] is reserve
-            and hit[15] == spare
-            and hit[16] is spares_on
-        ):
-            decisions[name] = hit[5]
-            if hit[6]:
-                differ.add(name)
-            else:
-                differ.discard(name)
-            continue
         reason = pn.reason
         if pn.keep_fy is not None:
             fy = pn.keep_fy
@@ -276,14 +246,6 @@ def route(
                 twins.add(_SPARE)
             if twins:
                 fy = tuple(sorted({*fy, *twins}))
-        available = slurm.available_features
-        admin = admin_of.get(available)
-        if admin is None:
-            admin = admin_of[available] = slurm.admin_features
-        features = (*admin, *fy)
-        states = state_text.get(slurm.states)
-        if states is None:
-            states = state_text[slurm.states] = "+".join(sorted(slurm.states))
         managed = pn.managed and _slurm_known(slurm)
         decisions[name] = _new_decision(
             name,
@@ -291,88 +253,85 @@ def route(
             pn.health,
             pn.risk,
             fy,
-            features,
+            (*_admin(slurm.available_features), *fy),
             pn.weight,
-            states,
+            _state_text(slurm.states),
             reason,
             pn.evidence,
             env,
             managed,
         )
-        differs = managed and slurm.weight != pn.weight
-        if managed and not differs:  # Slurm's feature lists against the wanted ones, kept by value
-            lists = (available, slurm.active_features, features)
-            known = lists_differ.get(lists)
-            if known is None:
-                known = lists_differ[lists] = _lists_differ(*lists)
-            differs = known
-        if differs:
-            differ.add(name)
-        else:
-            differ.discard(name)
-        if seen is not None:
-            seen[name] = (
-                slurm,
-                pn,
-                env,
-                is_lent,
-                lent_reason,
-                decisions[name],
-                differs,
-                gang,
-                train_reason,
-                extra,
-                batch_wall,
-                wall,
-                drop,
-                service,
-                reserve,
-                spare,
-                spares_on,
-            )
-    if memo is not None:
-        memo["route_last"] = {
-            "names": names, "inputs": (snapshot, pnodes, envelopes), "loans": loans,
-            "wall": flags,
-            "out": decisions, "differ": frozenset(differ),
-        }  # fmt: skip
-        note_changes(memo, "route", decisions, base, todo or ())
+    return decisions
+
+
+def loans(
+    lent: frozenset[str] = frozenset(),
+    lent_reason: str = "",
+    train_lent: frozenset[str] = frozenset(),
+    train_reason: str = "",
+    opened: Mapping[str, tuple[str, ...]] | None = None,
+    open_reason: str = "",
+    walled: Mapping[str, str] | None = None,
+    withheld: Mapping[str, frozenset[str]] | None = None,
+    spares: Mapping[str, str] | None = None,
+) -> dict[str, tuple[object, ...]]:
+    """What ``route`` reads of the loans, walls, withheld features and spares, per node that has any (a
+    node not named reads none): the loan of fy_ok_decode and why, of fy_ok_train and why, the features kept
+    open and why, the wall, the features withheld and the spare's reason."""
+    out: dict[str, tuple[object, ...]] = {}
+    for n in {*lent, *train_lent, *(opened or ()), *(walled or ()), *(withheld or ()), *(spares or ())}:
+        extra = (opened or {}).get(n, ())
+        out[n] = (
+            lent_reason if n in lent else None,
+            train_reason if n in train_lent else None,
+            extra,
+            open_reason if extra else None,
+            (walled or {}).get(n),
+            (withheld or {}).get(n),
+            (spares or {}).get(n),
+        )
+    return out
+
+
+def differs(decision: NodeDecision, slurm: SlurmNode) -> bool:
+    """Whether Slurm's view of a node FleetYield manages differs from its decision: the weight, or either
+    feature list (order aside)."""
+    if not decision.managed:
+        return False
+    if slurm.weight != decision.weight:
+        return True
+    return _lists_differ(slurm.available_features, slurm.active_features, decision.features)
+
+
+def updates(decisions: Mapping[str, NodeDecision], differ: Iterable[str]) -> tuple[UpdateNodes, ...]:
+    """The ``UpdateNodes`` of the nodes in ``differ``: one per distinct (features, weight), in the order of
+    each group's first node name."""
     groups: dict[tuple[tuple[str, ...], int], list[str]] = {}
-    for name in sorted(differ):  # the nodes whose Slurm view differs from their decision, by name
-        groups.setdefault((decisions[name].features, pnodes[name].weight), []).append(name)
+    for name in sorted(differ):
+        d = decisions[name]
+        groups.setdefault((d.features, d.weight), []).append(name)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])  # stable plan order: by first node name
-    updates = tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
-    return decisions, updates
-
-
-def _todo(
-    last: dict[str, Any] | None,
-    names: list[str],
-    inputs: tuple[Mapping[str, object], ...],
-    loans: tuple[Mapping[str, object] | frozenset[str], ...],
-    batch_wall: tuple[bool, bool, bool, bool],
-    memo: dict[str, Any] | None = None,
-) -> set[str] | None:
-    """The nodes whose routing may differ from the last call's answer, or None (not known: route every
-    node). Known when the node names are the very list of the last call (the same keys, core/state.py
-    ``sorted_names``) and ``batch_wall`` is the same. Then a node is routed again when its Slurm view,
-    priced node or envelope is another object, or when it carries a loan, an opened feature or a wall now
-    or did in the last call (their reasons are compared by the per-node memo). Every other node has the very
-    inputs of its memo entry, whose decision is the last answer."""
-    if last is None or last["names"] is not names or last["wall"] != batch_wall:
-        return None
-    todo: set[str] = set()
-    for new, old in zip(inputs, last["inputs"], strict=True):
-        todo |= changed_keys(new, old, memo)
-    for new_loan, old_loan in zip(loans, last["loans"], strict=True):
-        todo.update(new_loan, old_loan)
-    return todo
+    return tuple(UpdateNodes(tuple(nodes), f, w) for (f, w), nodes in ordered)
 
 
 def _slurm_known(slurm: SlurmNode) -> bool:
     return bool(slurm.states) and "UNKNOWN" not in slurm.states
 
 
+# Slurm's feature lists and state sets repeat across nodes and ticks: what route derives from them is a
+# pure function of them, kept by value (functools.lru_cache, bounded).
+@lru_cache(maxsize=4096)
+def _admin(available: tuple[str, ...]) -> tuple[str, ...]:
+    """The admin's features of a Slurm feature list (those FleetYield does not own), in their order."""
+    return tuple(f for f in available if not f.startswith(FY_PREFIX))
+
+
+@lru_cache(maxsize=1024)
+def _state_text(states: frozenset[str]) -> str:
+    return "+".join(sorted(states))
+
+
+@lru_cache(maxsize=8192)
 def _lists_differ(available: tuple[str, ...], active: tuple[str, ...], features: tuple[str, ...]) -> bool:
     """Does either of Slurm's feature lists hold other features than ``features`` (order aside)?"""
     want = set(features)

@@ -198,24 +198,23 @@ def test_never_lends_red_lemons_rehab_nonpremium_or_broken_nvlink_and_picks_the_
     assert sticky.lent == {"g-risky", "j-degrading"} and not [e for e in sticky.events if e.node == "g-risky"]
 
 
-def test_route_memo_follows_the_loan():
+def test_route_carry_follows_the_loan():
     f = fleet(green=0, yellow=1, l40s=0)
     r = Runner(f, Params(keep_open={"enabled": False}))  # else y0 carries fy_ok_train already (keep open)
     r.tick()
     assert r.last is not None and r.last.sensed is not None
     obs = f.observe(r.now)
-    from slurm_fleetyield.core import price, profile
+    from slurm_fleetyield.core import carry, price, profile
     from slurm_fleetyield.core.quarantine import Drains
 
     envs = profile.profile(r.last.sensed, obs, r.params.profile)
     priced = price.price(obs, r.last.sensed, r.last.risks, envs, Drains(), r.state, r.params, r.now)
-    memo = r.state.memo
-    plain, _ = route.route(obs, priced, envs, memo=memo, service=False, reserve=True)
-    lent, updates = route.route(
+    plain, _ = carry.route(r.state, obs, priced, envs, service=False, reserve=True)
+    lent, updates = carry.route(
+        r.state,
         obs,
         priced,
         envs,
-        memo=memo,
         service=False,
         reserve=True,
         train_lent=frozenset({"y0"}),
@@ -223,8 +222,9 @@ def test_route_memo_follows_the_loan():
     )
     assert TRAIN not in plain["y0"].fy_features and TRAIN in lent["y0"].fy_features
     assert "(gang widening: x)" in lent["y0"].reason and updates
-    again, _ = route.route(obs, priced, envs, memo=memo, service=False, reserve=True)
+    again, _ = carry.route(r.state, obs, priced, envs, service=False, reserve=True)
     assert again["y0"] == plain["y0"]
+    assert (again, _) == route.route(obs, priced, envs, service=False, reserve=True)  # the rule, node by node
     for tier in Tier:  # only a yellow node can be lent the feature
         has = TRAIN in route.fy_features(
             tier, Envelope(premium=True, nvlink=True, nvlink_full=True), False, False, True

@@ -8,8 +8,8 @@ from slurm_fleetyield.core import signals as s
 def test_tick_is_short_and_the_only_place_of_stage_order():
     body = inspect.getsource(loop.tick)
     assert len(body.splitlines()) <= 30
-    assert body.index("sense.sense") < body.index("risk.assess") < body.index("_profile(")
-    assert body.index("price.price") < body.index("gangs.widen") < body.index("_route(")  # route, keep open
+    assert body.index("sense.sense") < body.index("carry.risk(") < body.index("carry.profile(")
+    assert body.index("carry.price") < body.index("gangs.widen") < body.index("_route(")  # route, keep open
 
 
 def test_tick_twice_on_same_observations_second_plan_empty():

@@ -81,8 +81,8 @@ def test_full_framebuffer_keeps_hbm_full():
 
 
 def test_envelope_reads_only_the_gpu_type_of_the_slurm_row() -> None:
-    """The loop profiles again only nodes whose SensedNode or Slurm GPU type changed (core/loop.py
-    ``_profile``): every other field of the Slurm row must leave the envelope as it was."""
+    """The loop profiles again only nodes whose SensedNode or Slurm GPU type changed (core/carry.py
+    ``profile``): every other field of the Slurm row must leave the envelope as it was."""
     from dataclasses import fields, replace
 
     from slurm_fleetyield.core import profile

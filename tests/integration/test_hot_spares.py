@@ -121,8 +121,15 @@ def test_a_requeued_gang_restarts_on_the_hot_spare_preempting_its_filler(floor_o
     # Ordinary work does not land on the spare; preemptible work may fill it.
     fine = sbatch(world, "--comment=fy:finetune", "--constraint=h100", seconds=3600)
     assert wait_ran(world, [fine])[fine] == other
-    filler = sbatch(world, "--qos=fy_preemptible", "--comment=fy:batch", "--gres=gpu:8", "--requeue",
-                    "--constraint=h100", seconds=3600)
+    filler = sbatch(
+        world,
+        "--qos=fy_preemptible",
+        "--comment=fy:batch",
+        "--gres=gpu:8",
+        "--requeue",
+        "--constraint=h100",
+        seconds=3600,
+    )
     assert job_fields(world, filler)["Features"] == "h100&fy_ok_preempt"
     assert wait_ran(world, [filler])[filler] == s
     # A fatal fault on a gang node: the controller drains it and requeues the gang; Slurm restarts it on
@@ -142,8 +149,10 @@ def test_a_requeued_gang_restarts_on_the_hot_spare_preempting_its_filler(floor_o
     assert now_on == (set(L40S) - {x}) | {s}, now_on
     assert restarts(world, filler) >= 1 and job_fields(world, filler)["JobState"] == "PENDING"
     assert job_fields(world, fine)["JobState"] == "RUNNING" and restarts(world, fine) == 0
-    print(f"\nfatal XID on {x} -> gang {gang_job} running on {sorted(now_on)}: {t1 - t0:.1f} s "
-          f"(filler {filler} requeued by QOS preemption)")
+    print(
+        f"\nfatal XID on {x} -> gang {gang_job} running on {sorted(now_on)}: {t1 - t0:.1f} s "
+        f"(filler {filler} requeued by QOS preemption)"
+    )
 
 
 def _nodes(world: Any, job: str) -> set[str]:

@@ -297,15 +297,17 @@ def test_hot_spare_classes_are_off_by_default(run_lua) -> None:  # type: ignore[
 
 def test_modify_regates_a_job_that_becomes_a_gang(run_lua) -> None:  # type: ignore[no-untyped-def]
     # the node count changes in the modify: the appended fy_ok_train becomes fy_ok_gang
-    res = run_lua("modify", env=SPARES_ENV, min_nodes="4", rec__features="h100&fy_ok_train",
-                  rec__min_nodes="1")
+    res = run_lua(
+        "modify", env=SPARES_ENV, min_nodes="4", rec__features="h100&fy_ok_train", rec__min_nodes="1"
+    )
     assert (res.rc, res.features) == (0, "h100&fy_ok_gang")
     # NO_VAL in the modify (not changed) with nothing else changed: left alone
     res = run_lua("modify", env=SPARES_ENV, min_nodes="4294967294", rec__features="fy_ok_train")
     assert (res.rc, res.features) == (0, None)
     # a QOS change to the preemptible one, the stored node count kept
-    res = run_lua("modify", env=SPARES_ENV, qos="fy_preemptible", rec__features="fy_ok_gang",
-                  rec__min_nodes="4")
+    res = run_lua(
+        "modify", env=SPARES_ENV, qos="fy_preemptible", rec__features="fy_ok_gang", rec__min_nodes="4"
+    )
     assert (res.rc, res.features) == (0, "fy_ok_preempt")
     # a QOS change away from it, a gang by its stored node count
     res = run_lua("modify", env=SPARES_ENV, qos="normal", rec__features="fy_ok_preempt", rec__min_nodes="4")

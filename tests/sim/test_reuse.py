@@ -15,7 +15,7 @@ import random
 from dataclasses import replace
 
 from sim.fleets import fault_heavy
-from slurm_fleetyield.core import memory
+from slurm_fleetyield.core import carry, memory
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import Observations
 from slurm_fleetyield.core.params import Params
@@ -64,11 +64,12 @@ def _fresh(obs: Observations) -> Observations:
     return replace(obs, samples=samples)
 
 
-def _spy_todo(monkeypatch, module, names_of):  # type: ignore[no-untyped-def]
-    """Wrap ``module._todo`` (whose second argument holds the node names, read by ``names_of``): the list
-    it returns gets (nodes listed, nodes in all) for every call that started from last tick's answer."""
+def _spy_todo(monkeypatch, module, names_of, attr="_todo"):  # type: ignore[no-untyped-def]
+    """Wrap ``module._todo`` (or ``attr``; its second argument holds the node names, read by ``names_of``):
+    the list it returns gets (nodes listed, nodes in all) for every call that started from last tick's
+    answer."""
     seen: list[tuple[int, int]] = []
-    inner = module._todo
+    inner = getattr(module, attr)
 
     def spy(last, second, *args):  # type: ignore[no-untyped-def]
         todo = inner(last, second, *args)
@@ -77,7 +78,7 @@ def _spy_todo(monkeypatch, module, names_of):  # type: ignore[no-untyped-def]
             seen.append((len(todo & names), len(names)))
         return todo
 
-    monkeypatch.setattr(module, "_todo", spy)
+    monkeypatch.setattr(module, attr, spy)
     return seen
 
 
@@ -94,25 +95,33 @@ def _replay(stream: list[Observations], params: Params) -> TickResult:
 
 
 def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from slurm_fleetyield.core import risk
 
     stream = _retyped(_record())
     params = Params()
-    carried = []  # (nodes assessed, nodes in all) of each risk stage that started from last tick's answer
-    inner = risk._carried
+    carried = []  # (nodes that may be assessed, nodes in all) of each risk stage that carried its answer
+    inner = carry._risk_todo
 
     def spy(sensed, *args):  # type: ignore[no-untyped-def]
-        start, items, due, rebase = inner(sensed, *args)
-        if start:
-            carried.append((len(items), len(sensed.nodes)))
-        return start, items, due, rebase
+        todo = inner(sensed, *args)
+        if todo is not None:
+            carried.append((len(todo[0] | todo[1]), len(sensed.nodes)))
+        return todo
 
-    monkeypatch.setattr(risk, "_carried", spy)
-    from slurm_fleetyield.core import price, profile, route
+    monkeypatch.setattr(carry, "_risk_todo", spy)
+    from slurm_fleetyield.core import profile, route
 
     # (nodes done again, nodes in all) of each call of a stage that started from last tick's answer
-    priced_again = _spy_todo(monkeypatch, price, lambda keys: keys)
-    routed_again = _spy_todo(monkeypatch, route, lambda names: names)
+    priced_again = _spy_todo(monkeypatch, carry, lambda keys: keys, "_price_todo")
+    routed_again: list[tuple[int, int]] = []  # the carry routes only the nodes whose inputs changed
+    inner_decide = route.decide
+
+    def spy_decide(obs, *args, names=None, **kw):  # type: ignore[no-untyped-def]
+        if names is not None:
+            names = list(names)
+            routed_again.append((len(names), len(obs.slurm)))
+        return inner_decide(obs, *args, names=names, **kw)
+
+    monkeypatch.setattr(route, "decide", spy_decide)
     profiled_again: list[tuple[int, int]] = []  # the loop profiles only the nodes whose inputs changed
     inner_profile = profile.profile
 
@@ -128,15 +137,23 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
     noted: dict[str, int] = {}  # ticks on which each stage noted its changes for the next stages
-    # price and route leave a reused node's memo entry as it was; remember keeps a reused node's very memory
+    # price carries a node's very answer, route leaves a reused node's memo entry as it was; remember keeps
+    # a reused node's very memory
     stage_reused = {"price": 0, "route": 0, "remember": 0}
     for i, obs in enumerate(stream):
-        before = {n: e[2] for n, e in a.memo.get("risk", {}).items()}
-        entries = {k: dict(a.memo.get(k, {})) for k in ("price", "route")}
+        before = dict(a.memo.get("risk_last", {}).get("out", {}))
+        entries = {
+            "price": dict(a.memo.get("price_last", {}).get("out", {})),
+            "route": dict(a.memo.get("route_last", {}).get("out", {})),
+        }
         ra = tick(a, obs, params, obs.time, rng_a)
         reused += sum(1 for n, r in ra.risks.items() if before.get(n) is r)
+        now_entries = {
+            "price": ra.state.memo["price_last"]["out"],
+            "route": ra.state.memo["route_last"]["out"],
+        }
         for k, old in entries.items():
-            stage_reused[k] += sum(1 for n, e in ra.state.memo[k].items() if old.get(n) is e)
+            stage_reused[k] += sum(1 for n, e in now_entries[k].items() if old.get(n) is e)
         stage_reused["remember"] += sum(1 for n, m in ra.state.nodes.items() if a.nodes.get(n) is m)
         rb = tick(replace(b, memo={}), _fresh(obs), params, obs.time, rng_b)
         assert ra.plan == rb.plan, f"tick {i}: plans differ"
@@ -166,41 +183,42 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         assert n > len(stream), f"the recorded stream must exercise the {k} reuse ({n})"
 
 
-def test_reuse_follows_fatal_history_and_params() -> None:
-    """Same sensed GPUs, but a fatal history that changed (or other params): recomputed, not reused."""
+def test_risk_follows_fatal_history_and_params() -> None:
+    """The same readings, but a fatal history that changed (or other params) between two ticks: the risk
+    carried from last tick follows them, equal to a tick from an empty memo."""
     from slurm_fleetyield.core import risk
     from slurm_fleetyield.core.state import NodeMemory
 
-    stream = _record()[:6]
+    stream = _record()[:7]
     params = Params()
-    r = _replay(stream, params)
+    r = _replay(stream[:6], params)
     state = r.state
-    assert r.sensed is not None
-    now = stream[-1].time
-    first = risk.assess(r.sensed, (), state, params, now)
-    again = risk.assess(r.sensed, (), state, params, now)
-    assert any(again[n] is first[n] for n in first), "the same inputs must be reused"
+    obs, now = stream[6], stream[6].time
+    assert risk.assess(r.sensed, (), state, params, now) == risk.assess(r.sensed, (), state, params, now)
+    first = tick(state, obs, params, now, random.Random(2)).risks
     name = next(n for n in first if first[n].gpus)
     uuid = first[name].gpus[0].uuid
     old = state.nodes[name]
-    hist = (*old.fatal_history, (now - 60.0, uuid), (now - 30.0, uuid + "x"))
-    changed = replace(state, nodes={**state.nodes, name: replace(old, fatal_history=hist)})
-    got = risk.assess(r.sensed, (), changed, params, now)
-    want = risk.assess(r.sensed, (), replace(changed, memo={}), params, now)
-    assert got == want and got[name] != first[name]
-    other = Params(risk={"red_threshold": 0.01, "yellow_threshold": 0.001})
-    assert risk.assess(r.sensed, (), state, other, now) == risk.assess(
-        r.sensed, (), replace(state, memo={}), other, now
-    )
     assert isinstance(old, NodeMemory)
+    hist = (*old.fatal_history, (now - 60.0, uuid), (now - 30.0, uuid + "x"))
+    strict = Params(risk={"red_threshold": 0.01, "yellow_threshold": 0.001})
+    for history, pa in ((hist, params), (None, strict)):
+        st = _replay(stream[:6], params).state  # the memo follows one line of ticks: a fresh one per branch
+        if history is not None:
+            st = replace(st, nodes={**st.nodes, name: replace(st.nodes[name], fatal_history=history)})
+        got = tick(st, obs, pa, now, random.Random(2))
+        want = tick(replace(st, memo={}), _fresh(obs), pa, now, random.Random(2))
+        assert dict(got.risks) == dict(want.risks) and got.plan == want.plan
+        assert dict(got.risks) != dict(first)
+        if history is not None:
+            assert got.risks[name] != first[name]
 
 
 def test_risk_follows_the_learned_multipliers(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """When only the signals' learned multipliers move between two ticks, risk starts from last tick's
     answer and scores again only the nodes that read one, which equals a fresh tick; a new base multiplier
-    moves every quiet GPU: the nodes whose GPUs all sat at the old base are rebased, the rest scored again,
-    which equals a fresh tick too."""
-    from slurm_fleetyield.core import risk
+    moves every quiet GPU: the nodes whose GPUs all sat at the old base are put at the new one, the rest
+    scored again, which equals a fresh tick too."""
 
     stream = _record()
     params = Params()
@@ -211,14 +229,14 @@ def test_risk_follows_the_learned_multipliers(monkeypatch) -> None:  # type: ign
     gpu = next(g for g in r.risks[scored[0]].gpus if g.contributions)
     signal = max(gpu.contributions, key=lambda c: c.weight).signal
     starts: list[bool] = []
-    inner = risk._carried
+    inner = carry._risk_todo
 
     def spy(*args):  # type: ignore[no-untyped-def]
         got = inner(*args)
-        starts.append(got[0] is not None)
+        starts.append(got is not None)
         return got
 
-    monkeypatch.setattr(risk, "_carried", spy)
+    monkeypatch.setattr(carry, "_risk_todo", spy)
     obs = stream[8]
     before = tick(r.state, obs, params, obs.time, random.Random(2))
     carried = [starts[-1]]
@@ -258,13 +276,14 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     none = Drains()
 
     def priced(st: ControllerState, risks=r.risks, drains=none):  # type: ignore[no-untyped-def]
-        got = price.price(obs, sensed, risks, envs, drains, st, params, now)
-        want = price.price(obs, sensed, risks, envs, drains, replace(st, memo={}), params, now)
+        got = carry.price(obs, sensed, risks, envs, drains, st, params, now, st.lifecycle, ())
+        want = price.price(obs, sensed, risks, envs, drains, st, params, now)  # the rule, node by node
         assert repr(got) == repr(want)  # repr: an unknown node's risk is NaN
         return got
 
+    before = state.memo["price_last"]["out"]
     p1 = priced(state)
-    assert all(p1.nodes[n] is e[9] for n, e in state.memo["price"].items() if n in p1.nodes)
+    assert any(p1.nodes[n] is before[n] for n in p1.nodes), "last tick's very answer, carried"
     name = next(n for n, pn in p1.nodes.items() if pn.tier is Tier.GREEN and pn.managed)
     old = state.nodes[name]
     yellow = replace(state, nodes={**state.nodes, name: replace(old, tier=Tier.YELLOW)})
@@ -280,14 +299,15 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert priced(heavier, dark).nodes[name].weight == 12_345
     assert priced(state).nodes[name] is priced(state).nodes[name]  # the memo holds the same inputs again
     other = replace(obs.slurm[name], states=frozenset({"IDLE", "DRAIN"}), reason="admin: cabling")
-    by_admin = price.price(replace(obs, slurm={**obs.slurm, name: other}), sensed, r.risks, envs, none,
-                           state, params, now)  # fmt: skip
+    lc = state.lifecycle
+    by_admin = carry.price(replace(obs, slurm={**obs.slurm, name: other}), sensed, r.risks, envs, none,
+                           state, params, now, lc, ())  # fmt: skip
     assert not by_admin.nodes[name].managed, "a Slurm view drained by someone else is priced anew"
     views = dict(obs.slurm)  # a shell that updates one Slurm mapping in place, as the simulator does
     in_place = replace(obs, slurm=views)
-    assert price.price(in_place, sensed, r.risks, envs, none, state, params, now).nodes[name].managed
+    assert carry.price(in_place, sensed, r.risks, envs, none, state, params, now, lc, ()).nodes[name].managed
     views[name] = other  # between two ticks: the next tick's Observations holds the very same mapping
-    again = price.price(replace(in_place), sensed, r.risks, envs, none, state, params, now)
+    again = carry.price(replace(in_place), sensed, r.risks, envs, none, state, params, now, lc, ())
     assert not again.nodes[name].managed, "the same mapping, updated in place, is priced anew too"
     drained = Drains(drains=(DrainNode(name, "fleetyield: test drain"),))
     assert priced(state, drains=drained).nodes[name].tier is Tier.QUARANTINED
@@ -298,8 +318,8 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert not any(f.startswith("fy_ok_") for f in fenced.nodes[name].keep_fy or ())
 
     def routed(lent: frozenset[str], why: str = ""):  # type: ignore[no-untyped-def]
-        got = route.route(obs, p1, envs, lent, why, state.memo)
-        assert got == route.route(obs, p1, envs, lent, why, None) == route.route(obs, p1, envs, lent, why)
+        got = carry.route(state, obs, p1, envs, lent=lent, lent_reason=why)
+        assert got == route.route(obs, p1, envs, lent, why)  # the rule, node by node
         return got
 
     d1, _ = routed(frozenset())
@@ -310,11 +330,11 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert d1[name] is r.nodes[name]  # the tick's own decision: its remembered memory is reusable
     views = dict(obs.slurm)  # a Slurm mapping updated in place between two calls, as the simulator does
     in_place = replace(obs, slurm=views)
-    route.route(in_place, p1, envs, frozenset(), "", state.memo)
+    carry.route(state, in_place, p1, envs)
     views[name] = replace(views[name], states=frozenset({"ALLOCATED"}), weight=7)  # the next tick
     in_place = replace(in_place)  # its Observations: the very same mapping, updated in place
-    moved, updates = route.route(in_place, p1, envs, frozenset(), "", state.memo)
-    assert (moved, updates) == route.route(in_place, p1, envs, frozenset(), "", None)
+    moved, updates = carry.route(state, in_place, p1, envs)
+    assert (moved, updates) == route.route(in_place, p1, envs)
     assert moved[name].slurm_state == "ALLOCATED" and any(name in u.nodes for u in updates)
 
     def remembered(drains: Drains) -> ControllerState:
@@ -347,8 +367,8 @@ def _lemon_follows_time(obs, sensed, risks, envs, state, params, now, name, inde
     lemons = []
     oldest = 7200.0 * lp.lemon_failures  # the verdict ends when the oldest failure leaves the window
     for t in (now, now + lp.lemon_window_s - oldest - 3600.0, now + lp.lemon_window_s - oldest + 3600.0):
-        got = price.price(obs, sensed, risks, envs, none, lemony, params, t)
-        want = price.price(obs, sensed, risks, envs, none, replace(lemony, memo={}), params, t)
+        got = carry.price(obs, sensed, risks, envs, none, lemony, params, t, lemony.lifecycle, ())
+        want = price.price(obs, sensed, risks, envs, none, lemony, params, t)  # the rule, node by node
         assert repr(got) == repr(want), t
         lemons.append(got.nodes[name].lemon)
     assert lemons == [True, True, False], lemons
