@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from inspect import signature
 from typing import Any
 
+from slurm_fleetyield.core import memory
 from slurm_fleetyield.core import price as price_stage
 from slurm_fleetyield.core import profile as profile_stage
 from slurm_fleetyield.core import risk as risk_stage
@@ -29,9 +30,17 @@ from slurm_fleetyield.core.params import Params, ProfileParams
 from slurm_fleetyield.core.plan import DrainNode, UpdateNodes
 from slurm_fleetyield.core.price import priced_memory, priced_slurm
 from slurm_fleetyield.core.quarantine import Drains, Fatal
+from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.scoring import Scorer, compile_signals
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, changed_keys, note_changes, slurm_view
+from slurm_fleetyield.core.state import (
+    ControllerState,
+    NodeMemory,
+    changed_keys,
+    note_changes,
+    slurm_view,
+    sorted_names,
+)
 
 
 def profile(
@@ -353,3 +362,61 @@ def route(
     }
     note_changes(memo, "route", decisions, base, todo if base is not None else ())
     return decisions, route_stage.updates(decisions, differ)
+
+
+def remember(
+    state: ControllerState,
+    sensed: Sensed,
+    decisions: Mapping[str, NodeDecision],
+    priced: price_stage.Priced,
+    fatal: tuple[Fatal, ...],
+    drains: Drains,
+    params: Params,
+    now: float,
+    rh: Rehab,
+) -> ControllerState:
+    """``memory.remember`` with the node memories of ``memory.remember_nodes`` for the nodes whose memory can
+    differ from last tick's, and last tick's for every other.
+
+    A node's memory reads its last memory, its decision and priced node, its fatal evidence acted on and its
+    drain this tick, and ``now`` (its fatal history is trimmed to the window). With the same node names as
+    last tick and the very memories remember handed on, the nodes remembered again are those whose
+    decision or priced node is another object, those with fatal evidence acted on or a drain now or a drain
+    last tick, and those whose fatal history holds a report leaving the window (1 s early: floats). Else
+    every node is remembered. Also kept (never persisted): the index of the nodes with a fatal history, for
+    the very memories handed on (``fatal_history_index``, read by ``risk`` above)."""
+    memo = state.memo
+    names = sorted_names(memo.setdefault("remember_names", {}), decisions, sensed.nodes)
+    drained = frozenset(d.node for d in (*drains.drains, *rh.drains))
+    acted = {f.node for f in drains.processed} | drained
+    oldest = now - params.risk.fatal_history_days * 86_400.0
+    last: dict[str, Any] | None = memo.get("remember_last")
+    base: Mapping[str, NodeMemory] | None = None  # the answer carried
+    todo: list[str] = []
+    if last is None or last["names"] is not names or last["out"] is not state.nodes:
+        nodes = memory.remember_nodes(state, sensed, decisions, priced, drains, params, now, rh, names)
+        first = {n: min(h[0] for h in m.fatal_history) for n, m in nodes.items() if m.fatal_history}
+    else:
+        again = changed_keys(decisions, last["decisions"], memo) | changed_keys(
+            priced.nodes, last["pnodes"], memo
+        )
+        again |= acted | last["drained"]
+        again.update(n for n, t in last["first"].items() if t < oldest + 1.0)
+        todo = sorted(n for n in again if n in decisions or n in sensed.nodes)  # the names' order
+        base = last["out"]
+        nodes = dict(base)
+        nodes.update(memory.remember_nodes(state, sensed, decisions, priced, drains, params, now, rh, todo))
+        first = dict(last["first"])  # the earliest report of each node with a fatal history
+        for name in todo:
+            nm = nodes.get(name)
+            if nm is not None and nm.fatal_history:
+                first[name] = min(h[0] for h in nm.fatal_history)
+            else:
+                first.pop(name, None)
+    memo["fatal_history_index"] = (nodes, frozenset(first))
+    memo["remember_last"] = {
+        "names": names, "decisions": decisions, "pnodes": priced.nodes, "out": nodes, "first": first,
+        "drained": drained,
+    }  # fmt: skip
+    note_changes(memo, "remember", nodes, base, todo)
+    return memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh, nodes)

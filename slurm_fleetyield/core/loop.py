@@ -33,7 +33,6 @@ from slurm_fleetyield.core import (
     gate,
     keep_open,
     learn,
-    memory,
     premium,
     price,
     quarantine,
@@ -123,7 +122,7 @@ def tick(
     explain_node = _explainer(state, decisions, risks, sensed, params, now, wh)
     proposed = gate.propose(obs, decided, rh, priced.red, risks, drains, params, now, rng, explain_node, wh)
     plan = _plan(updates, _merge_drains(drains.drains, rh.drains), rc.actions, rh, proposed, drains.holds)
-    remembered = memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
+    remembered = carry.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh)
     ledger, settled = settle.settle(obs, state.settle, remembered, rh.lifecycle, params.settle, now)
     learned, cal = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     after = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)

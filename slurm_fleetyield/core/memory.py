@@ -11,8 +11,7 @@ once it is acted on (drained or moot); held evidence is reconsidered next tick a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from slurm_fleetyield.core import quarantine
 from slurm_fleetyield.core.model import NodeDecision, Tier
@@ -21,7 +20,7 @@ from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.quarantine import MISSING_KEY_PREFIX, Drains, Fatal, pushed_marker, to_held
 from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.sense import Sensed
-from slurm_fleetyield.core.state import ControllerState, NodeMemory, changed_keys, note_changes, sorted_names
+from slurm_fleetyield.core.state import ControllerState, NodeMemory
 
 
 def remember(
@@ -34,87 +33,14 @@ def remember(
     params: Params,
     now: float,
     rehab: Rehab | None = None,
+    nodes: dict[str, NodeMemory] | None = None,
 ) -> ControllerState:
     """``rehab``: the lifecycle's drains of this tick (approved ones count against the rate window). The
-    lifecycle, gate, settle and learn parts of the state are set by the loop from their own stages."""
-    extra_drains = rehab.drains if rehab is not None else ()
+    lifecycle, gate, settle and learn parts of the state are set by the loop from their own stages.
+    ``nodes``: the node memories when already made (core/carry.py), else every node's (``remember_nodes``)."""
+    if nodes is None:
+        nodes = remember_nodes(state, sensed, decisions, priced, drains, params, now, rehab)
     new_drains = rehab.new_drains if rehab is not None else 0
-    # what was acted on is in drains.processed; the findings of held nodes are kept and reconsidered next tick
-    oldest = now - params.risk.fatal_history_days * 86_400.0
-    new_fatal: dict[str, list[tuple[float, str]]] = {}
-    for f in drains.processed:
-        new_fatal.setdefault(f.node, []).append((f.time, f.uuid or ""))
-    drained_now = {d.node: d for d in drains.drains}
-    for dn in extra_drains:
-        drained_now.setdefault(dn.node, dn)
-    first_fatal = {f.node: f for f in reversed(drains.processed)}
-    nodes: dict[str, NodeMemory] = {}
-    # A node whose previous memory is the very one remembered from this decision and priced node last tick,
-    # with no fatal evidence or drain now and no fatal history to trim, is remembered as that very object
-    # (ControllerState.memo, not persisted): the tier did not change, so neither did ``since``.
-    memo = state.memo.setdefault("remember", {})
-    pnodes = priced.nodes
-    names = sorted_names(state.memo.setdefault("remember_names", {}), decisions, sensed.nodes)
-    # Last tick's memories are the start when it is known which nodes may differ (_todo); only those go
-    # through the per-node memo above.
-    carried = state.memo.get("remember_last")
-    todo = _todo(carried, names, decisions, pnodes, state, {*new_fatal, *drained_now}, oldest)
-    items: list[str] = names
-    if todo is not None and carried is not None:
-        nodes = dict(carried["out"])
-        items = sorted(n for n in todo if n in decisions or n in sensed.nodes)  # the names' order
-    for name in items:
-        old = state.nodes.get(name)
-        d = decisions.get(name)
-        hit = memo.get(name)
-        if (
-            hit is not None
-            and hit[2] is old
-            and hit[0] is d
-            and d is not None
-            and hit[1] is pnodes[name]
-            and not (old.fatal_history and any(h[0] < oldest for h in old.fatal_history))
-            and name not in new_fatal
-            and name not in drained_now
-        ):
-            nodes[name] = old
-            continue
-        history = old.fatal_history if old else ()
-        if name in new_fatal:
-            history = (*history, *sorted(new_fatal[name]))
-        if history and any(h[0] < oldest for h in history):  # most nodes have none to trim
-            history = tuple(h for h in history if h[0] >= oldest)
-        if d is None:  # sampled but unknown to Slurm: keep only what we knew
-            if old is not None:
-                nodes[name] = old if history is old.fatal_history else _replace(old, fatal_history=history)
-            continue
-        pn = priced.nodes[name]
-        fresh_features = pn.keep_fy is None and pn.feature_tier is None and d.managed
-        tier = d.tier if d.tier is not Tier.UNKNOWN or old is None else old.tier
-        since = old.since if old is not None and old.tier is tier else now
-        drained_by_us = name in drained_now or (
-            d.slurm_state != "" and "DRAIN" in d.slurm_state and d.reason.startswith("fleetyield:")
-        )
-        last = first_fatal.get(name) if name in drained_now else None
-        nodes[name] = new = NodeMemory(
-            tier=tier,
-            since=since,
-            reason=d.reason,
-            drained_by_us=drained_by_us,
-            fatal_history=history,
-            last_xid=last.xid if last else (old.last_xid if old else None),
-            last_gpu=last.gpu if last else (old.last_gpu if old else None),
-            fy_features=d.fy_features if fresh_features else (old.fy_features if old else ()),
-            weight=d.weight if fresh_features else (old.weight if old else None),
-        )
-        if old is not None and new == old:
-            # e.g. only the Slurm state moved: hand on the very memory (a stage that starts from last
-            # tick's answer, core/price.py, looks again only at nodes whose memory is another object)
-            nodes[name] = new = old
-        if name in drained_now:  # drained_by_us and the last XID came from this tick's drain: not reusable
-            memo.pop(name, None)
-        else:
-            memo[name] = (d, pn, new)
     qp = params.quarantine
     processed = list(state.processed_events)
     dropped = False
@@ -135,27 +61,6 @@ def remember(
     ids = state.processed_events
     if dropped or drains.processed or len(ids) > qp.max_processed_event_ids:  # else the very same tuple
         ids = tuple(processed[-qp.max_processed_event_ids :])
-    # the earliest report of each node with a fatal history (when it must be trimmed next: _todo)
-    if todo is not None and carried is not None:
-        # the same keys as last tick, in the same order: the names are the very list, so every node with a
-        # decision had a memory then, and a node without one only keeps what it had
-        first = dict(carried["first"])
-        for name in items:
-            nm = nodes.get(name)
-            if nm is not None and nm.fatal_history:
-                first[name] = min(h[0] for h in nm.fatal_history)
-            else:
-                first.pop(name, None)
-    else:
-        first = {n: min(h[0] for h in m.fatal_history) for n, m in nodes.items() if m.fatal_history}
-    # the remembered nodes with a fatal history (risk.assess), for the very mapping handed on (not persisted)
-    state.memo["fatal_history_index"] = (nodes, frozenset(first))
-    state.memo["remember_last"] = {
-        "names": names, "decisions": decisions, "pnodes": pnodes, "out": nodes, "first": first,
-        "drained": frozenset(drained_now),
-    }  # fmt: skip
-    base = carried["out"] if todo is not None and carried is not None else None  # the answer carried
-    note_changes(state.memo, "remember", nodes, base, items)
     return ControllerState(
         nodes=nodes,
         history=sensed.history,
@@ -167,36 +72,71 @@ def remember(
     )
 
 
+def remember_nodes(
+    state: ControllerState,
+    sensed: Sensed,
+    decisions: Mapping[str, NodeDecision],
+    priced: Priced,
+    drains: Drains,
+    params: Params,
+    now: float,
+    rehab: Rehab | None = None,
+    names: Iterable[str] | None = None,
+) -> dict[str, NodeMemory]:
+    """Each node's next memory: of every node with a decision or sensed, by name, or of ``names`` only (a
+    node sampled but unknown to Slurm keeps what it had; with no memory it has none).
+
+    A node's memory reads its last memory, its decision and priced node, its fatal evidence acted on and
+    its drain this tick, and, to trim its fatal history, ``now``. A memory equal to the last one is handed
+    on as that very object."""
+    extra_drains = rehab.drains if rehab is not None else ()
+    oldest = now - params.risk.fatal_history_days * 86_400.0
+    new_fatal: dict[str, list[tuple[float, str]]] = {}
+    for f in drains.processed:
+        new_fatal.setdefault(f.node, []).append((f.time, f.uuid or ""))
+    drained_now = {d.node: d for d in drains.drains}
+    for dn in extra_drains:
+        drained_now.setdefault(dn.node, dn)
+    first_fatal = {f.node: f for f in reversed(drains.processed)}
+    nodes: dict[str, NodeMemory] = {}
+    for name in sorted({*decisions, *sensed.nodes}) if names is None else names:
+        old = state.nodes.get(name)
+        d = decisions.get(name)
+        history = old.fatal_history if old else ()
+        if name in new_fatal:
+            history = (*history, *sorted(new_fatal[name]))
+        if history and any(h[0] < oldest for h in history):  # most nodes have none to trim
+            history = tuple(h for h in history if h[0] >= oldest)
+        if d is None:  # sampled but unknown to Slurm: keep only what we knew
+            if old is not None:
+                nodes[name] = old if history is old.fatal_history else _replace(old, fatal_history=history)
+            continue
+        pn = priced.nodes[name]
+        fresh_features = pn.keep_fy is None and pn.feature_tier is None and d.managed
+        tier = d.tier if d.tier is not Tier.UNKNOWN or old is None else old.tier
+        since = old.since if old is not None and old.tier is tier else now
+        drained_by_us = name in drained_now or (
+            d.slurm_state != "" and "DRAIN" in d.slurm_state and d.reason.startswith("fleetyield:")
+        )
+        last = first_fatal.get(name) if name in drained_now else None
+        new = NodeMemory(
+            tier=tier,
+            since=since,
+            reason=d.reason,
+            drained_by_us=drained_by_us,
+            fatal_history=history,
+            last_xid=last.xid if last else (old.last_xid if old else None),
+            last_gpu=last.gpu if last else (old.last_gpu if old else None),
+            fy_features=d.fy_features if fresh_features else (old.fy_features if old else ()),
+            weight=d.weight if fresh_features else (old.weight if old else None),
+        )
+        # e.g. only the Slurm state moved: hand on the very memory (the stages that carry their answer,
+        # core/carry.py, look again only at nodes whose memory is another object)
+        nodes[name] = old if old is not None and new == old else new
+    return nodes
+
+
 def _replace(m: NodeMemory, **changes: object) -> NodeMemory:
     from dataclasses import replace
 
     return replace(m, **changes)  # type: ignore[arg-type]
-
-
-def _todo(
-    last: dict[str, Any] | None,
-    names: list[str],
-    decisions: Mapping[str, NodeDecision],
-    pnodes: Mapping[str, object],
-    state: ControllerState,
-    acted: set[str],
-    oldest: float,
-) -> set[str] | None:
-    """The nodes whose memory may differ from last tick's, or None (not known: every node).
-
-    Known when the node names are the very list of last tick (``sorted_names``) and the memories are the
-    very mapping remember handed on. Then a node is remembered again when its decision or priced node is
-    another object, when it has fatal evidence acted on or a drain now (``acted``) or had a drain last tick
-    (not memoized), or when its fatal history holds a report older than ``oldest`` (to trim; 1 s early:
-    floats). Every other node has the very inputs of its memo entry, whose memory is last tick's; or it is
-    sampled but unknown to Slurm and keeps its memory (nothing to trim) or has none, as the per-node rule
-    would."""
-    if last is None or last["names"] is not names or last["out"] is not state.nodes:
-        return None
-    memo = state.memo
-    todo = changed_keys(decisions, last["decisions"], memo) | changed_keys(pnodes, last["pnodes"], memo)
-    todo |= acted
-    todo |= last["drained"]
-    due = oldest + 1.0
-    todo.update(n for n, t in last["first"].items() if t < due)
-    return todo

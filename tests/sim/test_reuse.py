@@ -19,6 +19,7 @@ from slurm_fleetyield.core import carry, memory
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import Observations
 from slurm_fleetyield.core.params import Params
+from slurm_fleetyield.core.rehab import Rehab
 from slurm_fleetyield.core.state import ControllerState, changed_keys
 from slurm_fleetyield.sim import runner
 
@@ -132,7 +133,16 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
         return inner_profile(sensed, obs, pp, names)
 
     monkeypatch.setattr(profile, "profile", spy_profile)
-    remembered_again = _spy_todo(monkeypatch, memory, lambda names: names)
+    remembered_again: list[tuple[int, int]] = []  # the carry remembers only the nodes whose inputs changed
+    inner_remember = memory.remember_nodes
+
+    def spy_remember(state, sensed, decisions, *args):  # type: ignore[no-untyped-def]
+        got = inner_remember(state, sensed, decisions, *args)
+        if args[-1] is not state.memo["remember_names"].get("names"):
+            remembered_again.append((len(got), len({*decisions, *sensed.nodes})))
+        return got
+
+    monkeypatch.setattr(memory, "remember_nodes", spy_remember)
     a, b = ControllerState.empty(), ControllerState.empty()
     rng_a, rng_b = random.Random(1), random.Random(1)
     reused = 0
@@ -338,8 +348,10 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert moved[name].slurm_state == "ALLOCATED" and any(name in u.nodes for u in updates)
 
     def remembered(drains: Drains) -> ControllerState:
-        got = memory.remember(state, sensed, d1, p1, (), drains, params, now)
-        assert got == memory.remember(replace(state, memo={}), sensed, d1, p1, (), drains, params, now)
+        got = carry.remember(state, sensed, d1, p1, (), drains, params, now, Rehab({}))
+        assert got == memory.remember(
+            state, sensed, d1, p1, (), drains, params, now
+        )  # the rule, node by node
         return got
 
     assert remembered(none).nodes[name] is state.nodes[name]  # reused: same sample time
@@ -375,9 +387,9 @@ def _lemon_follows_time(obs, sensed, risks, envs, state, params, now, name, inde
 
 
 def test_remember_from_last_tick_follows_its_inputs() -> None:
-    """remember starting from last tick's memories (``memory._todo``) equals the per-node rule on an empty
-    memo when the decisions and priced nodes are the very same objects but a drain, acted-on fatal evidence,
-    last tick's drain or the passing of time (fatal history leaving its window) changes a memory."""
+    """remember starting from last tick's memories (``carry.remember``) equals the per-node rule when the
+    decisions and priced nodes are the very same objects but a drain, acted-on fatal evidence, last tick's
+    drain or the passing of time (fatal history leaving its window) changes a memory."""
     from slurm_fleetyield.core.plan import DrainNode
     from slurm_fleetyield.core.price import Priced
     from slurm_fleetyield.core.quarantine import Drains, Fatal
@@ -391,14 +403,23 @@ def test_remember_from_last_tick_follows_its_inputs() -> None:
     assert last["out"] is state.nodes
     decisions, priced = last["decisions"], Priced(last["pnodes"])
     carried: list[int] = []
-    inner = memory._todo
+    inner = memory.remember_nodes
 
     def call(st: ControllerState, drains: Drains, t: float) -> ControllerState:
-        oldest = t - params.risk.fatal_history_days * 86_400.0
-        todo = inner(st.memo.get("remember_last"), *_names_and(st, decisions, sensed, priced), oldest)
-        carried.append(-1 if todo is None else len(todo))
-        got = memory.remember(st, sensed, decisions, priced, (), drains, params, t)
-        want = memory.remember(replace(st, memo={}), sensed, decisions, priced, (), drains, params, t)
+        calls: list[int] = []  # nodes remembered again by the carry; -1: every node
+
+        def spy(*args):  # type: ignore[no-untyped-def]
+            got = inner(*args)
+            calls.append(-1 if args[-1] is st.memo["remember_names"].get("names") else len(got))
+            return got
+
+        memory.remember_nodes = spy  # type: ignore[assignment]
+        try:
+            got = carry.remember(st, sensed, decisions, priced, (), drains, params, t, Rehab({}))
+        finally:
+            memory.remember_nodes = inner  # type: ignore[assignment]
+        carried.append(calls[0])
+        want = memory.remember(st, sensed, decisions, priced, (), drains, params, t)  # the rule, node by node
         assert got == want and list(got.nodes) == list(want.nodes)
         return replace(got, memo=st.memo)  # as the loop hands the memo on
 
@@ -420,11 +441,3 @@ def test_remember_from_last_tick_follows_its_inputs() -> None:
     # none due before its earliest report leaves the window: carried, as the memories are unchanged
     assert call(replace(state, memo=dict(state.memo)), Drains(), now + 60.0).nodes == state.nodes
     assert all(k >= 0 for k in carried), f"every call must start from last tick's memories: {carried}"
-
-
-def _names_and(st, decisions, sensed, priced):  # type: ignore[no-untyped-def]
-    """The arguments ``memory.remember`` hands ``_todo`` after the last-tick memory (as it computes them)."""
-    from slurm_fleetyield.core.state import sorted_names
-
-    names = sorted_names(st.memo.setdefault("remember_names", {}), decisions, sensed.nodes)
-    return names, decisions, priced.nodes, st, set()
