@@ -13,11 +13,11 @@ a node whose answer did not change.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from inspect import signature
 from typing import Any
 
-from slurm_fleetyield.core import memory
+from slurm_fleetyield.core import gangs, memory
 from slurm_fleetyield.core import price as price_stage
 from slurm_fleetyield.core import profile as profile_stage
 from slurm_fleetyield.core import risk as risk_stage
@@ -28,6 +28,7 @@ from slurm_fleetyield.core.lifecycle import LifecycleMemory
 from slurm_fleetyield.core.model import Envelope, Health, NodeDecision, NodeRisk, Observations, SlurmNode
 from slurm_fleetyield.core.params import Params, ProfileParams
 from slurm_fleetyield.core.plan import DrainNode, UpdateNodes
+from slurm_fleetyield.core.premium_supply import share
 from slurm_fleetyield.core.price import priced_memory, priced_slurm
 from slurm_fleetyield.core.quarantine import Drains, Fatal
 from slurm_fleetyield.core.rehab import Rehab
@@ -420,3 +421,78 @@ def remember(
     }  # fmt: skip
     note_changes(memo, "remember", nodes, base, todo)
     return memory.remember(state, sensed, decisions, priced, fatal, drains, params, now, rh, nodes)
+
+
+def premium_supply(
+    memo: dict[str, Any],
+    idle: Mapping[str, int],
+    envelopes: Mapping[str, Envelope],
+    pnodes: Mapping[str, price_stage.PricedNode],
+) -> tuple[dict[int, int], dict[int, int], list[str]]:
+    """``premium_supply.supply`` from the last call's per-node shares and histograms: a node's share reads
+    its idle count, envelope and priced node, so only the nodes whose idle count differs or whose envelope
+    or priced node is another object are counted again (out of the histograms, then into them)."""
+    last = memo.get("premium_supply")
+    if last is None:
+        shares: dict[str, tuple[int, int, bool]] = {}
+        base: dict[int, int] = {}
+        batch: dict[int, int] = {}
+        eligible: set[str] = set()
+        todo: Iterable[str] = idle
+    else:
+        shares, base, batch = dict(last["shares"]), dict(last["base"]), dict(last["batch"])
+        eligible = set(last["eligible"])
+        old_idle = last["idle"]
+        todo = {n for n, v in idle.items() if old_idle.get(n) != v}  # holds the keys new to idle
+        if len(old_idle) != len(idle) - sum(1 for n in todo if n not in old_idle):  # some left idle
+            todo.update(old_idle.keys() - idle.keys())
+        todo |= changed_keys(envelopes, last["envs"], memo) | changed_keys(pnodes, last["pnodes"], memo)
+    moved = last is None  # an eligible node came or went: sorted again
+    nothing = (0, 0, False)
+    for name in todo:
+        n_idle = idle.get(name)
+        new = nothing if n_idle is None else share(n_idle, envelopes.get(name), pnodes.get(name))
+        old = shares.get(name, nothing)
+        if new == old:
+            continue
+        moved = moved or new[2] is not old[2]
+        for hist, was, now in ((base, old[0], new[0]), (batch, old[1], new[1])):
+            if was > 0:
+                left = hist[was] - 1
+                if left:
+                    hist[was] = left
+                else:
+                    del hist[was]  # every count in a histogram stays > 0 (capacity.best_fit_hist)
+            if now > 0:
+                hist[now] = hist.get(now, 0) + 1
+        if new[2]:
+            eligible.add(name)
+        else:
+            eligible.discard(name)
+        if new == nothing:
+            shares.pop(name, None)
+        else:
+            shares[name] = new
+    names = sorted(eligible) if moved or last is None else last["eligible"]
+    memo["premium_supply"] = {
+        "idle": idle, "envs": envelopes, "pnodes": pnodes, "shares": shares, "base": base, "batch": batch,
+        "eligible": names,
+    }  # fmt: skip
+    return base, batch, names
+
+
+def gangs_lent_before(memo: dict[str, Any], memories: Mapping[str, NodeMemory]) -> frozenset[str]:
+    """``gangs.lent_before`` from the last call's answer: only the memories that are other objects are read
+    again."""
+    last = memo.get("gangs_lent_before")
+    if last is not None and last[0] is memories:
+        out: frozenset[str] = last[1]
+        return out
+    if last is None:
+        out = gangs.lent_before(memories)
+    else:
+        changed = changed_keys(memories, last[0], memo)
+        now = gangs.lent_before({n: memories[n] for n in changed if n in memories})
+        out = frozenset({*(n for n in last[1] if n not in changed), *now})
+    memo["gangs_lent_before"] = (memories, out)
+    return out

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from slurm_fleetyield.core.model import (
     Envelope,
@@ -66,7 +65,7 @@ from slurm_fleetyield.core.premium import best_fit, idle_gpus, node_pieces
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.route import trainable
 from slurm_fleetyield.core.signals import SIGNALS
-from slurm_fleetyield.core.state import NodeMemory, changed_keys
+from slurm_fleetyield.core.state import NodeMemory
 
 OK_TRAIN = "fy_ok_train"
 # Signals of counters that grew within the trend windows (core/sense.py): a GPU degrading now.
@@ -96,12 +95,13 @@ def widen(
     params: Params,
     now: float,
     kept_open: frozenset[str] = frozenset(),
-    memo: dict[str, Any] | None = None,
+    lent: frozenset[str] | None = None,
 ) -> GangLoans:
     """``kept_open``: yellow nodes that carried fy_ok_train last tick only because core/keep_open.py kept
-    it open there (not a gang loan); ``memo``: ``ControllerState.memo`` (``_lent_before``)."""
+    it open there (not a gang loan); ``lent``: ``lent_before(memories)`` when already known
+    (core/carry.py)."""
     gp = params.gangs
-    before = _lent_before(memories, memo) - kept_open
+    before = (lent_before(memories) if lent is None else lent) - kept_open
     if not gp.enabled:
         return GangLoans(events=_changed(before, frozenset(), now, "gang widening off"))
     # A tuple of members, not a set and not .value: hashing an Enum member and reading its .value are
@@ -175,26 +175,9 @@ def own_features(pn: PricedNode) -> bool:
     return pn.managed and pn.keep_fy is None and pn.feature_tier is None
 
 
-def _lent_before(memories: Mapping[str, NodeMemory], memo: dict[str, Any] | None = None) -> frozenset[str]:
-    """The yellow nodes that carried fy_ok_train last tick. ``memo``: the answer for last tick's memories is
-    kept, and only the memories that are other objects (``state.changed_keys``) are read again."""
-    last = memo.get("gangs_lent_before") if memo is not None else None
-    if last is not None and last[0] is memories:
-        out: frozenset[str] = last[1]
-        return out
-    if last is None:
-        out = frozenset(n for n, m in memories.items() if _lent(m))
-    else:
-        changed = changed_keys(memories, last[0], memo)
-        out = frozenset(
-            {
-                *(n for n in last[1] if n not in changed),
-                *(n for n in changed if n in memories and _lent(memories[n])),
-            }
-        )
-    if memo is not None:
-        memo["gangs_lent_before"] = (memories, out)
-    return out
+def lent_before(memories: Mapping[str, NodeMemory]) -> frozenset[str]:
+    """The yellow nodes that carried fy_ok_train last tick."""
+    return frozenset(n for n, m in memories.items() if _lent(m))
 
 
 def _lent(m: NodeMemory) -> bool:

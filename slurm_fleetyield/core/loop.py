@@ -25,6 +25,7 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from slurm_fleetyield.core import (
@@ -114,8 +115,7 @@ def tick(
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
     priced = carry.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
-    pw = premium.widen(obs, priced, envelopes, state.premium, params, now, frozenset(rc.walled), state.memo)
-    gw = gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, _kept(state), state.memo)
+    pw, gw = _widen(obs, priced, envelopes, risks, frozenset(rc.walled), state, params, now)
     wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
     hs = spares.spares(obs, priced, envelopes, wh, params, now)
     decisions, updates, ko = _route(obs, priced, envelopes, pw, gw, rc.walled, wh, hs, state, params, now)
@@ -129,6 +129,23 @@ def tick(
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
     at = wake.wake_at(after, params, now)
     return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh, at)
+
+
+def _widen(
+    obs: Observations,
+    priced: price.Priced,
+    envelopes: Mapping[str, Envelope],
+    risks: Mapping[str, NodeRisk],
+    walled: frozenset[str],
+    state: ControllerState,
+    params: Params,
+    now: float,
+) -> tuple[premium.Widening, gangs.GangLoans]:
+    """Premium widening, then gang widening (their supply and last loans carried by core/carry.py)."""
+    supply = partial(carry.premium_supply, state.memo)
+    pw = premium.widen(obs, priced, envelopes, state.premium, params, now, walled, supply)
+    lent = carry.gangs_lent_before(state.memo, state.nodes)
+    return pw, gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, _kept(state), lent)
 
 
 def _kept(state: ControllerState) -> frozenset[str]:

@@ -58,7 +58,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from slurm_fleetyield.core.capacity import (
     _RUNNING,
@@ -79,6 +78,7 @@ from slurm_fleetyield.core.model import (
 )
 from slurm_fleetyield.core.params import Params, PremiumParams
 from slurm_fleetyield.core.premium_supply import (
+    Supply,
     _home,
     _premium,
     batch_home,
@@ -148,12 +148,12 @@ def widen(
     params: Params,
     now: float,
     walled: frozenset[str] = frozenset(),
-    memo: dict[str, Any] | None = None,
+    supply: Supply = supply,
 ) -> Widening:
     """``params.premium`` drives the rule; ``params.settle.premium_needing_classes`` names premium work;
     ``walled``: premium nodes premium reclaim (core/reclaim.py) keeps for a premium job: never lent to
-    waiting decode, and the keep-open loan (rule 6) only when no other node can take it; ``memo``:
-    ``ControllerState.memo``, where the supply of the last call is kept (``premium_supply.supply``)."""
+    waiting decode, and the keep-open loan (rule 6) only when no other node can take it; ``supply``:
+    ``premium_supply.supply`` or a function with its answer (core/carry.py ``premium_supply``)."""
     pp = params.premium
     if not (pp.enabled and pp.reserve):  # no reservation: nothing to lend (route puts decode on every node)
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
@@ -179,7 +179,7 @@ def widen(
             return Widening(memory=replace(mem, gang_nodes=gang, gang_seen=seen))
         return Widening(memory=mem)  # the common case: nothing pending, nothing lent
     idle = idle_gpus(obs)
-    base, batch_base, eligible = supply(idle, envelopes, priced.nodes, memo)
+    base, batch_base, eligible = supply(idle, envelopes, priced.nodes)
     max_node = max((s.gpu_count for s in obs.slurm.values()), default=0)
     gang, gang_seen = _largest_gang(obs, classes, max_node, mem, pp, now)
     gang_cap = math.floor(pp.gang_reserve_max_fraction * len(eligible) + 1e-9)

@@ -8,14 +8,12 @@ of core/premium.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from slurm_fleetyield.core.capacity import out_of_service
 from slurm_fleetyield.core.model import Envelope, Observations, Tier
 from slurm_fleetyield.core.price import Priced, PricedNode
 from slurm_fleetyield.core.route import OK_BATCH_TIERS
-from slurm_fleetyield.core.state import changed_keys
 
 
 def decode_eligible(pn: PricedNode, env: Envelope) -> bool:
@@ -90,64 +88,31 @@ def share(n_idle: int, env: Envelope | None, pn: PricedNode | None) -> tuple[int
     return (n_idle, batch, False)
 
 
+Supply = Callable[
+    [Mapping[str, int], Mapping[str, Envelope], Mapping[str, PricedNode]],
+    tuple[dict[int, int], dict[int, int], list[str]],
+]
+"""``supply``'s signature: what core/premium.py asks of the supply."""
+
+
 def supply(
     idle: Mapping[str, int],
     envelopes: Mapping[str, Envelope],
     pnodes: Mapping[str, PricedNode],
-    memo: dict[str, Any] | None,
 ) -> tuple[dict[int, int], dict[int, int], list[str]]:
-    """Rules 1 and 3 per node (``_share`` of every node ``idle_gpus`` counts, i.e. not out of service): the
+    """Rules 1 and 3 per node (``share`` of every node ``idle_gpus`` counts, i.e. not out of service): the
     idle GPUs that carry fy_ok_decode without lending and those that carry fy_ok_batch without lending,
     as histograms (free count -> nodes, what ``best_fit`` reads of them), and the eligible premium nodes
-    by name.
-
-    ``memo`` (``ControllerState.memo``) keeps the last call's shares and totals: only the nodes whose idle
-    count, envelope or priced node (the very object, ``state.changed_keys``) differs are looked at again;
-    ``tests/core/test_premium.py`` checks the totals against a fresh count."""
-    last = memo.get("premium_supply") if memo is not None else None
-    if last is None:
-        shares: dict[str, tuple[int, int, bool]] = {}
-        base: dict[int, int] = {}
-        batch: dict[int, int] = {}
-        eligible: set[str] = set()
-        todo: Iterable[str] = idle
-    else:
-        shares, base, batch = dict(last["shares"]), dict(last["base"]), dict(last["batch"])
-        eligible = set(last["eligible"])
-        old_idle = last["idle"]
-        todo = {n for n, v in idle.items() if old_idle.get(n) != v}  # holds the keys new to idle
-        if len(old_idle) != len(idle) - sum(1 for n in todo if n not in old_idle):  # some left idle
-            todo.update(old_idle.keys() - idle.keys())
-        todo |= changed_keys(envelopes, last["envs"], memo) | changed_keys(pnodes, last["pnodes"], memo)
-    moved = last is None  # an eligible node came or went: sorted again
-    for name in todo:
-        n_idle = idle.get(name)
-        new = _NOTHING if n_idle is None else share(n_idle, envelopes.get(name), pnodes.get(name))
-        old = shares.get(name, _NOTHING)
-        if new == old:
-            continue
-        moved = moved or new[2] is not old[2]
-        for hist, was, now in ((base, old[0], new[0]), (batch, old[1], new[1])):
-            if was > 0:
-                left = hist[was] - 1
-                if left:
-                    hist[was] = left
-                else:
-                    del hist[was]  # every count in a histogram stays > 0 (_best_fit)
-            if now > 0:
-                hist[now] = hist.get(now, 0) + 1
-        if new[2]:
-            eligible.add(name)
-        else:
-            eligible.discard(name)
-        if new is _NOTHING:
-            shares.pop(name, None)
-        else:
-            shares[name] = new
-    names = sorted(eligible) if moved or last is None else last["eligible"]
-    if memo is not None:
-        memo["premium_supply"] = {
-            "idle": idle, "envs": envelopes, "pnodes": pnodes, "shares": shares, "base": base, "batch": batch,
-            "eligible": names,
-        }  # fmt: skip
-    return base, batch, names
+    by name. core/carry.py ``premium_supply`` keeps the histograms from call to call."""
+    base: dict[int, int] = {}
+    batch: dict[int, int] = {}
+    eligible: list[str] = []
+    for name, n_idle in idle.items():
+        decode, batch_idle, premium = share(n_idle, envelopes.get(name), pnodes.get(name))
+        if decode > 0:
+            base[decode] = base.get(decode, 0) + 1
+        if batch_idle > 0:
+            batch[batch_idle] = batch.get(batch_idle, 0) + 1
+        if premium:
+            eligible.append(name)
+    return base, batch, sorted(eligible)

@@ -289,12 +289,13 @@ def test_the_lowest_risk_yellow_node_is_lent_even_while_busy():
 
 
 def test_lent_before_from_last_tick_equals_a_fresh_scan() -> None:
-    """``_lent_before`` carried from last tick's answer (reading again only memories that are other
+    """``carry.gangs_lent_before`` from last tick's answer (reading again only memories that are other
     objects) equals a scan of every memory, tick after tick, as nodes come, go and change tier or features."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from slurm_fleetyield.core.gangs import OK_TRAIN, _lent_before
+    from slurm_fleetyield.core.carry import gangs_lent_before
+    from slurm_fleetyield.core.gangs import OK_TRAIN, lent_before
     from slurm_fleetyield.core.model import Tier
     from slurm_fleetyield.core.state import NodeMemory
 
@@ -313,6 +314,6 @@ def test_lent_before_from_last_tick_equals_a_fresh_scan() -> None:
         memo: dict[str, object] = {}
         for picks in steps:
             memories = {n: dataclasses.replace(m) if copy else m for n, (m, copy) in picks.items()}
-            assert _lent_before(memories, memo) == _lent_before(memories)  # type: ignore[arg-type]
+            assert gangs_lent_before(memo, memories) == lent_before(memories)  # type: ignore[arg-type]
 
     check()

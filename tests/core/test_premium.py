@@ -417,9 +417,11 @@ def test_batch_wall_on_an_all_premium_fleet_keeps_batch_submittable():
 
 
 def test_supply_from_last_call_equals_a_fresh_count() -> None:
-    """``supply`` started from the last call's shares (only nodes whose idle count, envelope or priced
-    node changed are looked at again) gives the histograms and eligible nodes of a fresh count, call after
-    call, as nodes come and go, idle counts move and nodes turn premium, yellow, lemon or unmanaged."""
+    """``carry.premium_supply`` started from the last call's shares (only nodes whose idle count, envelope
+    or priced node changed are looked at again) gives the histograms and eligible nodes of a fresh count,
+    call after call, as nodes come and go, idle counts move and nodes turn premium, yellow, lemon or
+    unmanaged."""
+    from slurm_fleetyield.core.carry import premium_supply
     from slurm_fleetyield.core.premium_supply import supply as _supply
 
     names = [f"n{i}" for i in range(6)]
@@ -453,8 +455,8 @@ def test_supply_from_last_call_equals_a_fresh_count() -> None:
                          if v[1] is not None}  # fmt: skip
             pnodes = {n: (v[2] if rnd.random() < 0.5 else pnodes.get(n, v[2])) for n, v in step.items()
                       if v[2] is not None}  # fmt: skip
-            got = _supply(idle, envelopes, pnodes, memo)  # type: ignore[arg-type]
-            assert got == _supply(idle, envelopes, pnodes, None)
+            got = premium_supply(memo, idle, envelopes, pnodes)  # type: ignore[arg-type]
+            assert got == _supply(idle, envelopes, pnodes)
             assert all(c > 0 for h in got[:2] for c in h.values())
 
     check()
