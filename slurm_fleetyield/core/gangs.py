@@ -99,7 +99,7 @@ def widen(
 ) -> GangLoans:
     """``kept_open``: yellow nodes that carried fy_ok_train last tick only because core/keep_open.py kept
     it open there (not a gang loan); ``lent``: ``lent_before(memories)`` when already known
-    (core/carry.py)."""
+    (core/carry_place.py)."""
     gp = params.gangs
     before = (lent_before(memories) if lent is None else lent) - kept_open
     if not gp.enabled:

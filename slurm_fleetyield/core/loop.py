@@ -30,6 +30,7 @@ from typing import Any
 
 from slurm_fleetyield.core import (
     carry,
+    carry_place,
     gangs,
     gate,
     keep_open,
@@ -113,7 +114,7 @@ def tick(
     drains = quarantine.decide(fatal, obs, state, params.quarantine, now, rehab.out_of_service(state))
     decided = gate.decide(obs, state, risks, params, now)
     rh = rehab.rehabilitate(obs, sensed, risks, drains, decided.approvals, state, params, now)
-    priced = carry.price(obs, sensed, risks, envelopes, drains, state, params, now, rh.lifecycle, rh.drains)
+    priced = carry_place.price(obs, sensed, risks, envelopes, drains, state, params, now, rh)
     rc = reclaim.reclaim(obs, priced, envelopes, state.reclaim, params, now)
     pw, gw = _widen(obs, priced, envelopes, risks, frozenset(rc.walled), state, params, now)
     wh = stake.withhold(obs, priced, params, now, price.base_multiplier(state, params))
@@ -141,10 +142,10 @@ def _widen(
     params: Params,
     now: float,
 ) -> tuple[premium.Widening, gangs.GangLoans]:
-    """Premium widening, then gang widening (their supply and last loans carried by core/carry.py)."""
-    supply = partial(carry.premium_supply, state.memo)
+    """Premium widening, then gang widening (their supply and last loans carried by core/carry_place.py)."""
+    supply = partial(carry_place.premium_supply, state.memo)
     pw = premium.widen(obs, priced, envelopes, state.premium, params, now, walled, supply)
-    lent = carry.gangs_lent_before(state.memo, state.nodes)
+    lent = carry_place.gangs_lent_before(state.memo, state.nodes)
     return pw, gangs.widen(obs, priced, envelopes, risks, state.nodes, params, now, _kept(state), lent)
 
 
@@ -179,7 +180,7 @@ def _route(
     now: float,
 ) -> tuple[Mapping[str, NodeDecision], tuple[UpdateNodes, ...], keep_open.Opened]:
     """Route, then keep open: when a class feature is on no node, route again with it kept open on the node
-    chosen (core/carry.py routes again only the nodes that change). Premium widening lends a node
+    chosen (core/carry_place.py routes again only the nodes that change). Premium widening lends a node
     walled by premium reclaim only the keep-open decode loan, and only as a last resort."""
     (lent, why), (train_lent, train_why) = pw.loan, gw.loan
     how = {
@@ -188,10 +189,10 @@ def _route(
         "service": params.stake.enabled, "reserve": params.premium.reserve, "spares": hs.nodes,
         "spares_on": params.spares.enabled,
     }  # fmt: skip
-    decisions, updates = carry.route(state, obs, priced, envelopes, **how)
+    decisions, updates = carry_place.route(state, obs, priced, envelopes, **how)
     ko = keep_open.keep_open(obs, decisions, priced, envelopes, state.kept_open, params, now)
     if ko.lent:
-        decisions, updates = carry.route(
+        decisions, updates = carry_place.route(
             state, obs, priced, envelopes, **how, opened=ko.lent, open_reason=ko.reason
         )
     return decisions, updates, ko

@@ -153,7 +153,7 @@ def widen(
     """``params.premium`` drives the rule; ``params.settle.premium_needing_classes`` names premium work;
     ``walled``: premium nodes premium reclaim (core/reclaim.py) keeps for a premium job: never lent to
     waiting decode, and the keep-open loan (rule 6) only when no other node can take it; ``supply``:
-    ``premium_supply.supply`` or a function with its answer (core/carry.py ``premium_supply``)."""
+    ``premium_supply.supply`` or a function with its answer (core/carry_place.py ``premium_supply``)."""
     pp = params.premium
     if not (pp.enabled and pp.reserve):  # no reservation: nothing to lend (route puts decode on every node)
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))

@@ -103,7 +103,7 @@ def supply(
     """Rules 1 and 3 per node (``share`` of every node ``idle_gpus`` counts, i.e. not out of service): the
     idle GPUs that carry fy_ok_decode without lending and those that carry fy_ok_batch without lending,
     as histograms (free count -> nodes, what ``best_fit`` reads of them), and the eligible premium nodes
-    by name. core/carry.py ``premium_supply`` keeps the histograms from call to call."""
+    by name. core/carry_place.py ``premium_supply`` keeps the histograms from call to call."""
     base: dict[int, int] = {}
     batch: dict[int, int] = {}
     eligible: list[str] = []

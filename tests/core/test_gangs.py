@@ -204,13 +204,13 @@ def test_route_carry_follows_the_loan():
     r.tick()
     assert r.last is not None and r.last.sensed is not None
     obs = f.observe(r.now)
-    from slurm_fleetyield.core import carry, price, profile
+    from slurm_fleetyield.core import carry_place, price, profile
     from slurm_fleetyield.core.quarantine import Drains
 
     envs = profile.profile(r.last.sensed, obs, r.params.profile)
     priced = price.price(obs, r.last.sensed, r.last.risks, envs, Drains(), r.state, r.params, r.now)
-    plain, _ = carry.route(r.state, obs, priced, envs, service=False, reserve=True)
-    lent, updates = carry.route(
+    plain, _ = carry_place.route(r.state, obs, priced, envs, service=False, reserve=True)
+    lent, updates = carry_place.route(
         r.state,
         obs,
         priced,
@@ -222,7 +222,7 @@ def test_route_carry_follows_the_loan():
     )
     assert TRAIN not in plain["y0"].fy_features and TRAIN in lent["y0"].fy_features
     assert "(gang widening: x)" in lent["y0"].reason and updates
-    again, _ = carry.route(r.state, obs, priced, envs, service=False, reserve=True)
+    again, _ = carry_place.route(r.state, obs, priced, envs, service=False, reserve=True)
     assert again["y0"] == plain["y0"]
     assert (again, _) == route.route(obs, priced, envs, service=False, reserve=True)  # the rule, node by node
     for tier in Tier:  # only a yellow node can be lent the feature
@@ -289,12 +289,12 @@ def test_the_lowest_risk_yellow_node_is_lent_even_while_busy():
 
 
 def test_lent_before_from_last_tick_equals_a_fresh_scan() -> None:
-    """``carry.gangs_lent_before`` from last tick's answer (reading again only memories that are other
+    """``carry_place.gangs_lent_before`` from last tick's answer (reading again only memories that are other
     objects) equals a scan of every memory, tick after tick, as nodes come, go and change tier or features."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from slurm_fleetyield.core.carry import gangs_lent_before
+    from slurm_fleetyield.core.carry_place import gangs_lent_before
     from slurm_fleetyield.core.gangs import OK_TRAIN, lent_before
     from slurm_fleetyield.core.model import Tier
     from slurm_fleetyield.core.state import NodeMemory

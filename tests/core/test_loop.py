@@ -9,7 +9,7 @@ def test_tick_is_short_and_the_only_place_of_stage_order():
     body = inspect.getsource(loop.tick)
     assert len(body.splitlines()) <= 30
     assert body.index("sense.sense") < body.index("carry.risk(") < body.index("carry.profile(")
-    assert body.index("carry.price") < body.index("_widen(") < body.index("_route(")  # route, keep open
+    assert body.index("carry_place.price") < body.index("_widen(") < body.index("_route(")  # route, keep open
 
 
 def test_tick_twice_on_same_observations_second_plan_empty():

@@ -417,11 +417,11 @@ def test_batch_wall_on_an_all_premium_fleet_keeps_batch_submittable():
 
 
 def test_supply_from_last_call_equals_a_fresh_count() -> None:
-    """``carry.premium_supply`` started from the last call's shares (only nodes whose idle count, envelope
-    or priced node changed are looked at again) gives the histograms and eligible nodes of a fresh count,
-    call after call, as nodes come and go, idle counts move and nodes turn premium, yellow, lemon or
+    """``carry_place.premium_supply`` started from the last call's shares (only nodes whose idle count,
+    envelope or priced node changed are looked at again) gives the histograms and eligible nodes of a fresh
+    count, call after call, as nodes come and go, idle counts move and nodes turn premium, yellow, lemon or
     unmanaged."""
-    from slurm_fleetyield.core.carry import premium_supply
+    from slurm_fleetyield.core.carry_place import premium_supply
     from slurm_fleetyield.core.premium_supply import supply as _supply
 
     names = [f"n{i}" for i in range(6)]

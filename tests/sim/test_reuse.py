@@ -15,7 +15,7 @@ import random
 from dataclasses import replace
 
 from sim.fleets import fault_heavy
-from slurm_fleetyield.core import carry, memory
+from slurm_fleetyield.core import carry, carry_place, memory
 from slurm_fleetyield.core.loop import TickResult, tick
 from slurm_fleetyield.core.model import Observations
 from slurm_fleetyield.core.params import Params
@@ -112,7 +112,7 @@ def test_reused_results_equal_recomputed_ones(monkeypatch) -> None:  # type: ign
     from slurm_fleetyield.core import profile, route
 
     # (nodes done again, nodes in all) of each call of a stage that started from last tick's answer
-    priced_again = _spy_todo(monkeypatch, carry, lambda keys: keys, "_price_todo")
+    priced_again = _spy_todo(monkeypatch, carry_place, lambda keys: keys, "_price_todo")
     routed_again: list[tuple[int, int]] = []  # the carry routes only the nodes whose inputs changed
     inner_decide = route.decide
 
@@ -286,7 +286,7 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     none = Drains()
 
     def priced(st: ControllerState, risks=r.risks, drains=none):  # type: ignore[no-untyped-def]
-        got = carry.price(obs, sensed, risks, envs, drains, st, params, now, st.lifecycle, ())
+        got = carry_place.price(obs, sensed, risks, envs, drains, st, params, now, Rehab(st.lifecycle))
         want = price.price(obs, sensed, risks, envs, drains, st, params, now)  # the rule, node by node
         assert repr(got) == repr(want)  # repr: an unknown node's risk is NaN
         return got
@@ -310,14 +310,18 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert priced(state).nodes[name] is priced(state).nodes[name]  # the memo holds the same inputs again
     other = replace(obs.slurm[name], states=frozenset({"IDLE", "DRAIN"}), reason="admin: cabling")
     lc = state.lifecycle
-    by_admin = carry.price(replace(obs, slurm={**obs.slurm, name: other}), sensed, r.risks, envs, none,
-                           state, params, now, lc, ())  # fmt: skip
+    by_admin = carry_place.price(replace(obs, slurm={**obs.slurm, name: other}), sensed, r.risks, envs, none,
+                           state, params, now, Rehab(lc))  # fmt: skip
     assert not by_admin.nodes[name].managed, "a Slurm view drained by someone else is priced anew"
     views = dict(obs.slurm)  # a shell that updates one Slurm mapping in place, as the simulator does
     in_place = replace(obs, slurm=views)
-    assert carry.price(in_place, sensed, r.risks, envs, none, state, params, now, lc, ()).nodes[name].managed
+    assert (
+        carry_place.price(in_place, sensed, r.risks, envs, none, state, params, now, Rehab(lc))
+        .nodes[name]
+        .managed
+    )
     views[name] = other  # between two ticks: the next tick's Observations holds the very same mapping
-    again = carry.price(replace(in_place), sensed, r.risks, envs, none, state, params, now, lc, ())
+    again = carry_place.price(replace(in_place), sensed, r.risks, envs, none, state, params, now, Rehab(lc))
     assert not again.nodes[name].managed, "the same mapping, updated in place, is priced anew too"
     drained = Drains(drains=(DrainNode(name, "fleetyield: test drain"),))
     assert priced(state, drains=drained).nodes[name].tier is Tier.QUARANTINED
@@ -328,7 +332,7 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert not any(f.startswith("fy_ok_") for f in fenced.nodes[name].keep_fy or ())
 
     def routed(lent: frozenset[str], why: str = ""):  # type: ignore[no-untyped-def]
-        got = carry.route(state, obs, p1, envs, lent=lent, lent_reason=why)
+        got = carry_place.route(state, obs, p1, envs, lent=lent, lent_reason=why)
         assert got == route.route(obs, p1, envs, lent, why)  # the rule, node by node
         return got
 
@@ -340,10 +344,10 @@ def test_price_route_remember_reuse_follows_their_inputs() -> None:
     assert d1[name] is r.nodes[name]  # the tick's own decision: its remembered memory is reusable
     views = dict(obs.slurm)  # a Slurm mapping updated in place between two calls, as the simulator does
     in_place = replace(obs, slurm=views)
-    carry.route(state, in_place, p1, envs)
+    carry_place.route(state, in_place, p1, envs)
     views[name] = replace(views[name], states=frozenset({"ALLOCATED"}), weight=7)  # the next tick
     in_place = replace(in_place)  # its Observations: the very same mapping, updated in place
-    moved, updates = carry.route(state, in_place, p1, envs)
+    moved, updates = carry_place.route(state, in_place, p1, envs)
     assert (moved, updates) == route.route(in_place, p1, envs)
     assert moved[name].slurm_state == "ALLOCATED" and any(name in u.nodes for u in updates)
 
@@ -379,7 +383,7 @@ def _lemon_follows_time(obs, sensed, risks, envs, state, params, now, name, inde
     lemons = []
     oldest = 7200.0 * lp.lemon_failures  # the verdict ends when the oldest failure leaves the window
     for t in (now, now + lp.lemon_window_s - oldest - 3600.0, now + lp.lemon_window_s - oldest + 3600.0):
-        got = carry.price(obs, sensed, risks, envs, none, lemony, params, t, lemony.lifecycle, ())
+        got = carry_place.price(obs, sensed, risks, envs, none, lemony, params, t, Rehab(lemony.lifecycle))
         want = price.price(obs, sensed, risks, envs, none, lemony, params, t)  # the rule, node by node
         assert repr(got) == repr(want), t
         lemons.append(got.nodes[name].lemon)
