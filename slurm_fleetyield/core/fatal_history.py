@@ -7,8 +7,6 @@ excess hazard after a return fades; two or more failures keep the full weight).
 
 from __future__ import annotations
 
-import math
-
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.state import ControllerState
 
@@ -50,18 +48,7 @@ def fatal_events(state: ControllerState, node: str, params: Params, now: float) 
     if memory is None or not memory.fatal_history:
         return []
     start = now - params.risk.fatal_history_days * 86_400.0
-    # The answer only changes when the history object, the params or the set of events inside the window
-    # does: kept in ``state.memo`` (not persisted) with the range of window starts it holds for. Callers
-    # must not mutate the list.
-    memo = state.memo.setdefault("fatal_events", {})
-    hit = memo.get(node)
-    if hit is not None and hit[0] is memory.fatal_history and hit[1] is params and hit[2] < start <= hit[3]:
-        return hit[4]  # type: ignore[no-any-return]
-    out = _fatal_events(memory.fatal_history, start, params.learn.lemon_dedup_s)
-    lo = max((t for t, _ in memory.fatal_history if t < start), default=-math.inf)
-    hi = min((t for t, _ in memory.fatal_history if t >= start), default=math.inf)
-    memo[node] = (memory.fatal_history, params, lo, hi, out)
-    return out
+    return _fatal_events(memory.fatal_history, start, params.learn.lemon_dedup_s)
 
 
 def _fatal_events(
