@@ -31,6 +31,7 @@ from typing import Any
 from slurm_fleetyield.core import (
     carry,
     carry_place,
+    carry_sense,
     gangs,
     gate,
     keep_open,
@@ -107,7 +108,7 @@ def tick(
     if not obs.slurm_ok:  # Slurm could not be read: acting on a stale view of it is worse than waiting
         return TickResult(state, Plan(), {}, {}, (LogEvent(now, "", "slurm_unreadable", "no plan"),))
     layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
-    sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
+    sensed = carry_sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = carry.risk(sensed, fatal, state, params, now)
     envelopes = carry.profile(sensed, obs, state, params.profile)
@@ -162,7 +163,7 @@ def resample(state: ControllerState, obs: Observations, params: Params, now: flo
     ``last_tick`` at ``now``; the tick's plan would have no actions and every decision and other memory stays
     (what ``wake_at`` bounds; tests/sim/test_wake_equivalence.py checks it)."""
     layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
-    sensed = sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
+    sensed = carry_sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     return replace(state, history=sensed.history, layout=sensed.layout, last_tick=now)
 
 

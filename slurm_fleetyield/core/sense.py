@@ -14,23 +14,19 @@ growth since the oldest point inside it divided by the window length. One node's
 Time is kept apart from what a sample brings: ``Sensed.times`` holds each node's sample time, and the
 history (``FleetHistory``) each compact node's clock. A quiet node (no counter moved, nothing grew within
 the longest window) sampled again with the very same readings keeps its very ``SensedNode`` and tracks;
-only its clock moves. When every node is sampled at one time (the simulator), ``_quick`` senses only the
-nodes whose readings or GPU counts changed, or that were not quiet, with C-level passes over the rest
-(tests/core/test_sense_quick.py checks it against a full pass).
+only its clock moves. core/carry_sense.py senses again only the nodes that may have changed since the
+last call (tests/core/test_sense_quick.py checks it against this module's full pass).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from slurm_fleetyield.core import sense_quick
 from slurm_fleetyield.core.model import LogEvent, Observations
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.sense_pass import SensedNode, _Pass, missing
-from slurm_fleetyield.core.sense_quick import _Last
-from slurm_fleetyield.core.state import GpuHistory, sorted_names
+from slurm_fleetyield.core.state import GpuHistory
 from slurm_fleetyield.core.trends import SensedGpu, Tracker
 
 __all__ = ["Sensed", "SensedGpu", "SensedNode", "missing", "sense"]
@@ -49,7 +45,7 @@ class Sensed:
     # Against ``since`` (an earlier tick's ``nodes``, with the same names in the same order): the nodes whose
     # SensedNode is another object or whose sample age moved. Every other node is fresh in both, the very
     # same SensedNode (same GPU objects) and as old, so a stage that read only those from it may hand back
-    # its answer for ``since`` (core/risk.py). None: not known.
+    # its answer for ``since`` (core/carry.py). None: not known.
     changed: tuple[str, ...] | None = None
     since: Mapping[str, SensedNode] | None = None
     # The time of every node's newest sample (fresh or not; none: never sampled), and the tick's time. The
@@ -75,43 +71,24 @@ def sense(
     layout: tuple[str, ...],
     params: SenseParams,
     now: float,
-    memo: dict[str, Any] | None = None,
 ) -> Sensed:
-    """``memo``: ``ControllerState.memo`` (kept from tick to tick), where the sorted node names are kept
-    while Slurm's and the samples' node names stay the same, in the same order, and the last sensed nodes,
-    against which ``Sensed.changed`` is found, and what ``_quick`` needs to sense only the nodes that may
-    have changed."""
-    events: list[LogEvent] = []
+    """Every node's pass (core/sense_pass.py), in name order: the rule. core/carry_sense.py senses again
+    only the nodes that can have changed since the last call."""
+    events, history = relayout(history, old_layout, layout, now)
+    run = _Pass(obs, history, params, Tracker(layout, params, now), now, None, None)
+    for name in sorted({*obs.slurm, *obs.samples}):
+        run.node(name)
+    return Sensed(run.nodes, run.history, layout, events, tuple(run.flagged), None, None, run.times, now)
+
+
+def relayout(
+    history: Mapping[str, Mapping[str, GpuHistory]],
+    old_layout: tuple[str, ...],
+    layout: tuple[str, ...],
+    now: float,
+) -> tuple[tuple[LogEvent, ...], Mapping[str, Mapping[str, GpuHistory]]]:
+    """The history to sense from: none when the tracked channels changed (a config edit: old points do not
+    line up with the new channels), with the event that says so."""
     if old_layout and old_layout != layout:
-        # The tracked XIDs changed (config edit): old points do not line up with the new channels.
-        events.append(LogEvent(now, "", "history_reset", "tracked channels changed; GPU history restarted"))
-        history = {}
-    sm = None if memo is None else memo.setdefault("sense", {})
-    names = sorted_names(sm, obs.slurm, obs.samples)
-    last: _Last | None = sm.get("last") if sm is not None else None
-    since = last.nodes if last is not None and last.names is names else None
-    run = _Pass(obs, history, params, Tracker(layout, params, now), now, since, last)
-    quick = None
-    if since is not None and last is not None and memo is not None:
-        quick = sense_quick.quick(run, names, last, history, layout, memo)
-    changed: list[str] | tuple[str, ...]
-    if quick is None:
-        for name in names:
-            run.node(name)
-        changed, flagged = run.changed, run.flagged
-        keep = sense_quick.keep(run, names, memo)
-    else:
-        changed, flagged, keep = quick
-    if sm is not None:
-        sm["last"] = _Last(names, run.nodes, run.times, now, run.history, params, layout, *keep)
-    return Sensed(
-        run.nodes,
-        run.history,
-        layout,
-        tuple(events),
-        tuple(flagged),
-        tuple(changed) if since is not None else None,
-        since,
-        run.times,
-        now,
-    )
+        return (LogEvent(now, "", "history_reset", "tracked channels changed; GPU history restarted"),), {}
+    return (), history

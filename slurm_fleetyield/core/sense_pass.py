@@ -18,7 +18,7 @@ from slurm_fleetyield.core.state import Clock, FleetHistory, GpuHistory, NodeTra
 from slurm_fleetyield.core.trends import SensedGpu, Tracker, compact
 
 if TYPE_CHECKING:
-    from slurm_fleetyield.core.sense_quick import _Last
+    from slurm_fleetyield.core.carry_sense import _Last
 
 
 @fast_init

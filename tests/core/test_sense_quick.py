@@ -1,9 +1,11 @@
-"""Sense's fast path (``_quick``: only the nodes that may have changed) senses what a full pass does.
+"""Sense's carry (core/carry_sense.py; ``quick``: only the nodes that may have changed) senses what a full
+pass does.
 
-Two runs read the same stream of samples: one keeps ``ControllerState.memo`` and the history sense hands
-back (so it takes the fast path whenever every node is sampled at one time), the other has no memo and a
-history stripped of every reuse hint (``NodeHistory.quiet``), so each tick works through every GPU. Readings
-tuples are reused from tick to tick unless a step changes them, as the simulator does.
+Two runs read the same stream of samples: one carries ``ControllerState.memo`` and the history sense hands
+back (so it takes the fast path whenever every node is sampled at one time), the other is the rule
+(``sense.sense``: every node) on a history stripped of every reuse hint (``NodeHistory.quiet``), so each
+tick works through every GPU. Readings tuples are reused from tick to tick unless a step changes them, as
+the simulator does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurm_fleetyield.core.carry_sense import sense as carried
 from slurm_fleetyield.core.model import FleetScrape, GpuReading, NodeSample, Observations, SlurmNode
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.sense import Sensed, sense
@@ -138,7 +141,7 @@ def test_quick_path_senses_what_a_full_pass_does(n: int, steps: list[Any]) -> No
             stream.step(kind, stream.names[i % n])
         odd = {stream.names[i % n]: how for i, how in odd_idx.items()} if apply_odd else {}
         obs = stream.observe(now, odd, scrape)
-        a = sense(obs, hist_a, LAYOUT, LAYOUT, PARAMS, now, memo)
+        a = carried(obs, hist_a, LAYOUT, LAYOUT, PARAMS, now, memo)
         b = sense(obs, _stripped(hist_b), LAYOUT, LAYOUT, PARAMS, now)
         assert dict(a.nodes) == dict(b.nodes)
         assert list(a.nodes) == list(b.nodes)
@@ -165,7 +168,7 @@ def test_quiet_fleet_keeps_its_nodes_and_tracks() -> None:
     seen = []
     for _ in range(6):
         now += 900.0
-        s = sense(stream.observe(now, {}, scrape=True), history, LAYOUT, LAYOUT, PARAMS, now, memo)
+        s = carried(stream.observe(now, {}, scrape=True), history, LAYOUT, LAYOUT, PARAMS, now, memo)
         seen.append(s)
         history = s.history
     last, before = seen[-1], seen[-2]
@@ -177,14 +180,14 @@ def test_quiet_fleet_keeps_its_nodes_and_tracks() -> None:
     # one GPU's counter moves: that node alone is sensed again
     stream.step("bump", "n2")
     now += 900.0
-    s = sense(stream.observe(now, {}), history, LAYOUT, LAYOUT, PARAMS, now, memo)
+    s = carried(stream.observe(now, {}), history, LAYOUT, LAYOUT, PARAMS, now, memo)
     assert s.changed == ("n2",)
     assert s.nodes["n2"].gpus[0].growth is not None
     # an XID on another node: sensed again and flagged for quarantine's scrape evidence
     history = s.history
     stream.step("xid", "n1")
     now += 900.0
-    s = sense(stream.observe(now, {}), history, LAYOUT, LAYOUT, PARAMS, now, memo)
+    s = carried(stream.observe(now, {}), history, LAYOUT, LAYOUT, PARAMS, now, memo)
     assert "n1" in s.changed and s.flagged == ("n1",)
     assert s.nodes["n1"].gpus[0].new_xids == ((79, 1.0),)
     # every agent now expects one more GPU: each node is sensed again and flagged as missing one
@@ -194,6 +197,6 @@ def test_quiet_fleet_keeps_its_nodes_and_tracks() -> None:
     now += 900.0
     obs = stream.observe(now, {}, scrape=True)
     assert type(obs.samples) is FleetScrape
-    s = sense(obs, history, LAYOUT, LAYOUT, PARAMS, now, memo)
+    s = carried(obs, history, LAYOUT, LAYOUT, PARAMS, now, memo)
     assert s.changed == tuple(stream.names) and s.flagged == tuple(stream.names)
     assert all(s.nodes[n].missing_gpus == 1 for n in stream.names)

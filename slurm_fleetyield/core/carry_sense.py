@@ -1,9 +1,11 @@
-"""The fast path of ``sense`` when every node is sampled at one time (the simulator's ``FleetScrape``).
+"""What sense carries from the last call: the nodes sensed again, and the fast path when every node is
+sampled at one time (the simulator's ``FleetScrape``).
 
-Input: the tick's ``_Pass``, the sorted node names and what the last call left (``_Last``, kept in
-``ControllerState.memo``). Output: (changed, flagged, the next fast-path index), having sensed only the nodes
-whose readings or GPU counts changed or that were not quiet, with C-level passes over the rest; None: sense
-every node. tests/core/test_sense_quick.py checks it against a full pass.
+Input: the tick's observations, the last history and what the last call left (``_Last``, kept in
+``ControllerState.memo``, never persisted). Output: ``Sensed``, equal to ``sense.sense``'s (every node's
+pass), with ``changed`` and ``since`` set. When every node is sampled at one time, ``quick`` senses only the
+nodes whose readings or GPU counts changed or that were not quiet, with C-level passes over the rest.
+tests/core/test_sense_quick.py checks it against a full pass.
 """
 
 from __future__ import annotations
@@ -15,10 +17,20 @@ from itertools import compress
 from operator import attrgetter, is_not, ne
 from typing import Any
 
-from slurm_fleetyield.core.model import FleetScrape, Health, SlurmNode
+from slurm_fleetyield.core.model import FleetScrape, Health, Observations, SlurmNode
 from slurm_fleetyield.core.params import SenseParams
+from slurm_fleetyield.core.sense import Sensed, relayout
 from slurm_fleetyield.core.sense_pass import SensedNode, _Pass
-from slurm_fleetyield.core.state import Clock, FleetHistory, GpuHistory, NodeTracks, changed_keys, slurm_view
+from slurm_fleetyield.core.state import (
+    Clock,
+    FleetHistory,
+    GpuHistory,
+    NodeTracks,
+    changed_keys,
+    slurm_view,
+    sorted_names,
+)
+from slurm_fleetyield.core.trends import Tracker
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +96,9 @@ def _fast(run: _Pass, name: str, gpus: Any, clock: Clock) -> bool:
     return True
 
 
-def keep(run: _Pass, names: list[str], memo: dict[str, Any] | None) -> tuple[Any, ...]:
+def keep(run: _Pass, names: list[str], memo: dict[str, Any]) -> tuple[Any, ...]:
     """``_Last``'s fast-path index after sensing every node (empty when the samples are not uniform)."""
-    u = _uniform(run, names) if memo is not None else None
+    u = _uniform(run, names)
     if u is None:
         return NO_INDEX
     t, gpus, expected = u
@@ -184,3 +196,46 @@ def quick(
     miss |= last.missing - slow
     flagged = sorted(miss.union(run.flagged))
     return changed, flagged, (t, clock, gpus, expected, view, new_slow, miss)
+
+
+def sense(
+    obs: Observations,
+    history: Mapping[str, Mapping[str, GpuHistory]],
+    old_layout: tuple[str, ...],
+    layout: tuple[str, ...],
+    params: SenseParams,
+    now: float,
+    memo: dict[str, Any],
+) -> Sensed:
+    """``sense.sense`` from the last call (``memo``: ``ControllerState.memo``, where it is kept with the
+    sorted node names): a node whose pass gives the very GPUs as last time keeps its very ``SensedNode``,
+    ``Sensed.changed`` lists the nodes that are other objects or whose sample aged against the last call's
+    (``Sensed.since``), and when every node is sampled at one time ``quick`` senses only the nodes that
+    may have changed."""
+    events, history = relayout(history, old_layout, layout, now)
+    sm = memo.setdefault("sense", {})
+    names = sorted_names(sm, obs.slurm, obs.samples)
+    last: _Last | None = sm.get("last")
+    since = last.nodes if last is not None and last.names is names else None
+    run = _Pass(obs, history, params, Tracker(layout, params, now), now, since, last)
+    got = quick(run, names, last, history, layout, memo) if since is not None and last is not None else None
+    changed: list[str] | tuple[str, ...]
+    if got is None:
+        for name in names:
+            run.node(name)
+        changed, flagged = run.changed, run.flagged
+        index = keep(run, names, memo)
+    else:
+        changed, flagged, index = got
+    sm["last"] = _Last(names, run.nodes, run.times, now, run.history, params, layout, *index)
+    return Sensed(
+        run.nodes,
+        run.history,
+        layout,
+        events,
+        tuple(flagged),
+        tuple(changed) if since is not None else None,
+        since,
+        run.times,
+        now,
+    )
