@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from slurm_fleetyield.core.model import (
     OUR_REASON_PREFIX,
@@ -104,17 +105,14 @@ class Processed:
 
 
 def processed(state: ControllerState) -> Processed:
-    """The index of ``state.processed_events``, kept in ``state.memo`` while the tuple is the same object
-    (``memory.remember`` hands on the very tuple when no id was added or dropped: most ticks)."""
-    memo = state.memo.setdefault("processed", {})
-    ids = state.processed_events
-    hit = memo.get("index")
-    if hit is not None and hit[0] is ids:
-        return hit[1]
+    """The index of ``state.processed_events``."""
+    return _index(state.processed_events)
+
+
+@lru_cache(maxsize=2)  # the tuple is handed on as the very object on most ticks (memory.remember)
+def _index(ids: tuple[str, ...]) -> Processed:
     done = frozenset(ids)
-    index = Processed(done, _pushed_xids(done), any(k.startswith(MISSING_KEY_PREFIX) for k in ids))
-    memo["index"] = (ids, index)
-    return index
+    return Processed(done, _pushed_xids(done), any(k.startswith(MISSING_KEY_PREFIX) for k in ids))
 
 
 def find_fatal(
