@@ -5,10 +5,9 @@ pieces. Output: idle GPUs per in-service node (``idle_gpus``), a job's whole-nod
 best fit of pieces into free GPUs (``best_fit``, ``place``). Premium widening, reclaim, gang widening and keep
 open read them.
 
-``idle_gpus`` keeps the last answer and the last Slurm view in module state (``_IDLE``, ``_IDLE_BASE``)
-so that several stages of one tick, and a tick after one where few nodes changed, do not count again: the
-one place in the core with state outside ``ControllerState`` (keyed on the very ``Observations`` and on the
-nodes whose view changed, so an answer is never stale).
+``idle_gpus`` keeps its last answer with the very ``Observations`` it was counted from (``_IDLE``), so the
+several stages of one tick that ask do not count again (the answer for that object cannot change while a
+tick reads it).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import math
 from collections.abc import Mapping
 
 from slurm_fleetyield.core.model import JobView, Observations, SlurmNode, job_index
-from slurm_fleetyield.core.state import changed_keys
 
 _RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
 _OUT = frozenset(
@@ -58,44 +56,18 @@ def _idle_gpus(obs: Observations) -> dict[str, int]:
     return out
 
 
-# the last Slurm view seen (a copy), its nodes in service (IDLE: all GPUs, else 0) and the partly allocated
-_IDLE_BASE: list[tuple[dict[str, SlurmNode], dict[str, int], frozenset[str]]] = []
-
-
 def _idle_base(slurm: Mapping[str, SlurmNode]) -> tuple[dict[str, int], frozenset[str]]:
     """Per in-service node, in Slurm's order: its Gres count when IDLE, else 0; and the nodes neither IDLE
-    nor ALLOCATED (their idle GPUs depend on the running jobs). Only the views that are other objects than
-    last time are read again, while no node enters or leaves service (else every view is)."""
-    snapshot = dict(slurm)
-    last = _IDLE_BASE[0] if _IDLE_BASE else None
-    if last is not None:
-        base, partly = dict(last[1]), set(last[2])
-        for name in changed_keys(snapshot, last[0]):
-            s = snapshot.get(name)
-            kind = None if s is None else _idle_kind(s)  # None: out of service, or gone
-            if (kind is None) is (name in base):  # entered or left service: read every view
-                break
-            if kind is None:
-                continue
-            base[name] = kind[0]
-            if kind[1]:
-                partly.add(name)
-            else:
-                partly.discard(name)
-        else:
-            frozen = frozenset(partly)
-            _IDLE_BASE[:] = [(snapshot, base, frozen)]
-            return base, frozen
-    base, partly = {}, set()
-    for name, s in snapshot.items():
+    nor ALLOCATED (their idle GPUs depend on the running jobs)."""
+    base: dict[str, int] = {}
+    partly: set[str] = set()
+    for name, s in slurm.items():
         kind = _idle_kind(s)
         if kind is not None:
             base[name] = kind[0]
             if kind[1]:
                 partly.add(name)
-    frozen = frozenset(partly)
-    _IDLE_BASE[:] = [(snapshot, base, frozen)]
-    return base, frozen
+    return base, frozenset(partly)
 
 
 def _idle_kind(s: SlurmNode) -> tuple[int, bool] | None:
