@@ -34,7 +34,7 @@ from slurm_fleetyield.sim import runner
 from slurm_fleetyield.sim.cluster import SimSlurm
 
 STAGES = (
-    (loop.sense, "sense"),
+    (loop.carry_sense, "sense"),
     (loop.quarantine, "find_fatal"),
     (loop.carry, "risk"),
     (loop.carry, "profile"),
