@@ -1,10 +1,11 @@
-"""Reuse between ticks: the helpers a stage uses to start from the last tick's answer.
+"""Reuse between ticks: the helpers the carries (core/carry.py, carry_place.py, carry_sense.py) use to
+start a stage from last tick's answer.
 
-``ControllerState.memo`` (not persisted, not compared) holds per-stage entries keyed by the very input
-objects they were computed from. These helpers find what changed: the sorted node names while the key sets
-stay the same (``sorted_names``), the keys whose value is another object (``changed_keys``, with the changes
-a stage noted for the next one, ``note_changes``), and one shared copy of the Slurm view per tick
-(``slurm_view``). Issue #31 takes this out of the stages; until then it lives here, apart from the rules.
+``ControllerState.memo`` (not persisted, not compared) holds each carry's last inputs and answer, keyed by
+the very input objects. These helpers find what changed: the sorted node names while the key sets stay the
+same (``sorted_names``), the keys whose value is another object (``changed_keys``, with the changes a carry
+noted for the next one, ``note_changes``), and one shared copy of the Slurm view per tick (``slurm_view``).
+No decision stage imports them.
 """
 
 from __future__ import annotations

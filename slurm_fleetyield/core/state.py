@@ -96,10 +96,10 @@ class ControllerState:
     # (class feature, node) kept open by core/keep_open.py, node "" where none qualified; sorted.
     kept_open: tuple[tuple[str, str], ...] = ()
     reclaim: ReclaimMemory = field(default_factory=ReclaimMemory)
-    # Not persisted, not compared: per-node results of the last tick keyed by the very input objects they
-    # were computed from (stage -> node -> entry), so a stage can hand back an unchanged node's result
-    # instead of recomputing it. Carried from tick to tick by ``core.loop``; an empty memo (a restored state)
-    # only costs time. Entries are pure functions of their keys, so sharing it between states is harmless.
+    # Not persisted, not compared: each carry's last inputs and answer (core/carry.py, carry_place.py,
+    # carry_sense.py), keyed by the very input objects, so a stage is run again only for the nodes whose
+    # inputs changed. Carried from tick to tick by ``core.loop``; an empty memo (a restored state) only costs
+    # time. Entries are pure functions of their keys, so sharing it between states is harmless.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
