@@ -28,7 +28,7 @@ from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk,
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.quarantine import Fatal
 from slurm_fleetyield.core.scoring import CompiledSignal, Scorer, compile_signals, logit, signal_values
-from slurm_fleetyield.core.sense import Sensed, SensedGpu, SensedNode
+from slurm_fleetyield.core.sense import Sensed, SensedNode
 from slurm_fleetyield.core.signals import (
     GPU_TEMP,
     SLOWDOWN_TEMP,
@@ -103,7 +103,7 @@ def assess(
         gpus = []
         survive = 1.0
         n_hist = len(history)
-        for g in node.gpus:  # _gpu_risk, inlined: this loop runs once per GPU of the fleet
+        for g in node.gpus:  # one GPU's risk: this loop runs once per GPU of the fleet
             r = g.reading
             gf = (fatal_gpu.get(r.uuid) or fatal_gpu.get(f"#{r.index}")) if fatal_gpu else None
             if not gf and not n_hist and g.rates is None and g.growth is None:
@@ -201,28 +201,6 @@ def _adjust(p: float, m: float) -> float:
     if m == 1.0 or p <= 0.0 or p >= 1.0:
         return p
     return -math.expm1(m * math.log1p(-p))
-
-
-def _gpu_risk(
-    node: str,
-    g: SensedGpu,
-    fatal: list[Fatal] | None,
-    scorer: Scorer,
-    base: float,
-    n_gpu: int,
-    n_node: int,
-    yellow: float,
-    red: float,
-    decay: float = 1.0,
-) -> GpuRisk:
-    r = g.reading
-    z, contributions = scorer.score(g, n_gpu, n_node, decay)
-    if fatal:
-        xids = tuple(sorted({f.xid for f in fatal if f.xid is not None}))
-        return GpuRisk(node, r.index, r.uuid, r.model, Health.BAD, 1.0, contributions, xids)
-    p = 1.0 / (1.0 + math.exp(-z)) if contributions else base
-    health = Health.BAD if p >= red else Health.WARN if p >= yellow else Health.OK
-    return GpuRisk(node, r.index, r.uuid, r.model, health, p, contributions)
 
 
 _new_gpu_risk: Callable[..., GpuRisk] = fast_new(GpuRisk)  # built once per GPU per tick (model.fast_new)
