@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
+from typing import Any
 
 from slurm_fleetyield.core.model import (
     FY_PREFIX,
@@ -123,30 +124,11 @@ def fy_features(
 
 
 def route(
-    obs: Observations,
-    priced: Priced,
-    envelopes: Mapping[str, Envelope],
-    lent: frozenset[str] = frozenset(),
-    lent_reason: str = "",
-    train_lent: frozenset[str] = frozenset(),
-    train_reason: str = "",
-    opened: Mapping[str, tuple[str, ...]] | None = None,
-    open_reason: str = "",
-    batch_wall: bool = False,
-    walled: Mapping[str, str] | None = None,
-    withheld: Mapping[str, frozenset[str]] | None = None,
-    service: bool = True,
-    reserve: bool = False,
-    spares: Mapping[str, str] | None = None,
-    spares_on: bool = False,
-    names: Iterable[str] | None = None,
+    obs: Observations, priced: Priced, envelopes: Mapping[str, Envelope], *args: Any, **kwargs: Any
 ) -> tuple[dict[str, NodeDecision], tuple[UpdateNodes, ...]]:
     """Each node's decision (``decide``, the same arguments) and the updates of those whose Slurm view
     differs from their decision (``updates``)."""
-    decisions = decide(
-        obs, priced, envelopes, lent, lent_reason, train_lent, train_reason, opened, open_reason,
-        batch_wall, walled, withheld, service, reserve, spares, spares_on, names,
-    )  # fmt: skip
+    decisions = decide(obs, priced, envelopes, *args, **kwargs)
     return decisions, updates(decisions, {n for n, d in decisions.items() if differs(d, obs.slurm[n])})
 
 
