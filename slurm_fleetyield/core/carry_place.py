@@ -15,7 +15,6 @@ from typing import Any
 from slurm_fleetyield.core import gangs
 from slurm_fleetyield.core import price as price_stage
 from slurm_fleetyield.core import route as route_stage
-from slurm_fleetyield.core.learn import is_lemon
 from slurm_fleetyield.core.model import Envelope, NodeDecision, NodeRisk, Observations
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import UpdateNodes
@@ -80,20 +79,15 @@ def price(
             old = base[name]
             out[name] = pn if pn != old else old
         reds = {n for n in last["reds"] if n not in todo} | set(got.red)
-    lp, memories = params.learn, state.nodes
-    lemons = frozenset(
-        n
-        for n in got.nodes
-        if (mem := memories.get(n)) is not None and mem.fatal_history and is_lemon(mem, now, lp)
-    )
     pos = last["pos"] if base is not None and last is not None else {n: i for i, n in enumerate(keys)}
     logged = frozenset(e.node for e in got.events)
     memo["price_last"] = {
         "keys": keys, "pos": pos, "inputs": inputs, "params": params, "m": m, "out": out,
-        "reds": frozenset(reds), "special": special, "logged": logged, "lemons": lemons,
+        "reds": frozenset(reds), "special": special, "logged": logged, "lemons": frozenset(got.lemons),
     }  # fmt: skip
     note_changes(memo, "price", out, base, todo or ())
-    return price_stage.Priced(out, got.events, tuple(sorted(reds)))
+    # last tick's lemons are priced again every tick (_price_todo): this call's are all of them
+    return price_stage.Priced(out, got.events, tuple(sorted(reds)), got.lemons)
 
 
 def _price_todo(
@@ -134,6 +128,9 @@ _ROUTE_FLAGS = {  # route's flags, with the defaults of its signature
 }
 
 
+_LOAN_ARGS = tuple(signature(route_stage.loans).parameters)  # the arguments of route's that name loans
+
+
 def route(
     state: ControllerState,
     obs: Observations,
@@ -153,9 +150,7 @@ def route(
     memo = state.memo
     snapshot = slurm_view(memo, obs)  # a copy: the shell's mapping may be updated in place
     flags = tuple(how.get(k, default) for k, default in _ROUTE_FLAGS.items())
-    kw = {k: how[k] for k in ("lent", "lent_reason", "train_lent", "train_reason", "opened", "open_reason",
-                              "walled", "withheld", "spares") if k in how}  # fmt: skip
-    loans = route_stage.loans(**kw)
+    loans = route_stage.loans(**{k: how[k] for k in _LOAN_ARGS if k in how})
     inputs = (snapshot, priced.nodes, envelopes)
     last: dict[str, Any] | None = memo.get("route_last")
     base: Mapping[str, NodeDecision] | None = None  # the answer carried

@@ -99,6 +99,7 @@ class Priced:
     nodes: Mapping[str, PricedNode]
     events: tuple[LogEvent, ...] = ()
     red: tuple[str, ...] = ()  # nodes priced RED this tick (the gate's candidates)
+    lemons: tuple[str, ...] = ()  # nodes whose lemon verdict is True this tick (it moves with time)
 
 
 def price(
@@ -130,12 +131,15 @@ def price(
     lp = params.learn
     events: list[LogEvent] = []
     reds: list[str] = []
+    lemons: list[str] = []
     held, fenced = drains.held, drains.fenced
     slurms, memories = obs.slurm, state.nodes
     out: dict[str, PricedNode] = {}
     for name in slurms if names is None else names:
         memory = memories.get(name)
         lemon = memory is not None and bool(memory.fatal_history) and is_lemon(memory, now, lp)
+        if lemon:
+            lemons.append(name)
         pn, event, is_red = _price_node(
             name,
             slurms[name],
@@ -158,7 +162,7 @@ def price(
             reds.append(name)
         if event is not None:
             events.append(event)
-    return Priced(out, tuple(events), tuple(sorted(reds)))
+    return Priced(out, tuple(events), tuple(sorted(reds)), tuple(lemons))
 
 
 def priced_slurm(slurm: SlurmNode | None) -> tuple[object, ...] | None:
