@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from slurm_fleetyield.core.model import JobView, Observations, SlurmNode, job_index
+from slurm_fleetyield.core.model import JobView, Observations, SlurmNode
 
 _RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
 _OUT = frozenset(
@@ -46,7 +46,7 @@ def _idle_gpus(obs: Observations) -> dict[str, int]:
     out = dict(base)
     if partly:
         used: dict[str, float] = {}
-        for j in job_index(obs.jobs).holding:
+        for j in obs.job_index.holding:
             if j.state in _RUNNING and j.nodes and j.gpus > 0:
                 share = j.gpus / len(j.nodes)
                 for n in j.nodes:

@@ -58,7 +58,6 @@ from slurm_fleetyield.core.model import (
     Observations,
     Tier,
     WorkloadClass,
-    job_index,
 )
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.premium import best_fit, idle_gpus, node_pieces
@@ -110,7 +109,7 @@ def widen(
     if gp.unclassified:
         wanted = (*wanted, None)
     # by class, in queue order within one (the pick below does not depend on the order: lowest id wins ties)
-    pending = job_index(obs.jobs).pending_by
+    pending = obs.job_index.pending_by
     waiting = [j for w in dict.fromkeys(wanted) for j in pending.get(w, ()) if j.gpus > 0]
     if not waiting:
         return GangLoans(events=_changed(before, frozenset(), now, "no training job waiting"))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage
-from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
+from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import ProposeDrain, SignalJobs, WithdrawProposal
 from slurm_fleetyield.core.quarantine import Drains
@@ -196,7 +196,7 @@ def propose(
             gpus = tuple(g.index for g in r.gpus if g.health.value in ("warn", "bad")) or tuple(
                 g.index for g in r.gpus if g.contributions
             )
-            running = tuple(j for j in job_index(obs.jobs).holding if node in j.nodes)
+            running = tuple(j for j in obs.job_index.holding if node in j.nodes)
             jobs = tuple(sorted(j.job_id for j in running))
             p = OpenProposal(pid, node, r.probability, now, now + gp.proposal_ttl_s, gpus)
             out[node] = p

@@ -34,7 +34,6 @@ from slurm_fleetyield.core.observe import (
     Observations,
     SlurmNode,
     WorkloadClass,
-    job_index,
 )
 
 __all__ = [
@@ -57,7 +56,6 @@ __all__ = [
     "WorkloadClass",
     "fast_init",
     "fast_new",
-    "job_index",
 ]
 
 

@@ -1,6 +1,6 @@
 """What the controller observes: GPU readings, Slurm's nodes and jobs, pushed fatal events, the shell's
 feedback (canaries, gate decisions, job outcomes, actions that failed or were confirmed), one tick's
-``Observations``, and the per-tick index of its jobs (``job_index``).
+``Observations``, and the per-tick index of its jobs (``Observations.job_index``).
 
 Input: nothing (types only). Output: the immutable input types of a tick, built by the daemon's adapters and
 by the simulator. GPU readings keep dcgm-exporter's field names (``DCGM_FI_DEV_*``).
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 from slurm_fleetyield.core.fast import fast_init
 
@@ -250,12 +251,14 @@ class ConfirmedAction:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Observations:
     """Everything one tick sees. Built by adapters (live) or by the simulator; the core never does I/O.
 
     One per tick: a shell may update its mappings in place between ticks (the simulator's Slurm view is
-    one such mapping) but not while a tick reads them; stages copy what they keep (``state.slurm_view``)."""
+    one such mapping) but not while a tick reads them; stages copy what they keep (``state.slurm_view``).
+    Read once per tick, for every stage that needs them: ``job_index``, its queue split (``JobIndex``), and
+    ``gpus``, each Slurm node's GPU count."""
 
     time: float
     slurm: Mapping[str, SlurmNode]
@@ -269,6 +272,16 @@ class Observations:
     failed_actions: tuple[FailedAction, ...] = ()  # earlier actions that failed (off-tick ones: when done)
     confirmed_actions: tuple[ConfirmedAction, ...] = ()
     in_flight: frozenset[str] = frozenset()  # nodes whose remediation still runs off the tick: not judged yet
+
+    @cached_property
+    def job_index(self) -> JobIndex:
+        """The queue split once (a frozen view of a tuple of frozen jobs cannot change under it)."""
+        return JobIndex(self.jobs)
+
+    @cached_property
+    def gpus(self) -> Mapping[str, int]:
+        """Each Slurm node's GPUs from its Gres, 8 where Slurm does not say (stake.node_gpus)."""
+        return {name: s.gpu_count or 8 for name, s in self.slurm.items()}
 
 
 # Job states in which a job holds its nodes (squeue): every stage's notion of "running" is one of these.
@@ -315,17 +328,3 @@ class JobIndex:
             w: tuple(js) for w, js in holding_by.items()
         }
         self.by: Mapping[WorkloadClass | None, tuple[JobView, ...]] = {w: tuple(js) for w, js in by.items()}
-
-
-_JOB_INDEX: list[JobIndex] = []  # the last index built: the stages of one tick share it
-
-
-def job_index(jobs: tuple[JobView, ...]) -> JobIndex:
-    """``JobIndex(jobs)``, built once per queue: a tuple of frozen jobs cannot change, so the index of the
-    very same tuple object is reused (the last one is kept, and holds its tuple, so its id is not reused)."""
-    if _JOB_INDEX and _JOB_INDEX[0].jobs is jobs:
-        return _JOB_INDEX[0]
-    idx = JobIndex(jobs)
-    if type(jobs) is tuple:  # anything else could change under the index: not kept
-        _JOB_INDEX[:] = [idx]
-    return idx

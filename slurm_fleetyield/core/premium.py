@@ -74,7 +74,6 @@ from slurm_fleetyield.core.model import (
     LogEvent,
     Observations,
     WorkloadClass,
-    job_index,
 )
 from slurm_fleetyield.core.params import Params, PremiumParams
 from slurm_fleetyield.core.premium_supply import (
@@ -129,13 +128,7 @@ def pending_premium_jobs(obs: Observations, classes: frozenset[str]) -> list[Job
     """PENDING jobs of a premium-needing class (``settle.premium_needing_classes``) asking for GPUs, by job
     id (submission order: Slurm's default age priority; a job id is unique in a queue)."""
     return sorted(
-        (
-            j
-            for w, js in job_index(obs.jobs).pending_by.items()
-            if w and w in classes
-            for j in js
-            if j.gpus > 0
-        ),
+        (j for w, js in obs.job_index.pending_by.items() if w and w in classes for j in js if j.gpus > 0),
         key=lambda j: j.job_id,
     )
 
@@ -159,7 +152,7 @@ def widen(
         return Widening(memory=PremiumMemory(), events=_changed(mem.lent, (), now, "premium widening off"))
     classes = frozenset(params.settle.premium_needing_classes)
     pending_premium = pending_premium_jobs(obs, classes)
-    jobs = job_index(obs.jobs)
+    jobs = obs.job_index
     DECODE, BATCH = WorkloadClass.DECODE, WorkloadClass.BATCH
     pending_decode = [j for j in jobs.pending_by.get(DECODE, ()) if j.workload is DECODE and j.gpus > 0]
     batch = jobs.pending_by.get(BATCH, ()) if pp.batch else ()
@@ -297,7 +290,7 @@ def _largest_gang(
 ) -> tuple[int, float | None]:
     """Nodes of the largest premium-needing job seen within ``gang_memory_s`` (pending: GPUs / node size)."""
     size = 0
-    for w, js in job_index(obs.jobs).by.items():
+    for w, js in obs.job_index.by.items():
         if not (w and w in classes):
             continue
         for j in js:

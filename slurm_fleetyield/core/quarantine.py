@@ -52,7 +52,6 @@ from slurm_fleetyield.core.model import (
     LogEvent,
     Observations,
     SlurmNode,
-    job_index,
 )
 from slurm_fleetyield.core.params import QuarantineParams
 from slurm_fleetyield.core.plan import DrainNode, Hold
@@ -170,7 +169,7 @@ def decide(
             continue
         gpus = None if qp.requeue_whole_node else faulted_gpus(findings)
         drains.append(
-            DrainNode(name, first.reason, _requeue(job_index(obs.jobs).holding, name, gpus), cause="fatal")
+            DrainNode(name, first.reason, _requeue(obs.job_index.holding, name, gpus), cause="fatal")
         )
         processed.extend(findings)
         events.append(LogEvent(now, name, "drain", first.reason, data))

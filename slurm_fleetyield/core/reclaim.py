@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from slurm_fleetyield.core.model import Envelope, JobView, LogEvent, Observations, WorkloadClass, job_index
+from slurm_fleetyield.core.model import Envelope, JobView, LogEvent, Observations, WorkloadClass
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import RequeueJobs
 from slurm_fleetyield.core.premium import (
@@ -113,7 +113,7 @@ def reclaim(
     cooling = {j for j, _ in requeued}
     classes = {w for w in WorkloadClass if w.value in rp.classes}
     movable: dict[str, list[JobView]] = {}
-    for j in job_index(obs.jobs).holding:
+    for j in obs.job_index.holding:
         if (
             j.workload in classes
             and j.state == "RUNNING"
@@ -199,7 +199,7 @@ def reclaim(
 
 def _displaced_pending(obs: Observations, requeued: set[int]) -> bool:
     """Is a batch job that reclaim requeued (within the cooldown) pending again?"""
-    return bool(requeued) and any(j.job_id in requeued for j in job_index(obs.jobs).pending)
+    return bool(requeued) and any(j.job_id in requeued for j in obs.job_index.pending)
 
 
 def _deep(obs: Observations, job_id: int, depth: int) -> bool:
@@ -207,7 +207,7 @@ def _deep(obs: Observations, job_id: int, depth: int) -> bool:
     its queue per pass (default_queue_depth, bf_max_job_test): GPUs freed for a job further back go to
     someone else."""
     ahead = 0
-    for j in job_index(obs.jobs).pending:
+    for j in obs.job_index.pending:
         if j.gpus > 0 and j.job_id < job_id:
             ahead += 1
             if ahead >= depth:

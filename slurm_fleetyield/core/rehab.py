@@ -42,7 +42,7 @@ from slurm_fleetyield.core.lifecycle import (
     Stage,
     step,
 )
-from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations, job_index
+from slurm_fleetyield.core.model import LogEvent, NodeRisk, Observations
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import Action, DrainNode, Hold, ResumeNode, SubmitCanary
 from slurm_fleetyield.core.quarantine import Drains, Fatal
@@ -322,7 +322,7 @@ def _jobs_index(obs: Observations, nodes: frozenset[str]) -> dict[str, tuple]:
     """The running jobs on each of ``nodes`` (the lifecycle's few, not the fleet's), in queue order."""
     idx: dict[str, list] = {}
     isdisjoint = nodes.isdisjoint
-    for j in [j for j in job_index(obs.jobs).holding if not isdisjoint(j.nodes)]:  # the few, in C
+    for j in [j for j in obs.job_index.holding if not isdisjoint(j.nodes)]:  # the few, in C
         for n in j.nodes:
             if n in nodes:
                 idx.setdefault(n, []).append(j)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from slurm_fleetyield.core.lifecycle import LifecycleMemory, Stage
-from slurm_fleetyield.core.model import JobOutcome, LedgerEntry, Observations, job_index
+from slurm_fleetyield.core.model import JobOutcome, LedgerEntry, Observations
 from slurm_fleetyield.core.params import SettleParams
 from slurm_fleetyield.core.state import ControllerState, SettleMemory
 
@@ -165,7 +165,7 @@ def _track_pending(
     intervals: tuple[tuple[float, float | None], ...], obs: Observations, sp: SettleParams, now: float
 ) -> tuple[tuple[float, float | None], ...]:
     classes = sp.premium_needing_classes
-    waiting = any(w is not None and w.value in classes for w in job_index(obs.jobs).pending_by)
+    waiting = any(w is not None and w.value in classes for w in obs.job_index.pending_by)
     open_ = bool(intervals) and intervals[-1][1] is None
     out = intervals
     if waiting and not open_:

@@ -41,6 +41,7 @@ Rule, per tick (only with ``spares.enabled``):
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,7 +116,8 @@ def spares(
     if not sp.enabled:
         return Spares()
     managed = [n for n, pn in priced.nodes.items() if pn.managed]
-    max_gpn = max((node_gpus(obs, n) for n in managed), default=8)
+    gpus = obs.gpus  # node_gpus, read as a mapping: nodes Slurm does not list have 8
+    max_gpn = max((gpus.get(n, 8) for n in managed), default=8)
     horizon = params.risk.horizon_days * 86_400.0
     multiplier = wh.multiplier
     gang_nodes: set[str] = set()
@@ -148,7 +150,9 @@ def spares(
     faults = lam + certain
     gang_gpus = sum(x * g for x, g in per_gang) / faults if faults > 0 else 0.0
     busy = _busy(obs, sp.preemptible_qos)
-    cands = []
+    before = {n for n, s in obs.slurm.items() if SPARE in s.available_features}  # spares in Slurm now
+    sticky = before.union(n for n, s in obs.slurm.items() if SPARE in s.active_features)
+    cands, sizes = [], []
     for name, pn in priced.nodes.items():
         if not pn.managed or pn.tier is not Tier.GREEN or pn.keep_fy is not None or pn.lemon:
             continue
@@ -156,37 +160,34 @@ def spares(
             continue
         if not trainable(envelopes.get(name, _NO_ENVELOPE), pn.lemon):
             continue
-        slurm = obs.slurm[name]
-        sticky = SPARE in slurm.available_features or SPARE in slurm.active_features
         risk = pn.risk if pn.risk == pn.risk else math.inf
-        cands.append((not sticky, busy.get(name, 0.0), risk, name))
-    cands.sort()
-    sizes = sorted(node_gpus(obs, c[3]) for c in cands)
+        cands.append((name not in sticky, busy.get(name, 0.0), risk, name))
+        sizes.append(gpus.get(name, 8))
+    sizes.sort()
     g = sizes[len(sizes) // 2] if sizes else max_gpn
     cap = int(sp.max_fraction * len(managed))
     if wh.service_gpus:
         room = params.stake.withhold_cap_fraction * wh.service_gpus - sum(wh.gpus.get(n, 0) for n in wh.nodes)
         cap = min(cap, max(0, int(room // g)))
     k = min(max(wanted(lam, gang_gpus, g, sp.restart_wait_s, sp.refill_s, cap, certain), sp.min), cap)
-    chosen = cands[:k]
+    chosen = heapq.nsmallest(k, cands)  # the first k in rule 5's order
     why = (
         f"P(>= k gang-node faults within {sp.refill_s / 3600:g} h refill; {certain} certain + "
         f"expected {lam:.2f}) x {gang_gpus:.0f} gang GPUs x {sp.restart_wait_s / 3600:g} h restart wait >= "
         f"{g} GPUs x {sp.refill_s / 3600:g} h idle"
     )
     nodes = {c[3]: f"hot spare ({i} of {len(chosen)}: {why})" for i, c in enumerate(chosen, 1)}
-    before = sum(1 for s in obs.slurm.values() if SPARE in s.available_features)
     events: tuple[LogEvent, ...] = ()
-    if len(nodes) != before:
+    if len(nodes) != len(before):
         events = (
             LogEvent(
                 now,
                 "",
                 "spares",
-                f"hot spares {before} -> {len(nodes)} ({n_gangs} gang(s); {why}; cap {cap})",
+                f"hot spares {len(before)} -> {len(nodes)} ({n_gangs} gang(s); {why}; cap {cap})",
                 {
                     "spares": len(nodes),
-                    "before": before,
+                    "before": len(before),
                     "lambda": lam,
                     "certain": certain,
                     "gang_gpus": gang_gpus,
@@ -210,8 +211,8 @@ def _hazard(
 def _busy(obs: Observations, preemptible: str) -> dict[str, float]:
     """GPUs per node held by running jobs outside the preemptible QOS (a job's GPUs spread evenly)."""
     out: dict[str, float] = {}
-    for j in obs.jobs:
-        if j.state != "RUNNING" or not j.nodes or j.qos == preemptible:
+    for j in obs.job_index.placed:  # the jobs with nodes, in queue order
+        if j.state != "RUNNING" or j.qos == preemptible:
             continue
         share = j.gpus / len(j.nodes)
         for n in j.nodes:

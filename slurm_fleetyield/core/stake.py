@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from slurm_fleetyield.core.model import FY_PREFIX, JobView, LogEvent, Observations
 from slurm_fleetyield.core.params import ClassStake, Params
@@ -105,15 +106,16 @@ def hazard_per_s(p: float, horizon_s: float) -> float:
     return math.inf if p >= 1.0 else -math.log1p(-p) / horizon_s
 
 
+_job_gpus = attrgetter("gpus")
+
+
 def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
     """Rule 1: per class of ``stake.classes``, what one fault there costs."""
-    largest: dict[str, JobView] = {}
-    for j in obs.jobs:
-        if j.workload is not None and j.state in ("PENDING", "RUNNING"):
-            w = j.workload.value
-            top = largest.get(w)
-            if top is None or j.gpus > top.gpus:
-                largest[w] = j
+    largest: dict[str, JobView] = {}  # class -> its largest pending or running job, the first of equals
+    for w, js in obs.job_index.by.items():
+        live = [j for j in js if j.state in ("PENDING", "RUNNING")]
+        if w is not None and live:
+            largest[w.value] = max(live, key=_job_gpus)
     out = []
     for w, cs in sorted(params.stake.classes.items()):
         top = largest.get(w)
@@ -152,11 +154,9 @@ def withhold(
     # the lowest excess hazard at which any class is withheld anywhere (a node of one GPU): nodes below it
     # carry all
     floor = min((1.0 / (s.gpus * s.lost_s) for s in st), default=math.inf)
-    pending_gpus: dict[str, int] = {}  # class -> its largest pending job's GPUs
-    for j in obs.jobs:
-        if j.state == "PENDING" and j.workload is not None:
-            w = j.workload.value
-            pending_gpus[w] = max(pending_gpus.get(w, 0), j.gpus)
+    pending_gpus = {  # class -> its largest pending job's GPUs
+        w.value: max(j.gpus for j in js) for w, js in obs.job_index.pending_by.items() if w is not None
+    }
     pending = frozenset(pending_gpus)
     gpus_of: dict[str, int] = {}
     out: dict[str, frozenset[str]] = {}
@@ -165,10 +165,11 @@ def withhold(
     # per node size: (the base risk of such a node, the risk at which its excess hazard reaches the floor);
     # a fleet has a few sizes, so this tick computes each once
     by_size: dict[int, tuple[float, float]] = {}
+    gpus = obs.gpus  # node_gpus, read as a mapping
     for name, pn in priced.nodes.items():
         if pn.tier not in SERVICE_TIERS or not pn.managed or pn.keep_fy is not None:
             continue
-        g = gpus_of[name] = node_gpus(obs, name)
+        g = gpus_of[name] = gpus.get(name, 8)
         service_gpus += g
         size = by_size.get(g)
         if size is None:
@@ -328,5 +329,4 @@ def signal_actions(
 
 def node_gpus(obs: Observations, node: str) -> int:
     """A node's GPUs from Slurm's Gres (8 when Slurm does not say)."""
-    s = obs.slurm.get(node)
-    return (s.gpu_count if s is not None else 0) or 8
+    return obs.gpus.get(node, 8)

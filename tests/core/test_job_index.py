@@ -1,5 +1,5 @@
-"""The queue index the stages share (``model.job_index``) and the stage helpers rewritten over it: each must
-give what a plain scan of ``Observations.jobs`` gives."""
+"""The queue index the stages share (``Observations.job_index``) and the stage helpers rewritten over it:
+each must give what a plain scan of ``Observations.jobs`` gives."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from slurm_fleetyield.core.model import (
     Observations,
     SlurmNode,
     WorkloadClass,
-    job_index,
 )
 from slurm_fleetyield.core.premium import idle_gpus, pending_premium_jobs
 
@@ -50,7 +49,8 @@ node_states_st = st.sampled_from(
 @settings(max_examples=300, deadline=None)
 @given(jobs_st)
 def test_index_lists_are_the_plain_filters_in_queue_order(jobs: tuple[JobView, ...]) -> None:
-    idx = job_index(jobs)
+    obs = Observations(0.0, {}, {}, jobs=jobs)
+    idx = obs.job_index
     assert idx.pending == tuple(j for j in jobs if j.state == "PENDING")
     assert idx.holding == tuple(j for j in jobs if j.state in HOLDING_STATES)
     assert idx.placed == tuple(j for j in jobs if j.nodes)
@@ -62,11 +62,10 @@ def test_index_lists_are_the_plain_filters_in_queue_order(jobs: tuple[JobView, .
     assert list(idx.pending_by) == list(dict.fromkeys(j.workload for j in idx.pending))
     assert list(idx.holding_by) == list(dict.fromkeys(j.workload for j in idx.holding))
     assert list(idx.by) == list(dict.fromkeys(j.workload for j in jobs))
-    assert job_index(jobs) is idx  # the very same queue: built once
-    other = (*jobs[:1], *jobs[1:])  # equal, but another tuple object (tuple(jobs) would be jobs itself)
-    if jobs:
-        assert other is not jobs and job_index(other) is not idx
-        assert job_index(other).pending == idx.pending
+    assert obs.job_index is idx  # one tick's observations: built once
+    again = Observations(0.0, {}, {}, jobs=jobs)  # another tick's: its own index, equal
+    assert again.job_index is not idx and again.job_index.pending == idx.pending
+    assert again == obs  # the index is not part of the observations' value
 
 
 def _idle_plain(obs: Observations) -> dict[str, int]:
