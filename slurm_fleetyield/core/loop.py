@@ -83,9 +83,15 @@ class TickResult:
     ledger: tuple[LedgerEntry, ...] = ()  # jobs settled this tick (core/settle.py)
     calibration: Calibration = field(default_factory=Calibration)  # the risk model's record (core/learn.py)
     withheld: stake.Withheld | None = None  # the stake rule's tick: stakes, weighed nodes, breaker (explain)
-    # The earliest time at which the answer could change with the same readings and Slurm view (core/wake.py;
-    # inf: none). The simulator's event mode skips a grid tick before it; the daemon keeps its interval.
-    wake_at: float = math.inf
+
+    @property
+    def wake_at(self) -> float:
+        """The earliest time at which the answer could change with the same readings and Slurm view
+        (core/wake.py; inf: none), computed when read: the simulator's event mode skips a grid tick before
+        it; the daemon keeps its interval and never asks."""
+        if self.params is None:
+            return math.inf  # no tick ran (Slurm unreadable): nothing time-driven is pending from it
+        return wake.wake_at(self.state, self.params, self.now)
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -129,8 +135,7 @@ def tick(
     learned, cal = learn.learn(state.learn, risks, decisions, drains.processed, rh.lifecycle, params, now)
     after = _next_state(remembered, rh, proposed, decided, settled, learned, pw, ko, rc, state.memo)
     events = _events(sensed, drains, decided, rh, priced, pw, gw, rc, wh, hs, ko, proposed)
-    at = wake.wake_at(after, params, now)
-    return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh, at)
+    return TickResult(after, plan, decisions, risks, events, sensed, state, params, now, ledger, cal, wh)
 
 
 def _widen(

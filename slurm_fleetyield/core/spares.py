@@ -152,18 +152,20 @@ def spares(
     busy = _busy(obs, sp.preemptible_qos)
     before = {n for n, s in obs.slurm.items() if SPARE in s.available_features}  # spares in Slurm now
     sticky = before.union(n for n, s in obs.slurm.items() if SPARE in s.active_features)
-    cands, sizes = [], []
-    for name, pn in priced.nodes.items():
-        if not pn.managed or pn.tier is not Tier.GREEN or pn.keep_fy is not None or pn.lemon:
-            continue
-        if name in gang_nodes or name in wh.nodes or name not in obs.slurm:
-            continue
-        if not trainable(envelopes.get(name, _NO_ENVELOPE), pn.lemon):
-            continue
-        risk = pn.risk if pn.risk == pn.risk else math.inf
-        cands.append((name not in sticky, busy.get(name, 0.0), risk, name))
-        sizes.append(gpus.get(name, 8))
-    sizes.sort()
+    taken = gang_nodes.union(wh.nodes)  # running a gang, or withholding a class by the stake rule
+    slurm = obs.slurm
+    cands = [
+        (name not in sticky, busy.get(name, 0.0), pn.risk if pn.risk == pn.risk else math.inf, name)
+        for name, pn in priced.nodes.items()
+        if pn.managed
+        and pn.tier is Tier.GREEN
+        and pn.keep_fy is None
+        and not pn.lemon
+        and name not in taken
+        and name in slurm
+        and trainable(envelopes.get(name, _NO_ENVELOPE), False)
+    ]
+    sizes = sorted([gpus.get(c[3], 8) for c in cands])
     g = sizes[len(sizes) // 2] if sizes else max_gpn
     cap = int(sp.max_fraction * len(managed))
     if wh.service_gpus:

@@ -1167,7 +1167,8 @@ class Simulation:
             self.rng,
             gate_decisions=decisions,
         )
-        self.wake_at = result.wake_at if not result.plan.actions else -math.inf
+        if self.event_mode:  # the wake time is computed when read: plain mode does not need it
+            self.wake_at = result.wake_at if not result.plan.actions else -math.inf
         if self.tick_log is not None:
             self.tick_log.append((self.now, why, result))
         self.tick_s += _time.perf_counter() - t0
