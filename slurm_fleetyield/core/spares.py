@@ -149,13 +149,10 @@ def spares(
         return Spares()
     faults = lam + certain
     gang_gpus = sum(x * g for x, g in per_gang) / faults if faults > 0 else 0.0
-    busy = _busy(obs, sp.preemptible_qos)
-    before = {n for n, s in obs.slurm.items() if SPARE in s.available_features}  # spares in Slurm now
-    sticky = before.union(n for n, s in obs.slurm.items() if SPARE in s.active_features)
     taken = gang_nodes.union(wh.nodes)  # running a gang, or withholding a class by the stake rule
     slurm = obs.slurm
     cands = [
-        (name not in sticky, busy.get(name, 0.0), pn.risk if pn.risk == pn.risk else math.inf, name)
+        name
         for name, pn in priced.nodes.items()
         if pn.managed
         and pn.tier is Tier.GREEN
@@ -165,31 +162,32 @@ def spares(
         and name in slurm
         and trainable(envelopes.get(name, _NO_ENVELOPE), False)
     ]
-    sizes = sorted([gpus.get(c[3], 8) for c in cands])
+    sizes = sorted([gpus.get(n, 8) for n in cands])
     g = sizes[len(sizes) // 2] if sizes else max_gpn
     cap = int(sp.max_fraction * len(managed))
     if wh.service_gpus:
         room = params.stake.withhold_cap_fraction * wh.service_gpus - sum(wh.gpus.get(n, 0) for n in wh.nodes)
         cap = min(cap, max(0, int(room // g)))
     k = min(max(wanted(lam, gang_gpus, g, sp.restart_wait_s, sp.refill_s, cap, certain), sp.min), cap)
-    chosen = heapq.nsmallest(k, cands)  # the first k in rule 5's order
+    chosen = _first(k, cands, obs, priced, sp.preemptible_qos) if k else []
     why = (
         f"P(>= k gang-node faults within {sp.refill_s / 3600:g} h refill; {certain} certain + "
         f"expected {lam:.2f}) x {gang_gpus:.0f} gang GPUs x {sp.restart_wait_s / 3600:g} h restart wait >= "
         f"{g} GPUs x {sp.refill_s / 3600:g} h idle"
     )
-    nodes = {c[3]: f"hot spare ({i} of {len(chosen)}: {why})" for i, c in enumerate(chosen, 1)}
+    nodes = {c: f"hot spare ({i} of {len(chosen)}: {why})" for i, c in enumerate(chosen, 1)}
+    before = sum(1 for s in slurm.values() if SPARE in s.available_features)  # spares in Slurm now
     events: tuple[LogEvent, ...] = ()
-    if len(nodes) != len(before):
+    if len(nodes) != before:
         events = (
             LogEvent(
                 now,
                 "",
                 "spares",
-                f"hot spares {len(before)} -> {len(nodes)} ({n_gangs} gang(s); {why}; cap {cap})",
+                f"hot spares {before} -> {len(nodes)} ({n_gangs} gang(s); {why}; cap {cap})",
                 {
                     "spares": len(nodes),
-                    "before": len(before),
+                    "before": before,
                     "lambda": lam,
                     "certain": certain,
                     "gang_gpus": gang_gpus,
@@ -208,6 +206,20 @@ def _hazard(
     if math.isnan(p):
         p = base_risk(node_gpus(obs, node), multiplier, params)
     return hazard_per_s(p, horizon)  # inf: a certain fault (rule 2 counts it as one)
+
+
+def _first(k: int, cands: list[str], obs: Observations, priced: Priced, preemptible: str) -> list[str]:
+    """Rule 5's order, the first ``k`` candidates: a spare already (``fy_spare`` in Slurm), fewest GPUs busy
+    outside the preemptible QOS, lowest risk (unknown last), name."""
+    busy = _busy(obs, preemptible)
+    slurm, nodes = obs.slurm, priced.nodes
+
+    def order(name: str) -> tuple[bool, float, float, str]:
+        s, risk = slurm[name], nodes[name].risk
+        sticky = SPARE in s.available_features or SPARE in s.active_features
+        return (not sticky, busy.get(name, 0.0), risk if risk == risk else math.inf, name)
+
+    return heapq.nsmallest(k, cands, key=order)
 
 
 def _busy(obs: Observations, preemptible: str) -> dict[str, float]:

@@ -158,24 +158,24 @@ def withhold(
         w.value: max(j.gpus for j in js) for w, js in obs.job_index.pending_by.items() if w is not None
     }
     pending = frozenset(pending_gpus)
-    gpus_of: dict[str, int] = {}
+    gpus = obs.gpus  # node_gpus, read as a mapping
+    gpus_of = {  # the in-service nodes' GPUs
+        name: gpus.get(name, 8)
+        for name, pn in priced.nodes.items()
+        if pn.tier in SERVICE_TIERS and pn.managed and pn.keep_fy is None
+    }
+    service_gpus = sum(gpus_of.values())
     out: dict[str, frozenset[str]] = {}
     losses: dict[str, list[tuple[float, str]]] = {}
-    service_gpus = 0
     # per node size: (the base risk of such a node, the risk at which its excess hazard reaches the floor);
     # a fleet has a few sizes, so this tick computes each once
     by_size: dict[int, tuple[float, float]] = {}
-    gpus = obs.gpus  # node_gpus, read as a mapping
-    for name, pn in priced.nodes.items():
-        if pn.tier not in SERVICE_TIERS or not pn.managed or pn.keep_fy is not None:
-            continue
-        g = gpus_of[name] = gpus.get(name, 8)
-        service_gpus += g
-        size = by_size.get(g)
-        if size is None:
-            b = base_risk(g, multiplier, params)
-            size = by_size[g] = (b, -math.expm1(-(floor + hazard_per_s(b, horizon)) * horizon))
-        base, at_floor = size
+    for g in set(gpus_of.values()):
+        b = base_risk(g, multiplier, params)
+        by_size[g] = (b, -math.expm1(-(floor + hazard_per_s(b, horizon)) * horizon))
+    for name, g in gpus_of.items():
+        pn = priced.nodes[name]
+        base, at_floor = by_size[g]
         if not pn.risk >= at_floor:
             continue  # below every class's floor; NaN (unknown) carries what it had
         drop = []
