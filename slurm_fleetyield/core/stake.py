@@ -112,10 +112,10 @@ _job_gpus = attrgetter("gpus")
 def stakes(obs: Observations, params: Params) -> tuple[Stake, ...]:
     """Rule 1: per class of ``stake.classes``, what one fault there costs."""
     largest: dict[str, JobView] = {}  # class -> its largest pending or running job, the first of equals
-    for w, js in obs.job_index.by.items():
+    for wc, js in obs.job_index.by.items():
         live = [j for j in js if j.state in ("PENDING", "RUNNING")]
-        if w is not None and live:
-            largest[w.value] = max(live, key=_job_gpus)
+        if wc is not None and live:
+            largest[wc.value] = max(live, key=_job_gpus)
     out = []
     for w, cs in sorted(params.stake.classes.items()):
         top = largest.get(w)
