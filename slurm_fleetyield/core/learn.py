@@ -133,9 +133,9 @@ def learn(
     if len(cur) < len(risks):
         h = params.risk.horizon_days * 86_400.0
         mult = mem.multipliers if lp.enabled else {}
-        for name, r in risks.items():
-            d = decisions.get(name)
-            if name in cur or d is None or d.tier not in PREDICTED_TIERS:
+        for name in [n for n in risks if n not in cur]:  # the few without a prediction, in risks' order
+            r, d = risks[name], decisions.get(name)
+            if d is None or d.tier not in PREDICTED_TIERS:
                 continue
             pr = r.probability
             if (
