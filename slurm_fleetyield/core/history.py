@@ -13,13 +13,10 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from slurm_fleetyield.core.model import fast_init
-
 Counters = tuple[float | None, ...]  # one value per channel of ``ControllerState.layout``; None: not exported
 _step_time = itemgetter(0)  # a track step's time
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuHistory:
     """Trend memory of one GPU. Values are reset-adjusted: a counter that went down (driver reload, agent
@@ -33,7 +30,6 @@ class GpuHistory:
     points: tuple[Counters, ...] = ()
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuTrack:
     """Compact trend memory of one GPU inside a ``NodeHistory`` (the node holds ``last_time`` and the ring of

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from slurm_fleetyield.core.model import Tier, fast_init
+from slurm_fleetyield.core.model import Tier
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeMemory:
     """Per-node memory: last decided tier and why, who drained it, and its fatal history."""

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from slurm_fleetyield.core.fast import fast_init, fast_new
 from slurm_fleetyield.core.observe import (
     FY_PREFIX,
     HOLDING_STATES,
@@ -54,8 +53,6 @@ __all__ = [
     "Observations",
     "SlurmNode",
     "WorkloadClass",
-    "fast_init",
-    "fast_new",
 ]
 
 
@@ -86,7 +83,6 @@ class Tier(StrEnum):
 # --------------------------------------------------------------------------------------------------------
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Contribution:
     """One signal's share in a risk score: its observed value and how much it moved the score."""
@@ -97,7 +93,6 @@ class Contribution:
     detail: str = ""
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuRisk:
     node: str
@@ -110,7 +105,6 @@ class GpuRisk:
     fatal_xids: tuple[int, ...] = ()
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeRisk:
     node: str
@@ -126,7 +120,6 @@ class NodeRisk:
 # --------------------------------------------------------------------------------------------------------
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """What a node can serve, derived from its GPUs' health (core/profile.py).
@@ -143,7 +136,6 @@ class Envelope:
     notes: tuple[str, ...] = ()  # why a capability is withheld
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeDecision:
     """Everything decided about one node this tick, with its reason and evidence (what ``explain`` prints)."""
@@ -162,7 +154,6 @@ class NodeDecision:
     managed: bool = True  # False: drained by someone else or unknown to Slurm; FleetYield leaves it alone
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class LogEvent:
     """Something worth a log line or an alert. ``kind``: tier_change, drain, hold, drain_proposal, ..."""

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-from slurm_fleetyield.core.fast import fast_init
-
 FY_PREFIX = "fy_"
 """Every Slurm node feature FleetYield owns starts with this prefix; all others belong to the admin."""
 
@@ -39,7 +37,6 @@ class WorkloadClass(StrEnum):
 # --------------------------------------------------------------------------------------------------------
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU as one scrape saw it. ``fields`` maps DCGM field names to values (counters are cumulative).
@@ -56,7 +53,6 @@ class GpuReading:
     xid_totals: Mapping[int, float] = field(default_factory=dict)
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeSample:
     """One scrape of one node. ``error`` set means the scrape failed and nothing here is evidence."""
@@ -103,7 +99,6 @@ class FleetScrape(Mapping[str, NodeSample]):
         return node in self.readings
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class SlurmNode:
     """A node as Slurm reports it (``scontrol show node`` / ``sinfo``)."""

@@ -41,7 +41,6 @@ from slurm_fleetyield.core.model import (
     Observations,
     SlurmNode,
     Tier,
-    fast_init,
 )
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.plan import DrainNode, Hold
@@ -78,7 +77,6 @@ OK_PREFIX = f"{FY_PREFIX}ok_"  # the class features (fy_ok_train, fy_ok_batch ..
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class PricedNode:
     node: str

@@ -21,10 +21,10 @@ WARN at or above yellow_threshold, else OK. A node without fresh data has health
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from slurm_fleetyield.core.fatal_history import fatal_events, fatal_uuids, history_decay
-from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk, fast_new
+from slurm_fleetyield.core.model import Contribution, GpuRisk, Health, NodeRisk
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.quarantine import Fatal
 from slurm_fleetyield.core.scoring import CompiledSignal, Scorer, compile_signals, logit, signal_values
@@ -113,7 +113,7 @@ def assess(
                     if temp is None or (
                         quiet_margin is not None and (fget(SLOWDOWN_TEMP) or slowdown) - temp > quiet_margin
                     ):  # nothing fires: the base probability
-                        gr = _new_gpu_risk(name, r.index, r.uuid, r.model, base_health, base, ())
+                        gr = GpuRisk(name, r.index, r.uuid, r.model, base_health, base, ())
                         survive *= 1.0 - base
                         gpus.append(gr)
                         continue
@@ -127,7 +127,7 @@ def assess(
                 if mult and contributions:
                     gp = _adjust(gp, mult.get(max(contributions, key=_weight).signal, 1.0))
                 health = BAD if gp >= red else WARN if gp >= yellow else OK
-                gr = _new_gpu_risk(name, r.index, r.uuid, r.model, health, gp, contributions)
+                gr = GpuRisk(name, r.index, r.uuid, r.model, health, gp, contributions)
             survive *= 1.0 - gr.probability
             gpus.append(gr)
         p = 1.0 - survive
@@ -176,7 +176,7 @@ def at_base(nr: NodeRisk, base: float, params: Params) -> NodeRisk:
     rp = params.risk
     yellow, red = rp.yellow_threshold, rp.red_threshold
     health = Health.BAD if base >= red else Health.WARN if base >= yellow else Health.OK
-    gpus = [_new_gpu_risk(nr.node, g.index, g.uuid, g.model, health, base, ()) for g in nr.gpus]
+    gpus = [GpuRisk(nr.node, g.index, g.uuid, g.model, health, base, ()) for g in nr.gpus]
     survive = 1.0
     for _ in gpus:  # as assess multiplies them
         survive *= 1.0 - base
@@ -201,9 +201,6 @@ def _adjust(p: float, m: float) -> float:
     if m == 1.0 or p <= 0.0 or p >= 1.0:
         return p
     return -math.expm1(m * math.log1p(-p))
-
-
-_new_gpu_risk: Callable[..., GpuRisk] = fast_new(GpuRisk)  # built once per GPU per tick (model.fast_new)
 
 
 def _unknown(node: SensedNode, fatal: list[Fatal] | tuple[Fatal, ...], stale_s: float | None) -> NodeRisk:

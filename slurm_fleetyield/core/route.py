@@ -42,7 +42,7 @@ unknown or empty.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -53,7 +53,6 @@ from slurm_fleetyield.core.model import (
     Observations,
     SlurmNode,
     Tier,
-    fast_new,
 )
 from slurm_fleetyield.core.plan import UpdateNodes
 from slurm_fleetyield.core.price import Priced
@@ -71,7 +70,6 @@ _GANG = f"{FY_PREFIX}ok_gang"  # twin of fy_ok_train (and on spares): job_submit
 _PREEMPT = f"{FY_PREFIX}ok_preempt"  # twin of fy_ok_batch (and on spares): the preemptible QOS's jobs
 _CLASS = frozenset({_TRAIN, f"{FY_PREFIX}ok_finetune", _DECODE, _BATCH})
 _NO_ENVELOPE = Envelope()  # of a node without an envelope (never mutated: frozen)
-_new_decision: Callable[..., NodeDecision] = fast_new(NodeDecision)  # one per node routed (model.fast_new)
 
 
 def trainable(env: Envelope, lemon: bool) -> bool:
@@ -229,7 +227,7 @@ def decide(
             if twins:
                 fy = tuple(sorted({*fy, *twins}))
         managed = pn.managed and _slurm_known(slurm)
-        decisions[name] = _new_decision(
+        decisions[name] = NodeDecision(
             name,
             pn.tier,
             pn.health,

@@ -7,11 +7,11 @@ senses one node into the pass's outputs (``nodes``, ``tracks``, ``clocks``, ``ti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from slurm_fleetyield.core.model import Health, NodeSample, Observations, fast_init, fast_new
+from slurm_fleetyield.core.model import Health, NodeSample, Observations
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import RECOVERY_ACTION
 from slurm_fleetyield.core.state import Clock, FleetHistory, GpuHistory, NodeTracks
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from slurm_fleetyield.core.carry_sense import _Last
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class SensedNode:
     node: str
@@ -39,10 +38,6 @@ class SensedNode:
         if self.health is Health.UNKNOWN:  # not fresh: no evidence of a missing GPU
             return 0
         return missing(self.expected_gpus, len(self.gpus))
-
-
-# the constructors of the type sense builds once per node per tick (model.fast_new)
-_new_node: Callable[..., SensedNode] = fast_new(SensedNode)
 
 
 _NO_NODES: Mapping[str, SensedNode] = {}
@@ -124,7 +119,7 @@ class _Pass:
         if sample is None or sample.error or now - sample.time > self.stale_after_s:
             if sample is not None:
                 self.times[name] = sample.time
-            self.nodes[name] = _new_node(
+            self.nodes[name] = SensedNode(
                 name, Health.UNKNOWN, _unknown_reason(sample, self.stale_after_s, now)
             )
             if tr is not None and (tr.gpus if type(tr) is NodeTracks else tr):
@@ -173,7 +168,7 @@ class _Pass:
             if now - t != self.last_now - self.last_times[name]:
                 self.changed.append(name)
         else:
-            self.nodes[name] = _new_node(name, Health.OK, "fresh sample", gpus, expected)
+            self.nodes[name] = SensedNode(name, Health.OK, "fresh sample", gpus, expected)
             self.changed.append(name)
         if new_xids or asks_recovery or missing(expected, len(gpus)):  # sn.missing_gpus, without the property
             self.flagged.append(name)
@@ -194,12 +189,10 @@ def _split(
     return tracks, clocks
 
 
-def _unknown_reason(sample: NodeSample | None, stale_after_s: float, now: float) -> str | None:
+def _unknown_reason(sample: NodeSample | None, stale_after_s: float, now: float) -> str:
+    """Why a node is UNKNOWN: no sample, a failed scrape, or a sample older than ``stale_after_s``."""
     if sample is None:
         return "no sample"
     if sample.error:
         return f"scrape failed: {sample.error}"
-    age = now - sample.time
-    if age > stale_after_s:
-        return f"sample is {age:.0f}s old (stale after {stale_after_s:.0f}s)"
-    return None
+    return f"sample is {now - sample.time:.0f}s old (stale after {stale_after_s:.0f}s)"

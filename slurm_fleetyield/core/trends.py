@@ -12,17 +12,16 @@ short history under-estimates a rate instead of inflating one event into a burst
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
-from slurm_fleetyield.core.model import GpuReading, NodeSample, fast_init, fast_new
+from slurm_fleetyield.core.model import GpuReading, NodeSample
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS
 from slurm_fleetyield.core.state import Clock, Counters, GpuHistory, GpuTrack, NodeHistory, NodeTracks
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class SensedGpu:
     reading: GpuReading
@@ -31,10 +30,6 @@ class SensedGpu:
     growth: tuple[float, ...] | None  # growth per channel over the longest window; None: no growth at all
     new_xids: tuple[tuple[int, float], ...] = ()  # (xid, count) grown since the previous sample
     baseline: bool = False  # first sample of this GPU: no trend yet, counts seen are not "new"
-
-
-# the constructor of the type built once per GPU per tick (model.fast_new)
-_new_gpu: Callable[..., SensedGpu] = fast_new(SensedGpu)
 
 
 def compact(
@@ -181,7 +176,7 @@ class Tracker:
                 moved = True
             if len(steps) == 1 and adj == steps[0][1]:
                 # nothing grew within the longest window (the common, healthy case)
-                out.append(_new_gpu(reading, raw, None, None, new_xids, False))
+                out.append(SensedGpu(reading, raw, None, None, new_xids, False))
             else:
                 ring = prev.ring(node_times)
                 plan = self.timeline(t, ring)[3]
@@ -189,11 +184,11 @@ class Tracker:
                 at = prev.point_at
                 base_long = at(ring[plan[0]])
                 if adj == base_long:
-                    out.append(_new_gpu(reading, raw, None, None, new_xids, False))
+                    out.append(SensedGpu(reading, raw, None, None, new_xids, False))
                 else:
                     bases = tuple((at(ring[i]), per_hour) for i, per_hour in plan[1])
                     rates, growth = self._trend(adj, base_long, bases)
-                    out.append(_new_gpu(reading, raw, rates, growth, new_xids, False))
+                    out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
             if appended:
                 if steps[-1][1] is not adj:
                     steps = (*steps, (t, adj))

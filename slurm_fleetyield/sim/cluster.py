@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass, fast_new
+from slurm_fleetyield.core.model import CanaryResult, JobView, SlurmNode, WorkloadClass
 from slurm_fleetyield.core.plan import (
     CancelCanaries,
     DrainNode,
@@ -52,8 +52,9 @@ from slurm_fleetyield.core.plan import (
     UpdateNodes,
 )
 from slurm_fleetyield.ports import ActionResult, ApplyReport
+from slurm_fleetyield.sim.fast import fast_new
 
-# the views built per node or job change (model.fast_new), and each class by its name (no enum call)
+# the views built per node or job change (sim/fast.py), and each class by its name (no enum call)
 _new_node_view: Callable[..., SlurmNode] = fast_new(SlurmNode)
 new_job_view: Callable[..., JobView] = fast_new(JobView)
 WORKLOAD_CLASS: dict[str, WorkloadClass] = {c.value: c for c in WorkloadClass}

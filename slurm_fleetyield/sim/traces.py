@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from slurm_fleetyield.core.model import fast_init
+from slurm_fleetyield.sim.fast import fast_init
 
 CLASSES = ("decode", "pretrain", "finetune", "batch")
 BATCH_CKPT_S = 1800.0  # assumption: batch/eval jobs checkpoint every 30 min

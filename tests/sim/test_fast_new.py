@@ -1,4 +1,4 @@
-"""``model.fast_new``: the hot-path constructors build the objects the classes' own constructors build."""
+"""``sim.fast.fast_new``: the simulator's constructors build what the classes' own constructors build."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from slurm_fleetyield.core.model import (
     SlurmNode,
     Tier,
     WorkloadClass,
-    fast_new,
 )
 from slurm_fleetyield.core.sense import SensedGpu, SensedNode
+from slurm_fleetyield.sim.fast import fast_new
 
 _READING = GpuReading(0, "GPU-a", "H100", fields={"DCGM_FI_DEV_GPU_TEMP": 40.0})
 _SENSED_GPU = SensedGpu(_READING, (1.0, None), (0.5, 0.0), None, ((79, 1.0),))

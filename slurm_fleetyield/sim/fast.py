@@ -1,9 +1,10 @@
-"""Objects built at half the cost: the constructors of the hot-path value types.
+"""Objects built at half the cost: the simulator's constructors of the views it builds by the million.
 
 ``fast_init`` gives a frozen, slotted dataclass an ``__init__`` that stores fields directly (no
 ``object.__setattr__`` per field); ``fast_new`` a positional constructor that skips ``__init__``. Both make
-the same objects as the dataclass would (tests/core/test_fast_new.py). Issue #31 takes them out of the core;
-until then they live here, apart from the vocabulary.
+the same objects as the dataclass would (tests/sim/test_fast_new.py). The simulator is the shell: it builds
+the core's ``JobView`` and ``SlurmNode`` views (sim/cluster.py) and its own trace jobs (sim/traces.py) this
+way; the decision core builds its values with their plain constructors (issue #31).
 """
 
 from __future__ import annotations
