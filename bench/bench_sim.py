@@ -48,6 +48,7 @@ STAGES = (
     (loop.stake, "withhold"),
     (loop.spares, "spares"),
     (loop.carry_place, "route"),
+    (loop.keep_open, "keep_open"),
     (loop.gate, "propose"),
     (loop.carry, "remember"),
     (loop.settle, "settle"),
