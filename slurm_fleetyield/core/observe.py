@@ -16,6 +16,9 @@ from functools import cached_property
 FY_PREFIX = "fy_"
 """Every Slurm node feature FleetYield owns starts with this prefix; all others belong to the admin."""
 
+UNSAID_GPUS = 8
+"""The GPUs of a node whose Gres Slurm does not say (or that Slurm does not list): the common 8-GPU board."""
+
 OUR_REASON_PREFIX = "fleetyield:"
 """Drain reasons FleetYield writes start with this. A drain with any other reason is someone else's."""
 
@@ -275,8 +278,8 @@ class Observations:
 
     @cached_property
     def gpus(self) -> Mapping[str, int]:
-        """Each Slurm node's GPUs from its Gres, 8 where Slurm does not say (stake.node_gpus)."""
-        return {name: s.gpu_count or 8 for name, s in self.slurm.items()}
+        """Each Slurm node's GPUs from its Gres, ``UNSAID_GPUS`` where Slurm does not say."""
+        return {name: s.gpu_count or UNSAID_GPUS for name, s in self.slurm.items()}
 
 
 # Job states in which a job holds its nodes (squeue): every stage's notion of "running" is one of these.

@@ -46,7 +46,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from slurm_fleetyield.core.model import FY_PREFIX, Envelope, LogEvent, Observations, Tier
+from slurm_fleetyield.core.model import FY_PREFIX, UNSAID_GPUS, Envelope, LogEvent, Observations, Tier
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.price import Priced
 from slurm_fleetyield.core.route import trainable
@@ -116,8 +116,8 @@ def spares(
     if not sp.enabled:
         return Spares()
     managed = [n for n, pn in priced.nodes.items() if pn.managed]
-    gpus = obs.gpus  # node_gpus, read as a mapping: nodes Slurm does not list have 8
-    max_gpn = max((gpus.get(n, 8) for n in managed), default=8)
+    gpus = obs.gpus  # node_gpus, read as a mapping
+    max_gpn = max((gpus.get(n, UNSAID_GPUS) for n in managed), default=UNSAID_GPUS)
     horizon = params.risk.horizon_days * 86_400.0
     multiplier = wh.multiplier
     gang_nodes: set[str] = set()
@@ -160,9 +160,9 @@ def spares(
         and not pn.lemon
         and name not in taken
         and name in slurm
-        and trainable(envelopes.get(name, _NO_ENVELOPE), False)
+        and trainable(envelopes.get(name, _NO_ENVELOPE), pn.lemon)
     ]
-    sizes = sorted([gpus.get(n, 8) for n in cands])
+    sizes = sorted([gpus.get(n, UNSAID_GPUS) for n in cands])
     g = sizes[len(sizes) // 2] if sizes else max_gpn
     cap = int(sp.max_fraction * len(managed))
     if wh.service_gpus:

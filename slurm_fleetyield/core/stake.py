@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from slurm_fleetyield.core.model import FY_PREFIX, JobView, LogEvent, Observations
+from slurm_fleetyield.core.model import FY_PREFIX, UNSAID_GPUS, JobView, LogEvent, Observations
 from slurm_fleetyield.core.params import ClassStake, Params
 from slurm_fleetyield.core.plan import SignalJobs
 from slurm_fleetyield.core.price import Priced
@@ -160,7 +160,7 @@ def withhold(
     pending = frozenset(pending_gpus)
     gpus = obs.gpus  # node_gpus, read as a mapping
     gpus_of = {  # the in-service nodes' GPUs
-        name: gpus.get(name, 8)
+        name: gpus.get(name, UNSAID_GPUS)
         for name, pn in priced.nodes.items()
         if pn.tier in SERVICE_TIERS and pn.managed and pn.keep_fy is None
     }
@@ -328,5 +328,5 @@ def signal_actions(
 
 
 def node_gpus(obs: Observations, node: str) -> int:
-    """A node's GPUs from Slurm's Gres (8 when Slurm does not say)."""
-    return obs.gpus.get(node, 8)
+    """A node's GPUs from Slurm's Gres (``UNSAID_GPUS`` when Slurm does not say)."""
+    return obs.gpus.get(node, UNSAID_GPUS)
