@@ -5,83 +5,23 @@ pieces. Output: idle GPUs per in-service node (``idle_gpus``), a job's whole-nod
 best fit of pieces into free GPUs (``best_fit``, ``place``). Premium widening, reclaim, gang widening and keep
 open read them.
 
-``idle_gpus`` keeps its last answer with the very ``Observations`` it was counted from (``_IDLE``), so the
-several stages of one tick that ask do not count again (the answer for that object cannot change while a
-tick reads it).
+The idle count is a fact of the tick's observations (``Observations.idle``, core/observe.py): counted once
+however many stages of the tick ask.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from slurm_fleetyield.core.model import JobView, Observations, SlurmNode
+from slurm_fleetyield.core.model import JobView, Observations
+from slurm_fleetyield.core.observe import out_of_service
 
-_RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
-_OUT = frozenset(
-    {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN"}
-)
-
-
-_IDLE: list[tuple[Observations, dict[str, int]]] = []  # the last answer and its Observations (held)
+__all__ = ["best_fit", "best_fit_hist", "idle_gpus", "node_pieces", "out_of_service", "place"]
 
 
 def idle_gpus(obs: Observations) -> dict[str, int]:
-    """Idle GPUs per schedulable node: IDLE -> all, ALLOCATED -> none, else Gres minus running jobs' share.
-
-    ``JobView.gpus`` is the job's total; a multi-node job uses gpus / len(nodes) on each of its nodes (the
-    running jobs are read only when some node is neither IDLE nor ALLOCATED). Several stages ask within one
-    tick: the answer for the very same ``Observations`` (one per tick, unchanged while it runs) is counted
-    once and handed out as a copy."""
-    if _IDLE and _IDLE[0][0] is obs:
-        return dict(_IDLE[0][1])
-    out = _idle_gpus(obs)
-    _IDLE[:] = [(obs, out)]
-    return dict(out)
-
-
-def _idle_gpus(obs: Observations) -> dict[str, int]:
-    slurm = obs.slurm
-    base, partly = _idle_base(slurm)
-    out = dict(base)
-    if partly:
-        used: dict[str, float] = {}
-        for j in obs.job_index.holding:
-            if j.state in _RUNNING and j.nodes and j.gpus > 0:
-                share = j.gpus / len(j.nodes)
-                for n in j.nodes:
-                    used[n] = used.get(n, 0.0) + share
-        for name in partly:
-            out[name] = max(0, slurm[name].gpu_count - math.ceil(used.get(name, 0.0) - 1e-9))
-    return out
-
-
-def _idle_base(slurm: Mapping[str, SlurmNode]) -> tuple[dict[str, int], frozenset[str]]:
-    """Per in-service node, in Slurm's order: its Gres count when IDLE, else 0; and the nodes neither IDLE
-    nor ALLOCATED (their idle GPUs depend on the running jobs)."""
-    base: dict[str, int] = {}
-    partly: set[str] = set()
-    for name, s in slurm.items():
-        kind = _idle_kind(s)
-        if kind is not None:
-            base[name] = kind[0]
-            if kind[1]:
-                partly.add(name)
-    return base, frozenset(partly)
-
-
-def _idle_kind(s: SlurmNode) -> tuple[int, bool] | None:
-    """An in-service node's idle GPUs as far as its state tells (IDLE: all, else 0) and whether it is partly
-    allocated (neither IDLE nor ALLOCATED: the running jobs tell the rest); None: out of service."""
-    if out_of_service(s):
-        return None
-    if "IDLE" in s.states:
-        return s.gpu_count, False
-    return 0, "ALLOCATED" not in s.states
-
-
-def out_of_service(s: SlurmNode) -> bool:
-    return not s.states or not _OUT.isdisjoint(s.states)
+    """Idle GPUs per in-service node (``Observations.idle``, counted once a tick), as a copy to change."""
+    return dict(obs.idle)
 
 
 def node_pieces(j: JobView, max_node: int) -> list[int]:

@@ -101,8 +101,10 @@ def explain_dict(node: str, result: TickResult) -> dict[str, Any]:
         out.setdefault("risk", _num(r.probability))
         out["risk_reason"] = r.reason
         out["sample_age_s"] = r.stale_s
+        sensed, params = result.sensed, result.params
+        compiled = compile_signals(params, sensed.layout) if sensed and params else ()  # once per node
         for g in r.gpus:
-            signals = _signals(node, g.uuid, result)
+            signals = _signals(node, g.uuid, result, compiled)
             if not signals:  # no sensed inputs (e.g. a result rebuilt elsewhere): the fired ones only
                 signals = [
                     {"signal": c.signal, "value": c.value, "contribution": c.weight} for c in g.contributions
@@ -238,7 +240,9 @@ def _stake_text(st: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _signals(node: str, uuid: str, result: TickResult) -> list[dict[str, Any]]:
+def _signals(
+    node: str, uuid: str, result: TickResult, compiled: tuple[CompiledSignal, ...]
+) -> list[dict[str, Any]]:
     """Recompute every enabled signal of one GPU from the tick's own inputs (same functions as risk)."""
     if result.sensed is None or result.params is None or result.previous is None:
         return []
@@ -246,29 +250,12 @@ def _signals(node: str, uuid: str, result: TickResult) -> list[dict[str, Any]]:
     gpu = next((g for g in sn.gpus if g.reading.uuid == uuid), None) if sn is not None else None
     if gpu is None:
         return []
-    compiled = _compiled(result.params, result.sensed.layout)
     events = fatal_events(result.previous, node, result.params, result.now)
     history = [u for _, u in events]
     n_gpu = history.count(uuid)
     decay = history_decay(events, result.params, result.now)
     rows = signal_values(gpu, compiled, n_gpu, len(history) - n_gpu, decay)
     return [{"signal": n, "value": v, "contribution": c} for n, v, c in rows]
-
-
-_COMPILED: tuple[Any, tuple[str, ...], tuple[CompiledSignal, ...]] | None = None
-
-
-def _compiled(params: Any, layout: tuple[str, ...]) -> tuple[CompiledSignal, ...]:
-    """``compile_signals`` once per (params, layout), not once per GPU: explaining a 10k-node fleet would
-    otherwise compile the signal table 80k times. Keyed by identity; the cache holds the params, so the
-    identity cannot be reused by another object while cached."""
-    global _COMPILED
-    hit = _COMPILED
-    if hit is not None and hit[0] is params and hit[1] == layout:
-        return hit[2]
-    compiled = compile_signals(params, layout)
-    _COMPILED = (params, layout, compiled)
-    return compiled
 
 
 def explain(node: str, result: TickResult) -> str:

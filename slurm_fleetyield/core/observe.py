@@ -8,6 +8,7 @@ by the simulator. GPU readings keep dcgm-exporter's field names (``DCGM_FI_DEV_*
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -23,6 +24,12 @@ OUR_REASON_PREFIX = "fleetyield:"
 """Drain reasons FleetYield writes start with this. A drain with any other reason is someone else's."""
 
 _DRAIN_STATES = frozenset({"DRAIN", "DRAINED", "DRAINING"})  # Slurm state flags of a drained node
+OUT_OF_SERVICE_STATES = frozenset(
+    {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN"}
+)
+"""Slurm state flags of a node that takes no new work (drained, down, failing, unreachable, powered down)."""
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
+"""Job states in which a job uses its GPUs now (idle counts and premium's running work)."""
 
 
 class WorkloadClass(StrEnum):
@@ -255,8 +262,8 @@ class Observations:
 
     One per tick: a shell may update its mappings in place between ticks (the simulator's Slurm view is
     one such mapping) but not while a tick reads them; stages copy what they keep (``state.slurm_view``).
-    Read once per tick, for every stage that needs them: ``job_index``, its queue split (``JobIndex``), and
-    ``gpus``, each Slurm node's GPU count."""
+    Read once per tick, for every stage that needs them: ``job_index``, its queue split (``JobIndex``),
+    ``gpus``, each Slurm node's GPU count, and ``idle``, each in-service node's idle GPUs."""
 
     time: float
     slurm: Mapping[str, SlurmNode]
@@ -280,6 +287,35 @@ class Observations:
     def gpus(self) -> Mapping[str, int]:
         """Each Slurm node's GPUs from its Gres, ``UNSAID_GPUS`` where Slurm does not say."""
         return {name: s.gpu_count or UNSAID_GPUS for name, s in self.slurm.items()}
+
+    @cached_property
+    def idle(self) -> Mapping[str, int]:
+        """Idle GPUs per in-service node, in Slurm's order: IDLE -> all, ALLOCATED -> none, else its Gres
+        minus the running jobs' share (``JobView.gpus`` is a job's total: a multi-node job uses gpus /
+        len(nodes) on each of its nodes; the jobs are read only when some node is neither)."""
+        out: dict[str, int] = {}
+        partly: list[str] = []
+        for name, s in self.slurm.items():
+            if out_of_service(s):
+                continue
+            out[name] = s.gpu_count if "IDLE" in s.states else 0
+            if "IDLE" not in s.states and "ALLOCATED" not in s.states:
+                partly.append(name)
+        if partly:
+            used: dict[str, float] = {}
+            for j in self.job_index.holding:
+                if j.state in RUNNING_STATES and j.nodes and j.gpus > 0:
+                    share = j.gpus / len(j.nodes)
+                    for n in j.nodes:
+                        used[n] = used.get(n, 0.0) + share
+            for name in partly:
+                out[name] = max(0, self.slurm[name].gpu_count - math.ceil(used.get(name, 0.0) - 1e-9))
+        return out
+
+
+def out_of_service(s: SlurmNode) -> bool:
+    """A node that takes no new work: no state known, or a state flag of ``OUT_OF_SERVICE_STATES``."""
+    return not s.states or not OUT_OF_SERVICE_STATES.isdisjoint(s.states)
 
 
 # Job states in which a job holds its nodes (squeue): every stage's notion of "running" is one of these.

@@ -60,7 +60,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_fleetyield.core.capacity import (
-    _RUNNING,
     best_fit,
     best_fit_hist,
     idle_gpus,
@@ -69,6 +68,7 @@ from slurm_fleetyield.core.capacity import (
     place,
 )
 from slurm_fleetyield.core.model import (
+    RUNNING_STATES,
     Envelope,
     JobView,
     LogEvent,
@@ -215,12 +215,12 @@ def widen(
     # (premium.batch: batch on an eligible, i.e. green, premium node too; a yellow one takes batch unlent)
     eligible_now = frozenset(eligible)
     held = {
-        n for j in jobs.holding_by.get(DECODE, ()) if j.workload is DECODE and j.state in _RUNNING
+        n for j in jobs.holding_by.get(DECODE, ()) if j.workload is DECODE and j.state in RUNNING_STATES
         for n in j.nodes if n in obs.slurm and _premium(envelopes.get(n))
     }  # fmt: skip
     if pp.batch:
         held.update(
-            n for j in jobs.holding_by.get(BATCH, ()) if j.workload is BATCH and j.state in _RUNNING
+            n for j in jobs.holding_by.get(BATCH, ()) if j.workload is BATCH and j.state in RUNNING_STATES
             for n in j.nodes if n in eligible_now
         )  # fmt: skip
     keep = [n for n in mem.lent if n in eligible_set]
