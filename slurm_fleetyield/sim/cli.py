@@ -63,11 +63,12 @@ def _common(f):  # type: ignore[no-untyped-def]
         ),
         click.option(
             "--tick-mode",
-            default="plain",
+            default="event",
             show_default=True,
-            type=click.Choice(["plain", "event"]),
-            help="plain: a controller tick on every control-interval grid point; event: only where something "
-            "the core reads changed since its last tick or its wake_at is due (same plans and reports).",
+            type=click.Choice(["event", "plain"]),
+            help="event: a controller tick on a control-interval grid point only where something the core "
+            "reads changed since its last tick or its wake_at is due; plain: on every grid point (same plans "
+            "and reports).",
         ),
         click.option(
             "--post-return",

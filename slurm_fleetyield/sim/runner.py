@@ -175,9 +175,10 @@ class SimConfig:
     gpu_scale: int = 8
     max_duration_h: float = 72.0
     control_interval_s: float = 900.0
-    # "plain": the controller ticks on every control-interval grid point; "event": a grid tick runs only when
-    # something the core reads changed since its last tick or its ``wake_at`` is due (docs/simulator.md)
-    tick_mode: str = "plain"
+    # "event" (the default): a grid tick runs only when something the core reads changed since its last tick
+    # or its ``wake_at`` is due; "plain": the controller ticks on every control-interval grid point. Same
+    # plans and reports (docs/simulator.md, tests/sim/test_wake_equivalence.py).
+    tick_mode: str = "event"
     sched_interval_s: float = 60.0
     repair_h: float = 24.0  # fatal fault: reset, diagnostics, back in service
     swap_h: float = 24.0  # approved / oracle drain: GPU swapped, back in service
@@ -206,7 +207,7 @@ class SimConfig:
             del d["faults"]["post_return"]
         if self.background_load == 0.5:  # the default: reports stay byte-identical to before the option
             del d["background_load"]
-        if self.tick_mode == "plain":  # the default: reports stay byte-identical to before the option
+        if self.tick_mode == "event":  # the default: same reports as plain, written as before the option
             del d["tick_mode"]
         if not self.core:
             del d["core"]
@@ -514,7 +515,9 @@ class Simulation:
         self.ticks_skipped = 0  # event mode: grid ticks skipped (nothing the core reads changed, no wake due)
         self.tick_s = 0.0
         self.event_mode = cfg.tick_mode == "event"
-        self.wake_at = -math.inf  # the last tick's ``TickResult.wake_at``
+        # the last tick's result while its plan had no actions (None: it had some, or no tick yet), then its
+        # ``wake_at``, read only when a grid tick could otherwise be skipped (``_wake``)
+        self.wake_of: TickResult | float | None = None
         # what the core read at its last tick: readings per node, Slurm's node views, the job views
         self.seen: tuple[dict[str, Any], dict[str, Any], tuple[Any, ...]] | None = None
         self.tick_log: list[tuple[float, str, TickResult]] | None = None  # tests: every tick that ran
@@ -1167,8 +1170,8 @@ class Simulation:
             self.rng,
             gate_decisions=decisions,
         )
-        if self.event_mode:  # the wake time is computed when read: plain mode does not need it
-            self.wake_at = result.wake_at if not result.plan.actions else -math.inf
+        if self.event_mode:
+            self.wake_of = None if result.plan.actions else result
         if self.tick_log is not None:
             self.tick_log.append((self.now, why, result))
         self.tick_s += _time.perf_counter() - t0
@@ -1212,7 +1215,7 @@ class Simulation:
         nodes = self.slurm.read_nodes()
         jobs = tuple(self.slurm.read_jobs())
         seen, self.seen = self.seen, (dict(readings), dict(nodes), jobs)
-        if why != "periodic" or self.now >= self.wake_at or seen is None:
+        if why != "periodic" or self.wake_of is None or seen is None:
             return False
         if self.pending_events or self.pending_decisions or self.slurm.canaries:
             return False
@@ -1222,7 +1225,16 @@ class Simulation:
             and _same(nodes, old_nodes)
             and len(jobs) == len(old_jobs)
             and all(a is b for a, b in zip(jobs, old_jobs, strict=True))
+            and self.now < self._wake()  # read last: at scale something changes at almost every tick
         )
+
+    def _wake(self) -> float:
+        """The last tick's ``wake_at``, computed at the first read (its plan had no actions)."""
+        last = self.wake_of
+        if isinstance(last, TickResult):
+            self.wake_of = last = last.wake_at
+        assert last is not None
+        return last
 
     def _approve(self, node: str) -> None:
         """The simulated admin decides the node's open proposal; an approval goes into the next tick."""

@@ -127,8 +127,10 @@ def test_skipping_past_the_wake_time_is_caught(monkeypatch: pytest.MonkeyPatch) 
     assert _differences(plain, event) != []
 
 
-def test_tick_mode_is_checked_and_kept_out_of_plain_reports() -> None:
+def test_tick_mode_is_checked_and_kept_out_of_default_reports() -> None:
+    """Event mode is the default; its reports are written as before the option (no ``tick_mode``)."""
     with pytest.raises(ValueError, match="tick_mode"):
         runner.make_config(tick_mode="sometimes")
+    assert runner.make_config().tick_mode == "event"
     assert "tick_mode" not in runner.make_config().to_dict()
-    assert runner.make_config(tick_mode="event").to_dict()["tick_mode"] == "event"
+    assert runner.make_config(tick_mode="plain").to_dict()["tick_mode"] == "plain"
