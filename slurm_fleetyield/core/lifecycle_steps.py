@@ -1,6 +1,10 @@
 """The lifecycle's handlers: what each accepted (stage, event kind) pair of ``lifecycle.TRANSITIONS`` does
 to a node's memory, which actions it plans and what it logs; ``tier_for``, and ``due`` (the timeout a tick
 derives).
+
+Input of a handler: the node's ``LifecycleMemory``, the ``Event``, ``now`` and ``LifecycleParams``. Output: a
+``Transition`` (the new memory, the actions to plan, the log events, whether the event was accepted). No
+handler reads anything else.
 """
 
 from __future__ import annotations
