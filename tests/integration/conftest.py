@@ -284,9 +284,11 @@ class Cluster:
         )
 
     def inject_and_time_drain(
-        self, node: str, *, gpu: int = 3, xid: int = 79, timeout: float = 20
+        self, node: str, *, gpu: int = 3, xid: int = 79, timeout: float = 20, reset_fixes: bool | None = None
     ) -> dict[str, float]:
         """Inject XID ``xid`` on ``node`` and time it until ``scontrol show node`` shows DRAIN.
+        ``reset_fixes``: whether a reset clears the fault (None: the fake backend's default for the XID;
+        False: the node cannot come back through rehabilitation).
 
         The DRAIN is watched by a loop INSIDE slurmctld (scontrol every 20 ms), so the measurement does
         not include a ``docker exec`` per poll; containers share the host clock.  Returns seconds from
@@ -304,7 +306,8 @@ class Cluster:
             assert poller.stdout is not None
             assert poller.stdout.readline().strip() == "ready"
             t0 = time.time()
-            self.agent(node, "fault", "inject", "--gpu", str(gpu), "--xid", str(xid))
+            fixes = () if reset_fixes is None else ("--reset-fixes" if reset_fixes else "--no-reset-fixes",)
+            self.agent(node, "fault", "inject", "--gpu", str(gpu), "--xid", str(xid), *fixes)
             t1 = time.time()
             out, _ = poller.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

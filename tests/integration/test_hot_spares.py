@@ -133,10 +133,13 @@ def test_a_requeued_gang_restarts_on_the_hot_spare_preempting_its_filler(floor_o
     assert job_fields(world, filler)["Features"] == "h100&fy_ok_preempt"
     assert wait_ran(world, [filler])[filler] == s
     # A fatal fault on a gang node: the controller drains it and requeues the gang; Slurm restarts it on
-    # the other L40S and the spare, preempting (requeueing) the filler.
+    # the other L40S and the spare, preempting (requeueing) the filler. The gang's restart waits for the
+    # faulted node's reboot (its old job is COMPLETING there until the node registers again), so the fault
+    # is one no reset clears: a fixed node could pass its canary and take the gang back before Slurm's next
+    # scheduling pass (a CI run saw that race).
     x = sorted(gang_nodes)[0]
     t0 = time.time()
-    world.inject_and_time_drain(x, gpu=0, xid=79)
+    world.inject_and_time_drain(x, gpu=0, xid=79, reset_fixes=False)
 
     def running_again() -> set[str] | None:
         g = job_fields(world, gang_job)
