@@ -102,7 +102,7 @@ def explain_dict(node: str, result: TickResult) -> dict[str, Any]:
         out["risk_reason"] = r.reason
         out["sample_age_s"] = r.stale_s
         sensed, params = result.sensed, result.params
-        compiled = compile_signals(params, sensed.layout) if sensed and params else ()  # once per node
+        compiled = () if sensed is None or params is None else compile_signals(params, sensed.layout)
         for g in r.gpus:
             signals = _signals(node, g.uuid, result, compiled)
             if not signals:  # no sensed inputs (e.g. a result rebuilt elsewhere): the fired ones only
