@@ -3,8 +3,8 @@ to a node's memory, which actions it plans and what it logs; ``tier_for``, and `
 derives).
 
 Input of a handler: the node's ``LifecycleMemory``, the ``Event``, ``now`` and ``LifecycleParams``. Output: a
-``Transition`` (the new memory, the actions to plan, the log events, whether the event was accepted). No
-handler reads anything else.
+``Transition`` (the next ``LifecycleMemory``, the actions to plan, the log events, whether the event was
+accepted). No handler reads anything else.
 """
 
 from __future__ import annotations
