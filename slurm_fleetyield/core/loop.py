@@ -113,7 +113,7 @@ def tick(
 ) -> TickResult:
     if not obs.slurm_ok:  # Slurm could not be read: acting on a stale view of it is worse than waiting
         return TickResult(state, Plan(), {}, {}, (LogEvent(now, "", "slurm_unreadable", "no plan"),))
-    layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
+    layout = channel_layout(params.quarantine.risk_only_xids, params.quarantine.quarantine_xids)
     sensed = carry_sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     fatal = quarantine.find_fatal(obs, sensed, state, params.quarantine)
     risks = carry.risk(sensed, fatal, state, params, now)
@@ -167,7 +167,7 @@ def resample(state: ControllerState, obs: Observations, params: Params, now: flo
     ``Params``, ``now``. Output: that state with the trend ring moved as ``tick``'s sense stage moves it and
     ``last_tick`` at ``now``; the tick's plan would have no actions and every decision and other memory stays
     (what ``wake_at`` bounds; tests/sim/test_wake_equivalence.py checks it)."""
-    layout = channel_layout((*params.quarantine.quarantine_xids, *params.quarantine.risk_only_xids))
+    layout = channel_layout(params.quarantine.risk_only_xids, params.quarantine.quarantine_xids)
     sensed = carry_sense.sense(obs, state.history, state.layout, layout, params.sense, now, state.memo)
     return replace(state, history=sensed.history, layout=sensed.layout, last_tick=now)
 

@@ -14,6 +14,7 @@ thresholds' order of magnitude, from the sources quoted per signal.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # DCGM field names (dcgm-exporter spelling), so agent, dcgm-exporter and Prometheus paths read the same keys.
@@ -49,7 +50,7 @@ COUNTER_CHANNELS: tuple[str, ...] = (
     THERMAL_VIOLATION,
     POWER_VIOLATION,
 )
-"""Cumulative counters tracked per GPU (after these come one ``xid:N`` channel per XID of interest)."""
+"""Cumulative counters tracked per GPU (then one channel per XID of interest: ``channel_layout``)."""
 
 NS_PER_HOUR = 3.6e12
 """The violation counters are in ns: NVML's violationTime and DCGM's field carry ns (dcgm-exporter's HELP
@@ -62,12 +63,36 @@ HW_SLOWDOWN_BITS = (0x8, 0x40, 0x80)
 
 
 def xid_channel(xid: int) -> str:
+    """A risk-only XID's channel: its total, kept in the trend ring (the ``xid`` signal reads its growth over
+    the longest window)."""
     return f"xid:{xid}"
 
 
-def channel_layout(xids: tuple[int, ...] | list[int]) -> tuple[str, ...]:
-    """Counter channels then one channel per XID (sorted), as stored in per-GPU history."""
-    return COUNTER_CHANNELS + tuple(xid_channel(x) for x in sorted(set(xids)))
+FATAL_XID_PREFIX = "xid_new:"
+
+
+def fatal_xid_channel(xid: int) -> str:
+    """A quarantine XID's channel: its total, compared with the last sample only. A fatal XID acts on its
+    first occurrence and no rule reads its window growth, so it stays out of the trend ring."""
+    return f"{FATAL_XID_PREFIX}{xid}"
+
+
+def channel_layout(risk_only_xids: Iterable[int], quarantine_xids: Iterable[int] = ()) -> tuple[str, ...]:
+    """The channels of a GPU's counters as sense keeps them: first those kept in the trend ring (the
+    counters, then the risk-only XIDs, sorted), then the quarantine XIDs (sorted), read as growth since the
+    last sample only."""
+    windowed = sorted(set(risk_only_xids))
+    fatal = sorted(set(quarantine_xids) - set(windowed))
+    return (
+        COUNTER_CHANNELS
+        + tuple(xid_channel(x) for x in windowed)
+        + tuple(fatal_xid_channel(x) for x in fatal)
+    )
+
+
+def trended(layout: tuple[str, ...]) -> int:
+    """How many leading channels of ``layout`` the trend ring keeps: all but the quarantine XIDs."""
+    return next((i for i, c in enumerate(layout) if c.startswith(FATAL_XID_PREFIX)), len(layout))
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,18 +218,21 @@ def _clocks(state: ControllerState) -> dict[str, Any]:
 
 
 def _track_doc(t: GpuTrack) -> list[Any]:
-    """[last_raw, last_adj (None: equal to last_raw), steps (a point None: equal to last_adj)]."""
+    """[last_raw, last_adj (k: equal to last_raw's first k channels, the trended ones; None, as older rows
+    wrote: equal to last_raw), steps (a point None: equal to last_adj)]."""
     adj = t.last_adj
+    k = len(adj)
     return [
         list(t.last_raw),
-        None if adj == t.last_raw else list(adj),
+        k if adj == t.last_raw[:k] else list(adj),
         [[s, None if p == adj else list(p)] for s, p in t.steps],
     ]
 
 
 def _track_from(d: list[Any]) -> GpuTrack:
     raw: Counters = tuple(d[0])
-    adj: Counters = raw if d[1] is None else tuple(d[1])
+    k = d[1]
+    adj: Counters = raw if k is None else raw[:k] if type(k) is int else tuple(k)
     return GpuTrack(raw, adj, tuple((float(s), adj if p is None else tuple(p)) for s, p in d[2]))
 
 

@@ -4,7 +4,9 @@ Input: a fresh ``NodeSample`` and the node's previous trend memory (``NodeTracks
 plain mapping of ``GpuHistory``). Output: one ``SensedGpu`` per GPU and the node's new trend memory.
 
 Counters are reset-adjusted (a decrease is a restart from zero, never a negative rate) and stored as a ring of
-points at least ``history_resolution_s`` apart, trimmed to the longest window. A window's per-hour rate is
+points at least ``history_resolution_s`` apart, trimmed to the longest window. The ring keeps the layout's
+trended channels only (``signals.trended``): a quarantine XID's total is compared with the last sample's and
+nothing more, since no rule reads its window growth. A window's per-hour rate is
 growth since the oldest point inside the window divided by the window length (never by a shorter span), so a
 short history under-estimates a rate instead of inflating one event into a burst.
 """
@@ -18,16 +20,20 @@ from operator import itemgetter
 
 from slurm_fleetyield.core.model import GpuReading, NodeSample
 from slurm_fleetyield.core.params import SenseParams
-from slurm_fleetyield.core.signals import COUNTER_CHANNELS
+from slurm_fleetyield.core.signals import COUNTER_CHANNELS, trended
 from slurm_fleetyield.core.state import Clock, Counters, GpuHistory, GpuTrack, NodeHistory, NodeTracks
 
 
 @dataclass(frozen=True, slots=True)
 class SensedGpu:
     reading: GpuReading
-    raw: Counters  # current value per channel (None: not exported)
-    rates: tuple[float, ...] | None  # per-hour rate per channel, largest over the windows; None: no growth
-    growth: tuple[float, ...] | None  # growth per channel over the longest window; None: no growth at all
+    raw: Counters  # current value per channel of the layout (None: not exported)
+    rates: (
+        tuple[float, ...] | None
+    )  # per trended channel: per-hour rate, largest over the windows; None: no growth
+    growth: (
+        tuple[float, ...] | None
+    )  # per trended channel: growth over the longest window; None: no growth at all
     new_xids: tuple[tuple[int, float], ...] = ()  # (xid, count) grown since the previous sample
     baseline: bool = False  # first sample of this GPU: no trend yet, counts seen are not "new"
 
@@ -55,9 +61,14 @@ class Tracker:
         self.params = params
         self.now = now
         self.n_counters = len(COUNTER_CHANNELS)
+        self.n_trended = trended(layout)  # the ring keeps these leading channels; the rest are fatal XIDs
         self.counter_names = layout[: self.n_counters]
         self.xids = tuple(int(c.split(":", 1)[1]) for c in layout[self.n_counters :])
-        self.xid_slots = tuple(range(self.n_counters, len(layout)))
+        n_windowed = self.n_trended - self.n_counters
+        self.windowed_xids = tuple(
+            zip(range(self.n_counters, self.n_trended), self.xids[:n_windowed], strict=True)
+        )
+        self.fatal_xids = tuple(zip(range(self.n_trended, len(layout)), self.xids[n_windowed:], strict=True))
         self.zero_xids = (0.0,) * len(self.xids)
         self.pick = itemgetter(*self.counter_names)
         self.windows = params.trend_windows_s
@@ -172,7 +183,7 @@ class Tracker:
                 moved = False
             else:
                 adj = _adjust(raw, last_raw, prev.last_adj)
-                new_xids = self._grown_xids(adj, prev.last_adj)
+                new_xids = self._grown_xids(raw, last_raw, adj, prev.last_adj)
                 moved = True
             if len(steps) == 1 and adj == steps[0][1]:
                 # nothing grew within the longest window (the common, healthy case)
@@ -212,7 +223,8 @@ class Tracker:
     ) -> tuple[SensedGpu, GpuHistory]:
         """One GPU of ``_node_plain``."""
         if prev is None:
-            return SensedGpu(reading, raw, None, None, (), True), GpuHistory(t, raw, raw, (t,), (raw,))
+            adj = raw[: self.n_trended]
+            return SensedGpu(reading, raw, None, None, (), True), GpuHistory(t, raw, adj, (t,), (adj,))
         last_adj = prev.last_adj
         times, cut, appended, plan = self.timeline(t, prev.times)
         new_xids: tuple[tuple[int, float], ...]
@@ -223,7 +235,7 @@ class Tracker:
                 adj, new_xids = last_adj, ()
             else:
                 adj = _adjust(raw, prev.last_raw, last_adj)
-                new_xids = self._grown_xids(adj, last_adj)
+                new_xids = self._grown_xids(raw, prev.last_raw, adj, last_adj)
             if appended:
                 points = prev.points
                 points = (*points[cut:], adj) if cut else (*points, adj)
@@ -252,15 +264,25 @@ class Tracker:
             hist[reading.uuid] = h
         return tuple(out), hist
 
-    def _grown_xids(self, adj: Counters, last: Counters) -> tuple[tuple[int, float], ...]:
-        n = self.n_counters
-        if adj[n:] == last[n:]:  # no XID channel moved (the common case): nothing can have grown
-            return ()
+    def _grown_xids(
+        self, raw: Counters, last_raw: Counters, adj: Counters, last_adj: Counters
+    ) -> tuple[tuple[int, float], ...]:
+        """(xid, count) per XID whose total grew since the last sample, by XID: a risk-only XID by its
+        adjusted value, a quarantine XID by its raw total (a decrease restarted from zero, so what the
+        total shows is new; a total that was not exported last time is its own baseline)."""
+        n, k = self.n_counters, self.n_trended
         grown = []
-        for slot, xid in zip(self.xid_slots, self.xids, strict=True):
-            a, b = adj[slot], last[slot]
-            if a is not None and b is not None and a > b:
-                grown.append((xid, a - b))
+        if adj[n:] != last_adj[n:]:  # no risk-only XID moved (the common case): none of them grew
+            for slot, xid in self.windowed_xids:
+                a, b = adj[slot], last_adj[slot]
+                if a is not None and b is not None and a > b:
+                    grown.append((xid, a - b))
+        if raw[k:] != last_raw[k:]:
+            for slot, xid in self.fatal_xids:
+                r, lr = raw[slot], last_raw[slot]
+                if r is not None and lr is not None and r != lr and (c := r - lr if r > lr else r) > 0:
+                    grown.append((xid, c))
+        grown.sort()
         return tuple(grown)
 
     @staticmethod
@@ -314,7 +336,8 @@ def _quiet(
 
 
 def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
-    """Reset-adjusted cumulative values: a counter that went down restarted from zero (driver reload).
+    """Reset-adjusted cumulative values of the trended channels (``last_adj``'s, the leading channels of
+    ``raw``): a counter that went down restarted from zero (driver reload).
 
     Per channel: not exported now (None) keeps the last adjusted value; appearing for the first time makes the
     value its own baseline; unchanged keeps the last adjusted value (the very object, so the points of a
@@ -331,6 +354,6 @@ def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
             else la + (r - lr)
             if r > lr
             else la + r
-            for r, lr, la in zip(raw, last_raw, last_adj, strict=True)
+            for r, lr, la in zip(raw, last_raw, last_adj, strict=False)  # stops after the trended channels
         ]
     )

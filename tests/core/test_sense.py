@@ -2,7 +2,7 @@ from core.builders import Fleet, Runner
 from slurm_fleetyield.core.model import Health
 from slurm_fleetyield.core.params import Params
 from slurm_fleetyield.core.sense import sense
-from slurm_fleetyield.core.signals import NVLINK_CRC_FLIT, SBE_VOL, channel_layout
+from slurm_fleetyield.core.signals import NVLINK_CRC_FLIT, SBE_VOL, channel_layout, trended
 from slurm_fleetyield.core.state import ControllerState
 from slurm_fleetyield.core.trends import _adjust
 
@@ -98,3 +98,33 @@ def test_adjust_unchanged_channel_keeps_the_very_value() -> None:
     nan = math.nan
     got = _adjust((nan, 2.0), (nan, 2.0), (1.0, 9.0))
     assert got[0] != got[0] and got[1] is not None and got[1] == 9.0  # NaN never equals: not "unchanged"
+
+
+def test_layout_keeps_quarantine_xids_out_of_the_trend_ring() -> None:
+    layout = channel_layout((43, 13), (79, 48, 13))
+    assert layout[-4:] == ("xid:13", "xid:43", "xid_new:48", "xid_new:79")  # an XID in both: windowed once
+    assert trended(layout) == len(layout) - 2
+    assert trended(channel_layout((13,))) == len(channel_layout((13,)))
+
+
+def test_a_quarantine_xid_is_new_by_its_raw_total_and_never_enters_the_ring() -> None:
+    f = Fleet(1)
+    layout = channel_layout((13,), (79,))
+    history, old_layout = {}, ()
+    now = 1000.0
+    got = []
+    for xid, by in [(None, 0), (79, 2), (13, 1), (None, 0), (79, -1), (79, 3)]:
+        if xid is not None:
+            f.xid("gpu000", 0, xid, by)
+        s = sense(f.observe(now), history, old_layout, layout, Params().sense, now)
+        history, old_layout = s.history, layout
+        g = s.nodes["gpu000"].gpus[0]
+        got.append(g.new_xids)
+        h = s.history["gpu000"]["GPU-gpu000-0"]
+        assert len(h.last_adj) == trended(layout) and {len(p) for p in h.points} == {trended(layout)}
+        assert len(g.raw) == len(layout)
+        if g.growth is not None:
+            assert len(g.growth) == trended(layout)
+        now += 60.0
+    # 79 grew by 2; 13 by 1; 79's total went 2 -> 1: restarted from zero, its 1 is new; then 1 -> 4: 3 new
+    assert got == [(), ((79, 2.0),), ((13, 1.0),), (), ((79, 1.0),), ((79, 3.0),)]
