@@ -177,12 +177,12 @@ def quick(
         if a is None or b is None or a.gpu_count != b.gpu_count:
             slow.add(name)
     clock = (t, run.tracker.timeline(t, last.clock[1])[0])
-    run.clock_memo = (last.clock, t, clock)
     run.set_outputs(
         dict(last.nodes),
         dict(run.old_tracks),  # type: ignore[arg-type]
         dict.fromkeys(names, clock),
         dict.fromkeys(names, t),
+        (last.clock, t, clock),
     )
     todo = sorted(slow)  # names order
     for name in todo:

@@ -30,12 +30,13 @@ class GpuHistory:
     points: tuple[Counters, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuTrack:
     """Compact trend memory of one GPU inside a ``NodeHistory`` (the node holds ``last_time`` and the ring of
     times): the stored points as run-length ``steps``, ``(time, point)`` wherever the stored point changed,
     the first one at or before the GPU's first ring time. A GPU whose counters did not move keeps the very
-    same object from tick to tick (nothing to rebuild, nothing new for the garbage collector)."""
+    same object from tick to tick (nothing to rebuild, nothing new for the garbage collector). A value, never
+    changed once built; not frozen only for speed (tests/core/test_values_stay_unassigned.py)."""
 
     last_raw: Counters
     last_adj: Counters

@@ -97,8 +97,11 @@ class Contribution:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuRisk:
+    """One GPU's risk. A value, never changed once built; not frozen only for speed
+    (tests/core/test_values_stay_unassigned.py)."""
+
     node: str
     index: int
     uuid: str

@@ -108,9 +108,14 @@ class _Pass:
         tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]],
         clocks: dict[str, Clock],
         times: dict[str, float],
+        clock_memo: tuple[Clock | None, float | None, Clock | None] | None = None,
     ) -> None:
+        """The pass's outputs, already filled for the nodes it will not sense (and, given: the clock moved
+        for them, as ``clock_memo`` holds it)."""
         self.nodes, self.tracks, self.clocks, self.times = nodes, tracks, clocks, times
         self.history = FleetHistory(tracks, clocks)
+        if clock_memo is not None:
+            self.clock_memo = clock_memo
 
     def node(self, name: str) -> None:
         now = self.now

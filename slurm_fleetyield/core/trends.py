@@ -24,8 +24,11 @@ from slurm_fleetyield.core.signals import COUNTER_CHANNELS, trended
 from slurm_fleetyield.core.state import Clock, Counters, GpuHistory, GpuTrack, NodeHistory, NodeTracks
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SensedGpu:
+    """One GPU as sensed this tick. A value, never changed once built; not frozen only for speed
+    (tests/core/test_values_stay_unassigned.py)."""
+
     reading: GpuReading
     raw: Counters  # current value per channel of the layout (None: not exported)
     rates: (
