@@ -117,8 +117,8 @@ def _envelope(
         r = g.reading
         get = r.fields.get
         if has_nvlink and g.rates is not None:
-            crc = _rate(g, (NVLINK_CRC_FLIT, NVLINK_CRC_DATA))
-            replay = _rate(g, (NVLINK_REPLAY, NVLINK_RECOVERY))
+            crc = _rate(g, _CRC)
+            replay = _rate(g, _REPLAY)
             if crc >= crc_max:
                 nvlink_full = False
                 notes.append(f"gpu {r.index}: NVLink CRC {crc:.0f}/h >= {crc_max:g}/h")
@@ -152,10 +152,13 @@ def _envelope(
     return Envelope(model, is_premium, has_nvlink, nvlink_full, hbm_full, True, tuple(notes))
 
 
-def _rate(g: SensedGpu, channels: tuple[str, ...]) -> float:
+def _rate(g: SensedGpu, slots: tuple[int, ...]) -> float:
+    """The summed per-hour rate of the counter channels at ``slots``."""
     if g.rates is None:
         return 0.0
-    return sum(g.rates[_SLOT[c]] for c in channels)
+    return sum(map(g.rates.__getitem__, slots))
 
 
 _SLOT = {c: i for i, c in enumerate(COUNTER_CHANNELS)}
+_CRC = (_SLOT[NVLINK_CRC_FLIT], _SLOT[NVLINK_CRC_DATA])
+_REPLAY = (_SLOT[NVLINK_REPLAY], _SLOT[NVLINK_RECOVERY])

@@ -161,14 +161,19 @@ class Scorer:
                 code, arg, scale = _NODE_HIST, None, 1.0
             plan.append((code, cs.name, arg, scale, cs.steps, cs.unit))
         self.plan = tuple(plan)
-        # Quiet-GPU shortcut: with no counter growth (rates and growth None) every windowed signal is skipped,
-        # and when no level/throttle field is set (all absent or 0) those are skipped too; what is left is the
-        # margin and fatal-history signals, evaluated by the same loop in the same order (same sum, same
-        # contributions). Any set field falls back to the full plan.
+        # Skipped inputs: with no counter growth (rates and growth None) every windowed signal is skipped,
+        # and when no level/throttle field is set (all absent or 0) those are; what is left is evaluated by
+        # the same loop in the same order (same sum, same contributions). ``plans[growth, fields set]``.
         self.quiet_fields = tuple(
             f for code, _n, arg, *_ in self.plan if code in (_LEVEL, _THROTTLE) for f in arg
         )
         self.quiet_plan = tuple(p for p in self.plan if p[0] not in (_LEVEL, _THROTTLE, _WINDOW))
+        self.plans = {
+            (True, True): self.plan,
+            (True, False): tuple(p for p in self.plan if p[0] not in (_LEVEL, _THROTTLE)),
+            (False, True): tuple(p for p in self.plan if p[0] != _WINDOW),
+            (False, False): self.quiet_plan,
+        }
         # Of the quiet plan, without fatal history only the margin signal can fire: below this margin (None:
         # the signal is disabled) a quiet GPU is scored in full, above it it has no contribution at all.
         self.quiet_margin = next((p[4][0][0] for p in self.quiet_plan if p[0] == _MARGIN and p[4]), None)
@@ -182,9 +187,7 @@ class Scorer:
         out: list[Contribution] = []
         fget = g.reading.fields.get
         raw = g.raw
-        plan = self.plan
-        if g.rates is None and g.growth is None and not any(map(fget, self.quiet_fields)):
-            plan = self.quiet_plan
+        plan = self.plans[g.rates is not None or g.growth is not None, any(map(fget, self.quiet_fields))]
         for code, name, arg, scale, steps, unit in plan:
             if code == _LEVEL:
                 v = None

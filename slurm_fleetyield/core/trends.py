@@ -16,7 +16,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import compress
+from operator import itemgetter, ne
 
 from slurm_fleetyield.core.model import GpuReading, NodeSample
 from slurm_fleetyield.core.params import SenseParams
@@ -298,8 +299,8 @@ class Tracker:
         # A window's per-hour rate: growth since its base point / max(window, time since that point).
         moved = [
             c
-            for c, (a, b) in enumerate(zip(adj, base_long, strict=True))
-            if a != b and a is not None and b is not None
+            for c in compress(range(len(adj)), map(ne, adj, base_long))
+            if adj[c] is not None and base_long[c] is not None
         ]
         zeros = [0.0] * len(adj)
         rates = zeros[:]
@@ -346,17 +347,8 @@ def _adjust(raw: Counters, last_raw: Counters, last_adj: Counters) -> Counters:
     value its own baseline; unchanged keeps the last adjusted value (the very object, so the points of a
     ring share every channel that did not move); growth adds to the adjusted value; a decrease restarts from
     zero."""
-    return tuple(
-        [
-            la
-            if r is None
-            else r
-            if la is None or lr is None
-            else la
-            if r == lr
-            else la + (r - lr)
-            if r > lr
-            else la + r
-            for r, lr, la in zip(raw, last_raw, last_adj, strict=False)  # stops after the trended channels
-        ]
-    )
+    adj = list(last_adj)
+    for c in compress(range(len(adj)), map(ne, raw, last_raw)):  # the channels whose raw value changed
+        r, lr, la = raw[c], last_raw[c], adj[c]
+        adj[c] = la if r is None else r if la is None or lr is None else la + (r - lr) if r > lr else la + r
+    return tuple(adj)
