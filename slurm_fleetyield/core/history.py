@@ -10,11 +10,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 Counters = tuple[float | None, ...]  # one value per channel of ``ControllerState.layout``; None: not exported
-_step_time = itemgetter(0)  # a track step's time
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,39 +31,42 @@ class GpuHistory:
 @dataclass(slots=True)
 class GpuTrack:
     """Compact trend memory of one GPU inside a ``NodeHistory`` (the node holds ``last_time`` and the ring of
-    times): the stored points as run-length ``steps``, ``(time, point)`` wherever the stored point changed,
-    the first one at or before the GPU's first ring time. A GPU whose counters did not move keeps the very
-    same object from tick to tick (nothing to rebuild, nothing new for the garbage collector). A value, never
-    changed once built; not frozen only for speed (tests/core/test_values_stay_unassigned.py)."""
+    times): the stored points as run-length steps, ``step_points[i]`` from ``step_times[i]`` on, a step
+    wherever the stored point changed, the first at or before the GPU's first ring time. A GPU whose counters
+    did not move keeps the very same object from tick to tick (nothing to rebuild, nothing new for the
+    garbage collector). A value, never changed once built; not frozen only for speed
+    (tests/core/test_values_stay_unassigned.py)."""
 
     last_raw: Counters
     last_adj: Counters
-    steps: tuple[tuple[float, Counters], ...]
+    step_times: tuple[float, ...]
+    step_points: tuple[Counters, ...]
 
     def ring(self, node_times: tuple[float, ...]) -> tuple[float, ...]:
         """This GPU's ring of times: the node's, from the GPU's first stored point on."""
-        first = self.steps[0][0]
+        first = self.step_times[0]
         if first <= node_times[0]:
             return node_times
         return node_times[bisect_left(node_times, first) :]
 
     def points(self, times: tuple[float, ...]) -> tuple[Counters, ...]:
-        steps = self.steps
-        if len(steps) == 1:
-            return (steps[0][1],) * len(times)
+        points = self.step_points
+        if len(points) == 1:
+            return (points[0],) * len(times)
+        starts = self.step_times
         out = []
-        k, last = 0, len(steps) - 1
+        k, last = 0, len(starts) - 1
         for t in times:
-            while k < last and steps[k + 1][0] <= t:
+            while k < last and starts[k + 1] <= t:
                 k += 1
-            out.append(steps[k][1])
+            out.append(points[k])
         return tuple(out)
 
     def point_at(self, t: float) -> Counters:
         """The stored point at ring time ``t`` (``points`` at one time): that of the last step at or before
         ``t``, found by binary search, so a trend reads its few window bases without expanding the ring."""
-        i = bisect_right(self.steps, t, key=_step_time) - 1
-        return self.steps[max(i, 0)][1]  # as ``points``: a time before the first step reads the first
+        i = bisect_right(self.step_times, t) - 1
+        return self.step_points[max(i, 0)]  # as ``points``: a time before the first step reads the first
 
     def history(self, last_time: float, node_times: tuple[float, ...]) -> GpuHistory:
         times = self.ring(node_times)
@@ -126,11 +127,13 @@ class NodeHistory(Mapping[str, GpuHistory]):
         for uuid, h in histories.items():
             m = len(h.times)
             if h.last_time == last_time and 0 < m <= n and times[n - m :] == h.times:
-                steps: list[tuple[float, Counters]] = []
+                starts: list[float] = []
+                points: list[Counters] = []
                 for t, p in zip(h.times, h.points, strict=True):
-                    if not steps or steps[-1][1] != p:
-                        steps.append((t, p))
-                gpus[uuid] = GpuTrack(h.last_raw, h.last_adj, tuple(steps))
+                    if not points or points[-1] != p:
+                        starts.append(t)
+                        points.append(p)
+                gpus[uuid] = GpuTrack(h.last_raw, h.last_adj, tuple(starts), tuple(points))
             else:
                 gpus[uuid] = h
         return NodeHistory(last_time, times, gpus)

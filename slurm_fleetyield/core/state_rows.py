@@ -225,7 +225,7 @@ def _track_doc(t: GpuTrack) -> list[Any]:
     return [
         list(t.last_raw),
         k if adj == t.last_raw[:k] else list(adj),
-        [[s, None if p == adj else list(p)] for s, p in t.steps],
+        [[s, None if p == adj else list(p)] for s, p in zip(t.step_times, t.step_points, strict=True)],
     ]
 
 
@@ -233,7 +233,8 @@ def _track_from(d: list[Any]) -> GpuTrack:
     raw: Counters = tuple(d[0])
     k = d[1]
     adj: Counters = raw if k is None else raw[:k] if type(k) is int else tuple(k)
-    return GpuTrack(raw, adj, tuple((float(s), adj if p is None else tuple(p)) for s, p in d[2]))
+    starts = tuple(float(s) for s, _ in d[2])
+    return GpuTrack(raw, adj, starts, tuple(adj if p is None else tuple(p) for _, p in d[2]))
 
 
 def _node_doc(state: ControllerState, name: str) -> dict[str, Any]:

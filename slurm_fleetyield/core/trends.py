@@ -13,7 +13,7 @@ short history under-estimates a rate instead of inflating one event into a burst
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import compress
@@ -179,7 +179,7 @@ class Tracker:
                     hist[uuid] = h
                 continue
             last_raw = prev.last_raw
-            steps = prev.steps
+            starts, points = prev.step_times, prev.step_points
             if raw == last_raw:
                 raw = last_raw
                 adj = prev.last_adj
@@ -189,7 +189,7 @@ class Tracker:
                 adj = _adjust(raw, last_raw, prev.last_adj)
                 new_xids = self._grown_xids(raw, last_raw, adj, prev.last_adj)
                 moved = True
-            if len(steps) == 1 and adj == steps[0][1]:
+            if len(points) == 1 and adj == points[0]:
                 # nothing grew within the longest window (the common, healthy case)
                 out.append(SensedGpu(reading, raw, None, None, new_xids, False))
             else:
@@ -201,19 +201,17 @@ class Tracker:
                 if adj == base_long:
                     out.append(SensedGpu(reading, raw, None, None, new_xids, False))
                 else:
-                    bases = tuple((at(ring[i]), per_hour) for i, per_hour in plan[1])
+                    bases = [(at(ring[i]), per_hour) for i, per_hour in plan[1]]
                     rates, growth = self._trend(adj, base_long, bases)
                     out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
             if appended:
-                if steps[-1][1] is not adj:
-                    steps = (*steps, (t, adj))
-                if len(steps) > 1 and steps[1][0] <= first_time:
-                    k = 1
-                    while k + 1 < len(steps) and steps[k + 1][0] <= first_time:
-                        k += 1
-                    steps = steps[k:]
-            if moved or steps is not prev.steps:
-                prev = GpuTrack(raw, adj, steps)
+                if points[-1] is not adj:
+                    starts, points = (*starts, t), (*points, adj)
+                if len(starts) > 1 and starts[1] <= first_time:  # keep the last step at or before it
+                    k = bisect_right(starts, first_time) - 1
+                    starts, points = starts[k:], points[k:]
+            if moved or points is not prev.step_points:
+                prev = GpuTrack(raw, adj, starts, points)
             else:
                 kept += 1
             hist[uuid] = prev
@@ -252,7 +250,7 @@ class Tracker:
         if adj == base_long:
             return SensedGpu(reading, raw, None, None, new_xids, False), h
         points = prev.points
-        rates, growth = self._trend(adj, base_long, tuple((points[i], per_hour) for i, per_hour in plan[1]))
+        rates, growth = self._trend(adj, base_long, [(points[i], per_hour) for i, per_hour in plan[1]])
         return SensedGpu(reading, raw, rates, growth, new_xids, False), h
 
     def _node_plain(
@@ -291,7 +289,7 @@ class Tracker:
 
     @staticmethod
     def _trend(
-        adj: Counters, base_long: Counters, bases: tuple[tuple[Counters, float], ...]
+        adj: Counters, base_long: Counters, bases: list[tuple[Counters, float]]
     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per channel: the highest per-hour rate over the windows (``bases``: each window's base point and
         per-hour divisor) and the growth within the longest window (since ``base_long``)."""
@@ -334,7 +332,7 @@ def _quiet(
         if g.rates is not None or g.growth is not None or g.new_xids or g.baseline:
             return None
     for tr in tracks.values():
-        if type(tr) is not GpuTrack or len(tr.steps) != 1 or tr.steps[0][1] is not tr.last_adj:
+        if type(tr) is not GpuTrack or len(tr.step_points) != 1 or tr.step_points[0] is not tr.last_adj:
             return None
     return readings, sensed
 

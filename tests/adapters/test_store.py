@@ -299,7 +299,7 @@ def fleet_state(tick):
         name = f"n{i:03d}"
         k = tick - (tick - i) % EVERY  # the last tick at which this node changed
         nodes[name] = NodeMemory(Tier.GREEN, 0.0, f"r{k} " + "x" * 2000)
-        track = GpuTrack((float(k),), (float(k),), ((0.0, (float(k),)),))
+        track = GpuTrack((float(k),), (float(k),), (0.0,), ((float(k),),))
         history[name] = NodeHistory(float(tick), (float(tick),), {f"GPU-{i}": track})
     return ControllerState(nodes=nodes, history=history, layout=("c",), last_tick=float(tick))
 '''

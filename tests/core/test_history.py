@@ -23,6 +23,6 @@ def test_point_at_is_the_expanded_ring_at_that_time(changes: list[bool], lead: i
             value += 1.0
         if not steps or steps[-1][1] != (value, None):
             steps.append((t, (value, None)))
-    track = GpuTrack((value, None), (value, None), tuple(steps))
+    track = GpuTrack((value, None), (value, None), tuple(t for t, _ in steps), tuple(p for _, p in steps))
     ring = track.ring(node_times)
     assert [track.point_at(t) for t in ring] == list(track.points(ring))

@@ -94,7 +94,7 @@ def tracks(draw, ring):  # type: ignore[no-untyped-def]
     steps = [(first, draw(st.one_of(st.just(adj), counters)))]
     for t in sorted(x for x in later if x > first):
         steps.append((t, draw(st.one_of(st.just(adj), counters))))
-    return GpuTrack(raw, adj, tuple(steps))
+    return GpuTrack(raw, adj, tuple(t for t, _ in steps), tuple(p for _, p in steps))
 
 
 @st.composite
