@@ -21,7 +21,11 @@ and re-recorded after deliberate behaviour changes (715e469, for 9a625d2's persi
 tree with the node-reuse optimisations a9a46ab/8a337f7/715e469 reverted; the optimised one matched; last:
 at stop 22, from e6e8b6b: the file had been stale since 761e417, a deliberate change -- held fatal evidence
 kept in the persisted state, decode kept submittable by a premium loan -- found by ``git bisect`` against
-the old file; stop 21's code, 10036a4, gives the same 18 digests as e6e8b6b); a mismatch fails the run.
+the old file; stop 21's code, 10036a4, gives the same 18 digests as e6e8b6b; last re-recorded in the
+nineteenth session, when the quarantine XIDs left the trend ring: the layout persisted and the width of
+every sensed GPU's rates and growth changed, while plans, decisions, risks, events, the rest of the state
+and the counters' rates stayed equal to 17c1fea's, digested apart for 2,000 GPUs x 70 ticks); a mismatch
+fails the run.
 ``--write-digest`` re-records it (only after a deliberate behaviour change).
 
     .venv/bin/python bench/bench_tick.py [--sizes 1000,10000,100000] [--ticks 6] [--no-check]
