@@ -32,12 +32,9 @@ class SensedGpu:
 
     reading: GpuReading
     raw: Counters  # current value per channel of the layout (None: not exported)
-    rates: (
-        tuple[float, ...] | None
-    )  # per trended channel: per-hour rate, largest over the windows; None: no growth
-    growth: (
-        tuple[float, ...] | None
-    )  # per trended channel: growth over the longest window; None: no growth at all
+    # per trended channel (the layout's leading ones, ``signals.trended``); None: nothing grew at all
+    rates: tuple[float, ...] | None  # per-hour rate, the largest over the windows
+    growth: tuple[float, ...] | None  # growth over the longest window
     new_xids: tuple[tuple[int, float], ...] = ()  # (xid, count) grown since the previous sample
     baseline: bool = False  # first sample of this GPU: no trend yet, counts seen are not "new"
 
@@ -279,11 +276,14 @@ class Tracker:
                 a, b = adj[slot], last_adj[slot]
                 if a is not None and b is not None and a > b:
                     grown.append((xid, a - b))
-        if raw[k:] != last_raw[k:]:
+        if raw[k:] != last_raw[k:]:  # no quarantine XID's total moved (the common case)
             for slot, xid in self.fatal_xids:
                 r, lr = raw[slot], last_raw[slot]
-                if r is not None and lr is not None and r != lr and (c := r - lr if r > lr else r) > 0:
-                    grown.append((xid, c))
+                if r is None or lr is None or r == lr:
+                    continue
+                count = r - lr if r > lr else r  # a decrease restarted from zero: all of it is new
+                if count > 0:
+                    grown.append((xid, count))
         grown.sort()
         return tuple(grown)
 

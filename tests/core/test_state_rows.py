@@ -89,6 +89,7 @@ def gpu_histories(draw):  # type: ignore[no-untyped-def]
 def tracks(draw, ring):  # type: ignore[no-untyped-def]
     raw = draw(counters)
     adj = draw(st.one_of(st.just(raw), counters))
+    raw += draw(st.one_of(st.just(()), st.tuples(opt_f)))  # a quarantine XID's total: raw only, not in adj
     first = draw(st.sampled_from(ring))
     later = draw(st.lists(st.sampled_from(ring), max_size=2, unique=True))
     steps = [(first, draw(st.one_of(st.just(adj), counters)))]
