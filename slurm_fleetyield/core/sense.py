@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from slurm_fleetyield.core.model import LogEvent, Observations
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.sense_pass import SensedNode, _Pass, missing
-from slurm_fleetyield.core.state import GpuHistory
+from slurm_fleetyield.core.signals import FATAL_XID_PREFIX, trended, xid_channel
+from slurm_fleetyield.core.state import Counters, GpuHistory
 from slurm_fleetyield.core.trends import SensedGpu, Tracker
 
 __all__ = ["Sensed", "SensedGpu", "SensedNode", "missing", "sense"]
@@ -87,8 +88,43 @@ def relayout(
     layout: tuple[str, ...],
     now: float,
 ) -> tuple[tuple[LogEvent, ...], Mapping[str, Mapping[str, GpuHistory]]]:
-    """The history to sense from: none when the tracked channels changed (a config edit: old points do not
-    line up with the new channels), with the event that says so."""
-    if old_layout and old_layout != layout:
-        return (LogEvent(now, "", "history_reset", "tracked channels changed; GPU history restarted"),), {}
-    return (), history
+    """The history to sense from, in ``layout``'s channels. When the tracked channels changed (a config edit
+    of the XID lists, or a version that keeps other channels in the ring), every GPU's history is carried
+    over channel by channel, by name: a channel the old layout did not keep reads as not exported then
+    (None), so its next value is its own baseline, as for a counter that appears. A GPU keeps its trends and
+    its last totals, so an XID that grew across the change is still new."""
+    if not old_layout or old_layout == layout:
+        return (), history
+    raw_from = _channel_map(old_layout, layout)
+    adj_from = _channel_map(old_layout[: trended(old_layout)], layout[: trended(layout)])
+    moved = {
+        node: {uuid: _relaid(h, raw_from, adj_from) for uuid, h in gpus.items()}
+        for node, gpus in history.items()
+    }
+    event = LogEvent(
+        now, "", "history_relayout", "tracked channels changed; GPU history carried over by channel"
+    )
+    return (event,), moved
+
+
+def _channel_map(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[int | None, ...]:
+    """Per channel of ``new``: its index in ``old`` (an XID's channel under either of its names), or None."""
+    at = {_xid_name(c): i for i, c in enumerate(old)}
+    return tuple(at.get(_xid_name(c)) for c in new)
+
+
+def _xid_name(channel: str) -> str:
+    """A quarantine XID's channel under its risk-only name (the same XID total either way)."""
+    return (
+        xid_channel(int(channel[len(FATAL_XID_PREFIX) :]))
+        if channel.startswith(FATAL_XID_PREFIX)
+        else channel
+    )
+
+
+def _relaid(h: GpuHistory, raw_from: tuple[int | None, ...], adj_from: tuple[int | None, ...]) -> GpuHistory:
+    def pick(values: Counters, at: tuple[int | None, ...]) -> Counters:
+        return tuple(None if i is None else values[i] for i in at)
+
+    points = tuple(pick(p, adj_from) for p in h.points)
+    return GpuHistory(h.last_time, pick(h.last_raw, raw_from), pick(h.last_adj, adj_from), h.times, points)

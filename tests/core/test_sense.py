@@ -128,3 +128,45 @@ def test_a_quarantine_xid_is_new_by_its_raw_total_and_never_enters_the_ring() ->
         now += 60.0
     # 79 grew by 2; 13 by 1; 79's total went 2 -> 1: restarted from zero, its 1 is new; then 1 -> 4: 3 new
     assert got == [(), ((79, 2.0),), ((13, 1.0),), (), ((79, 1.0),), ((79, 3.0),)]
+
+
+def _run(f: Fleet, layouts: list[tuple[str, ...]], changes: list) -> list:  # type: ignore[type-arg]
+    """Sense one sample per layout (60 s apart), applying ``changes[i](f)`` before sample i."""
+    history, old, now, out = {}, (), 1000.0, []
+    for layout, change in zip(layouts, changes, strict=True):
+        change(f)
+        s = sense(f.observe(now), history, old, layout, Params().sense, now)
+        history, old, now = s.history, layout, now + 60.0
+        out.append(s)
+    return out
+
+
+def test_a_layout_change_carries_each_gpu_history_over_by_channel() -> None:
+    """The layout before quarantine XIDs left the ring (every XID windowed), then today's: trends and last
+    totals carry over, so an XID that grew across the change is new and rates go on as if never changed."""
+    legacy, today = channel_layout((13, 79)), channel_layout((13,), (79,))
+
+    def steps() -> list:  # type: ignore[type-arg]
+        return [
+            lambda f: f.xid("gpu000", 0, 79, 1),
+            lambda f: f.bump("gpu000", 0, SBE_VOL, 30),
+            lambda f: f.bump("gpu000", 0, SBE_VOL, 30),
+            lambda f: (f.xid("gpu000", 0, 79, 2), f.bump("gpu000", 0, SBE_VOL, 30)),
+        ]
+
+    changed = _run(Fleet(1), [legacy] * 3 + [today], steps())
+    control = _run(Fleet(1), [today] * 4, steps())
+    assert [e.kind for e in changed[3].events] == ["history_relayout"]
+    assert control[3].events == ()
+    g, want = changed[3].nodes["gpu000"].gpus[0], control[3].nodes["gpu000"].gpus[0]
+    assert g.new_xids == want.new_xids == ((79, 2.0),) and not g.baseline
+    assert (g.raw, g.rates, g.growth) == (want.raw, want.rates, want.growth)
+    assert g.rates[today.index(SBE_VOL)] > 0
+
+
+def test_a_channel_the_old_layout_did_not_keep_starts_from_its_own_baseline() -> None:
+    before, after = channel_layout((13,), (79,)), channel_layout((13, 31), (79,))
+    changes = [lambda f: f.xid("gpu000", 0, 31, 4), lambda f: None, lambda f: f.xid("gpu000", 0, 31, 1)]
+    s = _run(Fleet(1), [before, after, after], changes)
+    first, later = s[1].nodes["gpu000"].gpus[0], s[2].nodes["gpu000"].gpus[0]
+    assert first.new_xids == () and later.new_xids == ((31, 1.0),)  # its total before the change is no news
