@@ -28,10 +28,6 @@ class GpuHistory:
     points: tuple[Counters, ...] = ()
 
 
-RECENT_STEPS = 8
-"""A GPU track's newest steps kept apart, at most this many (see ``GpuTrack``)."""
-
-
 @dataclass(slots=True)
 class GpuTrack:
     """Compact trend memory of one GPU inside a ``NodeHistory`` (the node holds ``last_time`` and the ring of
@@ -39,26 +35,12 @@ class GpuTrack:
     wherever the stored point changed, the first at or before the GPU's first ring time. A GPU whose counters
     did not move keeps the very same object from tick to tick (nothing to rebuild, nothing new for the
     garbage collector). A value, never changed once built; not frozen only for speed
-    (tests/core/test_values_stay_unassigned.py).
-
-    The newest steps are kept apart (``recent_times``, ``recent_points``: at most ``RECENT_STEPS``), so a GPU
-    that moves every tick copies a few of them, not its whole ring, to add one: copying a ring of 61 points
-    cost ~8 us per moving GPU at 100k GPUs, most of it touching every point it holds. They join the others
-    every ``RECENT_STEPS`` steps, and the steps no ring time reads leave then (those before the last one at or
-    before the ring's first time), or as soon as no step is left inside the ring."""
+    (tests/core/test_values_stay_unassigned.py)."""
 
     last_raw: Counters
     last_adj: Counters
     step_times: tuple[float, ...]
     step_points: tuple[Counters, ...]
-    recent_times: tuple[float, ...] = ()
-    recent_points: tuple[Counters, ...] = ()
-
-    def steps(self) -> tuple[tuple[float, ...], tuple[Counters, ...]]:
-        """Every step's time and point, oldest first."""
-        if not self.recent_times:
-            return self.step_times, self.step_points
-        return self.step_times + self.recent_times, self.step_points + self.recent_points
 
     def ring(self, node_times: tuple[float, ...]) -> tuple[float, ...]:
         """This GPU's ring of times: the node's, from the GPU's first stored point on."""
@@ -68,9 +50,10 @@ class GpuTrack:
         return node_times[bisect_left(node_times, first) :]
 
     def points(self, times: tuple[float, ...]) -> tuple[Counters, ...]:
-        starts, points = self.steps()
+        points = self.step_points
         if len(points) == 1:
             return (points[0],) * len(times)
+        starts = self.step_times
         out = []
         k, last = 0, len(starts) - 1
         for t in times:
@@ -82,9 +65,6 @@ class GpuTrack:
     def point_at(self, t: float) -> Counters:
         """The stored point at ring time ``t`` (``points`` at one time): that of the last step at or before
         ``t``, found by binary search, so a trend reads its few window bases without expanding the ring."""
-        recent = self.recent_times
-        if recent and t >= recent[0]:
-            return self.recent_points[bisect_right(recent, t) - 1]
         i = bisect_right(self.step_times, t) - 1
         return self.step_points[max(i, 0)]  # as ``points``: a time before the first step reads the first
 

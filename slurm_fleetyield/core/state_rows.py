@@ -225,7 +225,7 @@ def _track_doc(t: GpuTrack) -> list[Any]:
     return [
         list(t.last_raw),
         k if adj == t.last_raw[:k] else list(adj),
-        [[s, None if p == adj else list(p)] for s, p in zip(*t.steps(), strict=True)],
+        [[s, None if p == adj else list(p)] for s, p in zip(t.step_times, t.step_points, strict=True)],
     ]
 
 

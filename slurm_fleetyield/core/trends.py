@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import itemgetter, ne
 
-from slurm_fleetyield.core.history import RECENT_STEPS
 from slurm_fleetyield.core.model import GpuReading, NodeSample
 from slurm_fleetyield.core.params import SenseParams
 from slurm_fleetyield.core.signals import COUNTER_CHANNELS, trended
@@ -178,7 +177,6 @@ class Tracker:
                 continue
             last_raw = prev.last_raw
             starts, points = prev.step_times, prev.step_points
-            recent_t, recent_p = prev.recent_times, prev.recent_points
             if raw == last_raw:
                 raw = last_raw
                 adj = prev.last_adj
@@ -188,7 +186,7 @@ class Tracker:
                 adj = _adjust(raw, last_raw, prev.last_adj)
                 new_xids = self._grown_xids(raw, last_raw, adj, prev.last_adj)
                 moved = True
-            if not recent_p and len(points) == 1 and adj == points[0]:
+            if len(points) == 1 and adj == points[0]:
                 # nothing grew within the longest window (the common, healthy case)
                 out.append(SensedGpu(reading, raw, None, None, new_xids, False))
             else:
@@ -204,20 +202,13 @@ class Tracker:
                     rates, growth = self._trend(adj, base_long, bases)
                     out.append(SensedGpu(reading, raw, rates, growth, new_xids, False))
             if appended:
-                if (recent_p[-1] if recent_p else points[-1]) is not adj:
-                    recent_t, recent_p = (*recent_t, t), (*recent_p, adj)
-                if (recent_t[-1] if recent_t else starts[-1]) <= first_time:  # no step inside the ring
-                    if recent_t or len(starts) > 1:  # the last one answers every ring time
-                        starts, points = (recent_t or starts)[-1:], (recent_p or points)[-1:]
-                        recent_t = recent_p = ()
-                elif len(recent_t) >= RECENT_STEPS:  # they join the others; steps before the ring's leave
-                    starts, points = starts + recent_t, points + recent_p
-                    recent_t = recent_p = ()
-                    k = bisect_right(starts, first_time) - 1  # the last step at or before its first time
-                    if k > 0:
-                        starts, points = starts[k:], points[k:]
-            if moved or points is not prev.step_points or recent_p is not prev.recent_points:
-                prev = GpuTrack(raw, adj, starts, points, recent_t, recent_p)
+                if points[-1] is not adj:
+                    starts, points = (*starts, t), (*points, adj)
+                if len(starts) > 1 and starts[1] <= first_time:  # keep the last step at or before it
+                    k = bisect_right(starts, first_time) - 1
+                    starts, points = starts[k:], points[k:]
+            if moved or points is not prev.step_points:
+                prev = GpuTrack(raw, adj, starts, points)
             else:
                 kept += 1
             hist[uuid] = prev
@@ -341,12 +332,7 @@ def _quiet(
         if g.rates is not None or g.growth is not None or g.new_xids or g.baseline:
             return None
     for tr in tracks.values():
-        if (
-            type(tr) is not GpuTrack
-            or tr.recent_points
-            or len(tr.step_points) != 1
-            or tr.step_points[0] is not tr.last_adj
-        ):
+        if type(tr) is not GpuTrack or len(tr.step_points) != 1 or tr.step_points[0] is not tr.last_adj:
             return None
     return readings, sensed
 

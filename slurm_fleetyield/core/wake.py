@@ -93,7 +93,7 @@ def _moving(history: Mapping[str, Mapping[str, GpuHistory]], now: float) -> floa
                     return now
                 for tr in h.gpus.values():
                     if type(tr) is GpuTrack:
-                        if tr.recent_points or len(tr.step_points) > 1 or tr.step_points[-1] != tr.last_adj:
+                        if len(tr.step_points) > 1 or tr.step_points[-1] != tr.last_adj:
                             return now
                     elif _moved(tr):  # type: ignore[arg-type]
                         return now

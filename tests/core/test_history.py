@@ -26,32 +26,3 @@ def test_point_at_is_the_expanded_ring_at_that_time(changes: list[bool], lead: i
     track = GpuTrack((value, None), (value, None), tuple(t for t, _ in steps), tuple(p for _, p in steps))
     ring = track.ring(node_times)
     assert [track.point_at(t) for t in ring] == list(track.points(ring))
-
-
-@given(
-    changes=st.lists(st.booleans(), min_size=1, max_size=40),
-    lead=st.integers(min_value=0, max_value=5),
-    split=st.integers(min_value=0, max_value=40),
-)
-def test_a_track_reads_the_same_with_its_newest_steps_kept_apart(
-    changes: list[bool], lead: int, split: int
-) -> None:
-    """The newest steps kept apart (``recent_times``, ``recent_points``): every answer is the same."""
-    node_times = tuple(1_000.0 + 30.0 * i for i in range(len(changes) + lead))
-    times: list[float] = []
-    points: list[tuple[float | None, ...]] = []
-    value = 0.0
-    for t, changed in zip(node_times[lead:], changes, strict=True):
-        value += changed
-        if not points or points[-1] != (value, None):
-            times.append(t)
-            points.append((value, None))
-    k = max(1, min(split, len(times)))  # the first step stays with the others
-    last = (value, None)
-    whole = GpuTrack(last, last, tuple(times), tuple(points))
-    apart = GpuTrack(last, last, tuple(times[:k]), tuple(points[:k]), tuple(times[k:]), tuple(points[k:]))
-    ring = whole.ring(node_times)
-    assert apart.ring(node_times) == ring
-    assert apart.steps() == (tuple(times), tuple(points))
-    assert [apart.point_at(t) for t in ring] == [whole.point_at(t) for t in ring] == list(apart.points(ring))
-    assert apart.history(2_000.0, node_times) == whole.history(2_000.0, node_times)
