@@ -102,7 +102,7 @@ def keep(run: _Pass, names: list[str], memo: dict[str, Any]) -> tuple[Any, ...]:
     if u is None:
         return NO_INDEX
     t, gpus, expected = u
-    clock = run.clock_memo[2]
+    clock = run.moved_clock[2]
     if clock is None:  # no node took the inline quiet path: any fast-class node's clock will do
         tracks = run.tracks
         for name in names:

@@ -53,12 +53,12 @@ class _Pass:
 
     __slots__ = (
         "changed",
-        "clock_memo",
         "clocks",
         "flagged",
         "history",
         "last_now",
         "last_times",
+        "moved_clock",
         "nodes",
         "now",
         "obs",
@@ -100,7 +100,7 @@ class _Pass:
         self.last_times: Mapping[str, float] = last.times if since is not None and last is not None else {}
         self.last_now = last.now if since is not None and last is not None else now
         # the last clock moved by a quiet node and its successor (nodes sampled together share both)
-        self.clock_memo: tuple[Clock | None, float | None, Clock | None] = (None, None, None)
+        self.moved_clock: tuple[Clock | None, float | None, Clock | None] = (None, None, None)
 
     def set_outputs(
         self,
@@ -108,14 +108,14 @@ class _Pass:
         tracks: dict[str, NodeTracks | Mapping[str, GpuHistory]],
         clocks: dict[str, Clock],
         times: dict[str, float],
-        clock_memo: tuple[Clock | None, float | None, Clock | None] | None = None,
+        moved_clock: tuple[Clock | None, float | None, Clock | None] | None = None,
     ) -> None:
         """The pass's outputs, already filled for the nodes it will not sense (and, given: the clock moved
-        for them, as ``clock_memo`` holds it)."""
+        for them, as ``moved_clock`` holds it)."""
         self.nodes, self.tracks, self.clocks, self.times = nodes, tracks, clocks, times
         self.history = FleetHistory(tracks, clocks)
-        if clock_memo is not None:
-            self.clock_memo = clock_memo
+        if moved_clock is not None:
+            self.moved_clock = moved_clock
 
     def node(self, name: str) -> None:
         now = self.now
@@ -152,10 +152,10 @@ class _Pass:
             # were sensed (a second tick at the same time) sense to the same quiet GPUs: _gpu_plain's
             # same-time path would give them again, by value, and rebuild the same tracks.
             gpus = quiet[1]
-            c_in, c_t, c_out = self.clock_memo
+            c_in, c_t, c_out = self.moved_clock
             if clock is not c_in or t != c_t:
                 c_out = (t, self.tracker.timeline(t, clock[1])[0])
-                self.clock_memo = (clock, t, c_out)
+                self.moved_clock = (clock, t, c_out)
             self.clocks[name] = c_out  # type: ignore[assignment]
             self.tracks[name] = tr
             new_xids = asks_recovery = False  # the very readings as last tick: flagged then if at all
