@@ -49,14 +49,17 @@ def main() -> None:
     rng.shuffle(order)
     a, b = MOVED
 
+    def moved(last: tuple[float, ...]) -> tuple[float, ...]:
+        adj = list(last)
+        adj[a] += 1.0
+        adj[b] += 2.0
+        return tuple(adj)
+
     def tick_tuples() -> float:
         out = 0.0
         for i in order:
             last, steps = tuples[i]
-            adj = list(last)
-            adj[a] += 1.0
-            adj[b] += 2.0
-            new = tuple(adj)
+            new = moved(last)
             out += (new[a] - steps[1][a]) + (new[b] - steps[-10][b]) + (new[a] - steps[-1][a])
             tuples[i] = (new, (*steps[1:], new))
         return out
@@ -77,10 +80,7 @@ def main() -> None:
         out = 0.0
         for i in order:
             last, rings = chans[i]
-            adj = list(last)
-            adj[a] += 1.0
-            adj[b] += 2.0
-            new = tuple(adj)
+            new = moved(last)
             ra, rb = rings[a], rings[b]
             out += (new[a] - ra[1]) + (new[b] - rb[-10]) + (new[a] - ra[-1])
             na, nb = ra[1:], rb[1:]
