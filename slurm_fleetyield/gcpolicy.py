@@ -10,8 +10,8 @@ warm tick at 100k GPUs (``bench/bench_tick.py --gc default`` against ``--gc daem
 needs the cyclic collector: the core's values are immutable dataclasses and tuples, which reference
 counting frees as soon as the next state replaces them. The loop sleeps for most of each interval, so the
 one full collection belongs there: automatic collection is paused while the block runs and a full
-``gc.collect()`` runs after it (at 100k GPUs with full trend rings 0.7-1.0 s, bench_tick.py's ``gc
-after`` column; off the tick's critical path; a fatal push that arrives meanwhile waits for it).
+``gc.collect()`` runs after it (at 100k GPUs with full trend rings about 1 s: bench_tick.py's ``gc after``
+column, 1.04 s on 2026-12-08; off the tick's critical path; a fatal push that arrives meanwhile waits).
 
 The pause is process-wide (the listeners' threads allocate too): their cyclic garbage, if any, waits for
 the end of the tick, never longer. A caller that had disabled the collector itself keeps it disabled.
